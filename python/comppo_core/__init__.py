@@ -1,0 +1,48 @@
+"""comppo-core: exact, fast GAE and Comp-GAE advantages for PPO-style RL of LLMs.
+
+The backend of CompPO: a detached statistic of the policy's attention
+("concentration") becomes a bounded per-token retention gate, and the gate steers how
+credit travels back through a response (Comp-GAE). A constant gate is plain GAE.
+
+Every function takes the padded layout (``[B, T]`` + optional ``mask``) or the packed
+layout (``[N]`` + ``cu_seqlens``); :mod:`comppo_core.reference` holds plain NumPy
+versions of all of them.
+"""
+
+from __future__ import annotations
+
+from . import errors, reference
+from ._core import get_num_threads, set_num_threads
+from .advantages import GAEResult, gae, td_targets
+from .errors import (
+    ComppoError,
+    DTypeError,
+    LayoutError,
+    MaskedRewardError,
+    NonFiniteError,
+    OutOfRangeError,
+    ParameterError,
+    ShapeError,
+)
+from .gating import gates_from_concentration
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ComppoError",
+    "DTypeError",
+    "GAEResult",
+    "LayoutError",
+    "MaskedRewardError",
+    "NonFiniteError",
+    "OutOfRangeError",
+    "ParameterError",
+    "ShapeError",
+    "errors",
+    "gae",
+    "gates_from_concentration",
+    "get_num_threads",
+    "reference",
+    "set_num_threads",
+    "td_targets",
+]

@@ -1,0 +1,127 @@
+"""Comp-GAE advantages, λ-returns and one-step TD targets (DESIGN §3).
+
+For one sequence, over its valid positions ``i = 0..n-1`` only (masked positions are
+skipped: the recursion passes straight through them, as verl's multi-turn GAE does)::
+
+    V_n = last_values[b] if given (truncated response) else 0 (terminal)
+    δ_i = r_i + γ·g_i·V_{i+1} − V_i                     one-step gated bootstrap
+    A_i = δ_i + γ·λ·g_i·A_{i+1},   A_n = 0               Comp-GAE advantage
+    R_i = A^c_i + V_i                                    λ-return (A^c uses λ_critic)
+    y_i = r_i + γ·g_i·V_{i+1}                            one-step TD target
+
+``g ≡ 1`` (no gates) is exactly GAE(γ, λ); ``g ≡ c`` is GAE(γ·c, λ).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _core
+from ._arrays import Outputs, as_numpy, check_choice, check_unit, flat_float, float_dtypes, layout_of, per_row
+
+__all__ = ["GAEResult", "gae", "td_targets"]
+
+
+class GAEResult(NamedTuple):
+    """``(advantages, returns)``, each shaped like ``rewards``."""
+
+    advantages: np.ndarray
+    returns: np.ndarray
+
+
+def gae(
+    rewards: Any,
+    values: Any,
+    *,
+    mask: Any = None,
+    cu_seqlens: Any = None,
+    gates: Any = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    lam_critic: float | None = None,
+    last_values: Any = None,
+    masked_rewards: str = "error",
+    out: tuple[np.ndarray, np.ndarray] | None = None,
+) -> GAEResult:
+    """Comp-GAE advantages and λ-returns in one pass.
+
+    Args:
+      rewards: ``[B, T]`` (padded) or ``[N]`` (packed, with ``cu_seqlens``) per-token rewards.
+      values: critic values V, shaped like ``rewards``.
+      mask: optional validity mask shaped like ``rewards`` (nonzero = valid token); masked
+        positions are skipped by the recursion and get advantage and return 0.
+      cu_seqlens: ``[B+1]`` offsets of the packed layout.
+      gates: optional retention gates g in [0, 1] shaped like ``rewards`` (default 1: GAE).
+      gamma: discount γ in [0, 1].
+      lam: trace parameter λ in [0, 1] of the advantages.
+      lam_critic: λ of the returns (decoupled GAE); defaults to ``lam``.
+      last_values: optional ``[B]`` bootstrap values V_n of truncated sequences (default 0).
+      masked_rewards: ``"error"`` (default) rejects a nonzero reward on a masked token,
+        ``"drop"`` ignores it.
+      out: optional ``(advantages, returns)`` preallocated arrays of the output dtype and
+        shape, C-contiguous; they are filled and returned. On error their contents are
+        unspecified.
+
+    Returns:
+      ``GAEResult(advantages, returns)`` shaped like ``rewards``, in its dtype (float16
+      is computed in float32; accumulation is float64 whatever the dtype).
+    """
+    r = as_numpy(rewards, "rewards")
+    compute, output = float_dtypes(r, "rewards")
+    lay = layout_of(r, "rewards", mask, cu_seqlens)
+    r_flat = flat_float(r, "rewards", lay.shape, compute)
+    v_flat = flat_float(values, "values", lay.shape, compute)
+    g_flat = None if gates is None else flat_float(gates, "gates", lay.shape, compute)
+    gamma_ = check_unit("gamma", gamma)
+    lam_ = check_unit("lam", lam)
+    lam_c = lam_ if lam_critic is None else check_unit("lam_critic", lam_critic)
+    drop = check_choice("masked_rewards", masked_rewards, ("error", "drop")) == "drop"
+    lv = per_row(last_values, "last_values", lay.rows)
+    outs = Outputs(
+        ("advantages", "returns"), lay.shape, compute, output, out, (r, as_numpy(values, "values"), r_flat, v_flat, g_flat, lay.mask)
+    )
+    _core.gae(
+        r_flat,
+        v_flat,
+        *outs.kernel,
+        gates=g_flat,
+        gamma=gamma_,
+        lam=lam_,
+        lam_critic=lam_c,
+        last_values=lv,
+        drop_masked_rewards=drop,
+        **lay.kernel_args(),
+    )
+    adv, ret = outs.finish()
+    return GAEResult(adv, ret)
+
+
+def td_targets(
+    rewards: Any,
+    values: Any,
+    *,
+    mask: Any = None,
+    cu_seqlens: Any = None,
+    gates: Any = None,
+    gamma: float = 1.0,
+    last_values: Any = None,
+) -> np.ndarray:
+    """One-step gated bootstrap targets ``y_i = r_i + γ·g_i·V_{i+1}``.
+
+    ``V_{i+1}`` is the value of the next *valid* position of the sequence, or
+    ``last_values[b]`` (default 0) after its last one. Masked positions get 0. Shapes,
+    layouts and dtypes as :func:`gae`.
+    """
+    r = as_numpy(rewards, "rewards")
+    compute, output = float_dtypes(r, "rewards")
+    lay = layout_of(r, "rewards", mask, cu_seqlens)
+    r_flat = flat_float(r, "rewards", lay.shape, compute)
+    v_flat = flat_float(values, "values", lay.shape, compute)
+    g_flat = None if gates is None else flat_float(gates, "gates", lay.shape, compute)
+    gamma_ = check_unit("gamma", gamma)
+    lv = per_row(last_values, "last_values", lay.rows)
+    outs = Outputs(("targets",), lay.shape, compute, output, None, ())
+    _core.td_targets(r_flat, v_flat, *outs.kernel, gates=g_flat, gamma=gamma_, last_values=lv, **lay.kernel_args())
+    return outs.finish()[0]

@@ -1,0 +1,75 @@
+"""Gate mapping: attention concentration → bounded per-token retention gate (DESIGN §4).
+
+::
+
+    z = normalize(c)     "sequence": z-score over the row's valid tokens
+                         "batch":    z-score over all valid tokens of the batch
+                         "none":     (c − center) / scale
+    z = −z if invert
+    g = low + (high − low) · sigmoid(sharpness · z)
+
+z-scores use the population std (ddof 0): ``z = (c − μ)/(σ + 1e-8)``; a row (or
+batch) with one valid token or zero spread gets ``z = 0``, i.e. the midpoint gate.
+Masked positions get ``g = 1``. ``low == high`` is a constant gate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from ._arrays import Outputs, as_numpy, check_choice, check_finite, flat_float, float_dtypes, layout_of
+
+__all__ = ["GATE_STD_EPS", "gates_from_concentration"]
+
+#: ε added to σ in the z-score.
+GATE_STD_EPS = 1e-8
+
+
+def gates_from_concentration(
+    conc: Any,
+    *,
+    mask: Any = None,
+    cu_seqlens: Any = None,
+    low: float = 0.9,
+    high: float = 1.0,
+    sharpness: float = 1.0,
+    normalize: str = "sequence",
+    center: float = 0.0,
+    scale: float = 1.0,
+    invert: bool = False,
+) -> np.ndarray:
+    """Retention gates in ``[low, high]`` from a per-token concentration statistic.
+
+    Args:
+      conc: ``[B, T]`` (padded) or ``[N]`` (packed, with ``cu_seqlens``) concentration c.
+      mask: optional validity mask shaped like ``conc``; masked positions get gate 1.
+      low, high: gate bounds, ``0 <= low <= high <= 1``.
+      sharpness: slope of the sigmoid.
+      normalize: ``"sequence"``, ``"batch"`` or ``"none"`` (uses ``center`` and ``scale > 0``).
+      invert: map high concentration to low gates.
+
+    Returns:
+      gates shaped like ``conc``, in its dtype (float16 computed in float32).
+    """
+    c = as_numpy(conc, "concentration")
+    compute, output = float_dtypes(c, "concentration")
+    lay = layout_of(c, "concentration", mask, cu_seqlens)
+    c_flat = flat_float(c, "concentration", lay.shape, compute)
+    norm = check_choice("normalize", normalize, ("sequence", "batch", "none"))
+    outs = Outputs(("gates",), lay.shape, compute, output, None, ())
+    _core.gates_from_concentration(
+        c_flat,
+        *outs.kernel,
+        low=check_finite("low", low),
+        high=check_finite("high", high),
+        sharpness=check_finite("sharpness", sharpness),
+        normalize=norm,
+        center=check_finite("center", center),
+        scale=check_finite("scale", scale),
+        invert=bool(invert),
+        **lay.kernel_args(),
+    )
+    return outs.finish()[0]

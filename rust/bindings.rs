@@ -1,0 +1,400 @@
+//! Python bindings (feature `python`): convert arrays, validate, release the GIL, map
+//! errors. No arithmetic lives here.
+//!
+//! The Python layer (`python/comppo_core/`) hands over flat, C-contiguous arrays of one
+//! float dtype, allocates the outputs, and describes the layout either by
+//! `cu_seqlens` (packed) or by `shape = (rows, cols)` (padded).
+
+use crate::element::{AllValid, Float, UnitGates};
+use crate::error::KernelError;
+use crate::gae::GaeParams;
+use crate::gating::{GateParams, Normalize};
+use crate::layout::Layout;
+use crate::pool;
+use numpy::{Element, PyReadonlyArray1, PyReadwriteArray1};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+
+/// The package's Python exception class for each kernel error (one match, exhaustive).
+fn to_pyerr(py: Python<'_>, e: KernelError) -> PyErr {
+    let class = match &e {
+        KernelError::Shape { .. } => "ShapeError",
+        KernelError::CuSeqlens { .. } => "LayoutError",
+        KernelError::NonFinite { .. } => "NonFiniteError",
+        KernelError::OutOfRange { .. } => "OutOfRangeError",
+        KernelError::MaskedReward { .. } => "MaskedRewardError",
+        KernelError::Parameter { .. } => "ParameterError",
+    };
+    raise(py, class, e.to_string())
+}
+
+/// An instance of `comppo_core.errors.<class>` carrying `msg`.
+fn raise(py: Python<'_>, class: &str, msg: String) -> PyErr {
+    let ty = py
+        .import("comppo_core.errors")
+        .and_then(|m| m.getattr(class))
+        .and_then(|c| c.cast_into::<PyType>().map_err(PyErr::from));
+    match ty {
+        Ok(ty) => PyErr::from_type(ty, msg),
+        Err(_) => PyValueError::new_err(msg),
+    }
+}
+
+#[derive(FromPyObject)]
+enum Floats<'py> {
+    F32(PyReadonlyArray1<'py, f32>),
+    F64(PyReadonlyArray1<'py, f64>),
+}
+
+#[derive(FromPyObject)]
+enum FloatsMut<'py> {
+    F32(PyReadwriteArray1<'py, f32>),
+    F64(PyReadwriteArray1<'py, f64>),
+}
+
+#[derive(FromPyObject)]
+enum MaskArray<'py> {
+    Bool(PyReadonlyArray1<'py, bool>),
+    U8(PyReadonlyArray1<'py, u8>),
+    I8(PyReadonlyArray1<'py, i8>),
+    I32(PyReadonlyArray1<'py, i32>),
+    I64(PyReadonlyArray1<'py, i64>),
+    F32(PyReadonlyArray1<'py, f32>),
+    F64(PyReadonlyArray1<'py, f64>),
+}
+
+/// The float dtypes the kernels take, with typed access to the dtype enums.
+trait FloatDtype: Float + Element {
+    const NAME: &'static str;
+    fn of<'a, 'py>(a: &'a Floats<'py>) -> Option<&'a PyReadonlyArray1<'py, Self>>;
+    fn of_mut<'a, 'py>(a: &'a mut FloatsMut<'py>) -> Option<&'a mut PyReadwriteArray1<'py, Self>>;
+}
+
+macro_rules! float_dtype {
+    ($t:ty, $variant:ident, $name:literal) => {
+        impl FloatDtype for $t {
+            const NAME: &'static str = $name;
+            fn of<'a, 'py>(a: &'a Floats<'py>) -> Option<&'a PyReadonlyArray1<'py, Self>> {
+                match a {
+                    Floats::$variant(x) => Some(x),
+                    _ => None,
+                }
+            }
+            fn of_mut<'a, 'py>(a: &'a mut FloatsMut<'py>) -> Option<&'a mut PyReadwriteArray1<'py, Self>> {
+                match a {
+                    FloatsMut::$variant(x) => Some(x),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+float_dtype!(f32, F32, "float32");
+float_dtype!(f64, F64, "float64");
+
+fn dtype_name(a: &Floats<'_>) -> &'static str {
+    match a {
+        Floats::F32(_) => "float32",
+        Floats::F64(_) => "float64",
+    }
+}
+
+fn contiguous<'a, T: Element>(py: Python<'_>, arg: &str, a: &'a PyReadonlyArray1<'_, T>) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| raise(py, "ShapeError", format!("{arg}: expected a C-contiguous array")))
+}
+
+fn typed<'a, F: FloatDtype>(py: Python<'_>, arg: &str, a: &'a Floats<'_>) -> PyResult<&'a [F]> {
+    match F::of(a) {
+        Some(x) => contiguous(py, arg, x),
+        None => Err(raise(
+            py,
+            "DTypeError",
+            format!("{arg}: expected {} like rewards, got {}", F::NAME, dtype_name(a)),
+        )),
+    }
+}
+
+fn typed_mut<'a, F: FloatDtype>(py: Python<'_>, arg: &str, a: &'a mut FloatsMut<'_>) -> PyResult<&'a mut [F]> {
+    match F::of_mut(a) {
+        Some(x) => x
+            .as_slice_mut()
+            .map_err(|_| raise(py, "ShapeError", format!("{arg}: expected a C-contiguous array"))),
+        None => Err(raise(py, "DTypeError", format!("{arg}: expected {} like rewards", F::NAME))),
+    }
+}
+
+fn layout<'a>(
+    py: Python<'_>,
+    cu_seqlens: Option<&'a [i64]>,
+    shape: (usize, usize),
+    n: usize,
+) -> PyResult<Layout<'a>> {
+    match cu_seqlens {
+        Some(cu) => Layout::packed(cu, n),
+        None => Layout::padded(shape.0, shape.1, n),
+    }
+    .map_err(|e| to_pyerr(py, e))
+}
+
+/// Runs `$body` with `$m` bound to the mask as a kernel `Mask` (one instantiation per
+/// mask dtype).
+macro_rules! with_mask {
+    ($py:expr, $mask:expr, |$m:ident| $body:expr) => {
+        match $mask {
+            None => {
+                let $m = AllValid;
+                $body
+            }
+            Some(MaskArray::Bool(a)) => {
+                let $m = contiguous($py, "mask", a)?;
+                $body
+            }
+            Some(MaskArray::U8(a)) => {
+                let $m = contiguous($py, "mask", a)?;
+                $body
+            }
+            Some(MaskArray::I8(a)) => {
+                let $m = contiguous($py, "mask", a)?;
+                $body
+            }
+            Some(MaskArray::I32(a)) => {
+                let $m = contiguous($py, "mask", a)?;
+                $body
+            }
+            Some(MaskArray::I64(a)) => {
+                let $m = contiguous($py, "mask", a)?;
+                $body
+            }
+            Some(MaskArray::F32(a)) => {
+                let $m = contiguous($py, "mask", a)?;
+                $body
+            }
+            Some(MaskArray::F64(a)) => {
+                let $m = contiguous($py, "mask", a)?;
+                $body
+            }
+        }
+    };
+}
+
+/// Runs `$body` with `$g` bound to the gates (unit gates when absent).
+macro_rules! with_gates {
+    ($gates:expr, |$g:ident| $body:expr) => {
+        match $gates {
+            None => {
+                let $g = UnitGates;
+                $body
+            }
+            Some(s) => {
+                let $g = s;
+                $body
+            }
+        }
+    };
+}
+
+struct GaeCall<'a, 'py> {
+    rewards: Floats<'py>,
+    values: Floats<'py>,
+    advantages: FloatsMut<'py>,
+    returns: FloatsMut<'py>,
+    mask: Option<MaskArray<'py>>,
+    gates: Option<Floats<'py>>,
+    cu_seqlens: Option<&'a [i64]>,
+    shape: (usize, usize),
+    last_values: Option<&'a [f64]>,
+    params: GaeParams,
+}
+
+fn gae_typed<F: FloatDtype>(py: Python<'_>, mut c: GaeCall<'_, '_>) -> PyResult<()> {
+    let r = typed::<F>(py, "rewards", &c.rewards)?;
+    let v = typed::<F>(py, "values", &c.values)?;
+    let g = match &c.gates {
+        Some(g) => Some(typed::<F>(py, "gates", g)?),
+        None => None,
+    };
+    let adv = typed_mut::<F>(py, "advantages (out)", &mut c.advantages)?;
+    let ret = typed_mut::<F>(py, "returns (out)", &mut c.returns)?;
+    let lay = layout(py, c.cu_seqlens, c.shape, r.len())?;
+    let (lv, p) = (c.last_values, c.params);
+    let result = with_mask!(py, &c.mask, |m| with_gates!(g, |g| py
+        .detach(|| crate::gae::gae(&lay, r, v, m, g, lv, &p, adv, ret))));
+    result.map_err(|e| to_pyerr(py, e))
+}
+
+/// Comp-GAE into preallocated `advantages` and `returns` (flat, C-contiguous).
+#[pyfunction]
+#[pyo3(signature = (rewards, values, advantages, returns, *, mask, gates, cu_seqlens, shape, gamma, lam, lam_critic, last_values, drop_masked_rewards))]
+#[allow(clippy::too_many_arguments)]
+fn gae<'py>(
+    py: Python<'py>,
+    rewards: Floats<'py>,
+    values: Floats<'py>,
+    advantages: FloatsMut<'py>,
+    returns: FloatsMut<'py>,
+    mask: Option<MaskArray<'py>>,
+    gates: Option<Floats<'py>>,
+    cu_seqlens: Option<PyReadonlyArray1<'py, i64>>,
+    shape: (usize, usize),
+    gamma: f64,
+    lam: f64,
+    lam_critic: f64,
+    last_values: Option<PyReadonlyArray1<'py, f64>>,
+    drop_masked_rewards: bool,
+) -> PyResult<()> {
+    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
+    let lv = last_values.as_ref().map(|a| contiguous(py, "last_values", a)).transpose()?;
+    let params = GaeParams { gamma, lam, lam_critic, drop_masked_rewards };
+    let is_f32 = matches!(rewards, Floats::F32(_));
+    let call = GaeCall {
+        rewards,
+        values,
+        advantages,
+        returns,
+        mask,
+        gates,
+        cu_seqlens: cu,
+        shape,
+        last_values: lv,
+        params,
+    };
+    if is_f32 {
+        gae_typed::<f32>(py, call)
+    } else {
+        gae_typed::<f64>(py, call)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn td_typed<F: FloatDtype>(
+    py: Python<'_>,
+    rewards: &Floats<'_>,
+    values: &Floats<'_>,
+    out: &mut FloatsMut<'_>,
+    mask: &Option<MaskArray<'_>>,
+    gates: &Option<Floats<'_>>,
+    cu: Option<&[i64]>,
+    shape: (usize, usize),
+    gamma: f64,
+    lv: Option<&[f64]>,
+) -> PyResult<()> {
+    let r = typed::<F>(py, "rewards", rewards)?;
+    let v = typed::<F>(py, "values", values)?;
+    let g = match gates {
+        Some(g) => Some(typed::<F>(py, "gates", g)?),
+        None => None,
+    };
+    let out = typed_mut::<F>(py, "out", out)?;
+    let lay = layout(py, cu, shape, r.len())?;
+    let result = with_mask!(py, mask, |m| with_gates!(g, |g| py
+        .detach(|| crate::td::td_targets(&lay, r, v, m, g, lv, gamma, out))));
+    result.map_err(|e| to_pyerr(py, e))
+}
+
+/// One-step gated TD targets into a preallocated `out`.
+#[pyfunction]
+#[pyo3(signature = (rewards, values, out, *, mask, gates, cu_seqlens, shape, gamma, last_values))]
+#[allow(clippy::too_many_arguments)]
+fn td_targets<'py>(
+    py: Python<'py>,
+    rewards: Floats<'py>,
+    values: Floats<'py>,
+    mut out: FloatsMut<'py>,
+    mask: Option<MaskArray<'py>>,
+    gates: Option<Floats<'py>>,
+    cu_seqlens: Option<PyReadonlyArray1<'py, i64>>,
+    shape: (usize, usize),
+    gamma: f64,
+    last_values: Option<PyReadonlyArray1<'py, f64>>,
+) -> PyResult<()> {
+    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
+    let lv = last_values.as_ref().map(|a| contiguous(py, "last_values", a)).transpose()?;
+    match rewards {
+        Floats::F32(_) => td_typed::<f32>(py, &rewards, &values, &mut out, &mask, &gates, cu, shape, gamma, lv),
+        Floats::F64(_) => td_typed::<f64>(py, &rewards, &values, &mut out, &mask, &gates, cu, shape, gamma, lv),
+    }
+}
+
+fn gates_typed<F: FloatDtype>(
+    py: Python<'_>,
+    conc: &Floats<'_>,
+    out: &mut FloatsMut<'_>,
+    mask: &Option<MaskArray<'_>>,
+    cu: Option<&[i64]>,
+    shape: (usize, usize),
+    params: &GateParams,
+) -> PyResult<()> {
+    let c = typed::<F>(py, "concentration", conc)?;
+    let out = typed_mut::<F>(py, "out", out)?;
+    let lay = layout(py, cu, shape, c.len())?;
+    let result = with_mask!(py, mask, |m| py
+        .detach(|| crate::gating::gates_from_concentration(&lay, c, m, params, out)));
+    result.map_err(|e| to_pyerr(py, e))
+}
+
+/// Retention gates from concentration into a preallocated `out`.
+#[pyfunction]
+#[pyo3(signature = (concentration, out, *, mask, cu_seqlens, shape, low, high, sharpness, normalize, center, scale, invert))]
+#[allow(clippy::too_many_arguments)]
+fn gates_from_concentration<'py>(
+    py: Python<'py>,
+    concentration: Floats<'py>,
+    mut out: FloatsMut<'py>,
+    mask: Option<MaskArray<'py>>,
+    cu_seqlens: Option<PyReadonlyArray1<'py, i64>>,
+    shape: (usize, usize),
+    low: f64,
+    high: f64,
+    sharpness: f64,
+    normalize: &str,
+    center: f64,
+    scale: f64,
+    invert: bool,
+) -> PyResult<()> {
+    let normalize = match normalize {
+        "sequence" => Normalize::Sequence,
+        "batch" => Normalize::Batch,
+        "none" => Normalize::Fixed { center, scale },
+        other => {
+            return Err(raise(
+                py,
+                "ParameterError",
+                format!("normalize: expected one of 'sequence', 'batch', 'none', got {other:?}"),
+            ))
+        }
+    };
+    let params = GateParams { low, high, sharpness, normalize, invert };
+    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
+    match concentration {
+        Floats::F32(_) => gates_typed::<f32>(py, &concentration, &mut out, &mask, cu, shape, &params),
+        Floats::F64(_) => gates_typed::<f64>(py, &concentration, &mut out, &mask, cu, shape, &params),
+    }
+}
+
+/// Sets the number of threads the kernels use (>= 1).
+#[pyfunction]
+fn set_num_threads(py: Python<'_>, n: i64) -> PyResult<()> {
+    if n < 1 {
+        return Err(raise(py, "ParameterError", format!("n: expected an integer >= 1, got {n}")));
+    }
+    pool::set_num_threads(n as usize);
+    Ok(())
+}
+
+/// The number of threads the kernels use.
+#[pyfunction]
+fn get_num_threads() -> usize {
+    pool::num_threads()
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(gae, m)?)?;
+    m.add_function(wrap_pyfunction!(td_targets, m)?)?;
+    m.add_function(wrap_pyfunction!(gates_from_concentration, m)?)?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
+    m.add("NUM_THREADS_ENV", pool::ENV_VAR)?;
+    Ok(())
+}

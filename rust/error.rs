@@ -1,0 +1,80 @@
+//! The one error type of the kernels. The bindings map each variant to a Python
+//! exception class (see `bindings.rs`); nothing here panics on bad input.
+
+use std::fmt;
+
+/// A position in the batch: sequence `row`, position `pos` inside it, and for the
+/// packed layout the flat index into the `[N]` arrays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loc {
+    pub row: usize,
+    pub pos: usize,
+    pub flat: Option<usize>,
+}
+
+impl fmt::Display for Loc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "(row {}, position {})", self.row, self.pos)?;
+        if let Some(k) = self.flat {
+            write!(f, " [flat index {k}]")?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum KernelError {
+    /// Arrays whose lengths or shapes do not agree.
+    Shape { arg: &'static str, expected: String, got: String },
+    /// A malformed `cu_seqlens`; `index` is the first offending entry.
+    CuSeqlens { problem: String, index: usize },
+    /// NaN or ±inf at a valid position.
+    NonFinite { arg: &'static str, at: Loc, value: f64 },
+    /// A per-token value outside its allowed range (gates outside [0, 1]).
+    OutOfRange { arg: &'static str, at: Loc, value: f64, expected: &'static str },
+    /// A nonzero reward on a masked position while `masked_rewards="error"`.
+    MaskedReward { at: Loc, value: f64 },
+    /// A scalar parameter (γ, λ, bounds, ...) or a per-row value that is not allowed.
+    Parameter { arg: &'static str, expected: String, got: String },
+}
+
+impl fmt::Display for KernelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelError::Shape { arg, expected, got } => {
+                write!(f, "{arg}: expected {expected}, got {got}")
+            }
+            KernelError::CuSeqlens { problem, index } => {
+                write!(f, "cu_seqlens: {problem} (first offending index {index})")
+            }
+            KernelError::NonFinite { arg, at, value } => write!(
+                f,
+                "{arg}: expected finite values at valid positions, got {value} at {at}"
+            ),
+            KernelError::OutOfRange { arg, at, value, expected } => {
+                write!(f, "{arg}: expected values in {expected}, got {value} at {at}")
+            }
+            KernelError::MaskedReward { at, value } => write!(
+                f,
+                "rewards: expected 0 at masked positions, got {value} at {at}; a reward on a \
+                 masked token would be silently dropped (pass masked_rewards=\"drop\" to allow it)"
+            ),
+            KernelError::Parameter { arg, expected, got } => {
+                write!(f, "{arg}: expected {expected}, got {got}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for KernelError {}
+
+pub type Result<T> = std::result::Result<T, KernelError>;
+
+/// `γ`, `λ` and friends must lie in `[0, 1]`.
+pub fn check_unit_interval(arg: &'static str, x: f64) -> Result<()> {
+    if (0.0..=1.0).contains(&x) {
+        Ok(())
+    } else {
+        Err(KernelError::Parameter { arg, expected: "a number in [0, 1]".into(), got: format!("{x}") })
+    }
+}

@@ -1,0 +1,358 @@
+//! Comp-GAE: generalized advantage estimation with per-token retention gates.
+//!
+//! For one sequence, over its valid positions `i = 0..n-1` only (masked positions are
+//! skipped: the recursion passes straight through them):
+//!
+//! ```text
+//! V_n = last_values[b] (truncated) or 0 (terminal)
+//! δ_i = r_i + γ·g_i·V_{i+1} − V_i
+//! A_i = δ_i + γ·λ·g_i·A_{i+1},         A_n = 0        (advantages)
+//! R_i = A^c_i + V_i                                   (returns; A^c uses λ_critic)
+//! ```
+//!
+//! Operation order (matched by `comppo_core.reference.gae` bit for bit):
+//! `gg = γ·g; δ = r + gg·V_next − V; A = δ + (gg·λ)·A_next; A^c = δ + (gg·λ_c)·A^c_next;
+//! R = A^c + V`, all in `f64`. Masked positions get `A = R = 0`.
+//!
+//! Shapes: `rewards`, `values`, `gates`, `mask`, `advantages`, `returns` are flat `[N]`
+//! arrays laid out by a [`Layout`]; `last_values` is `[B]`.
+//!
+//! Speed: the recursion is a chain of dependent multiply-adds, so one row at a time
+//! leaves the core waiting on latency. Each task therefore walks `LANES` rows at once,
+//! one chain per lane, refilling a lane with the next row as soon as its row ends; the
+//! loop body is branch-free (masks become selects), so the loads stream at memory speed.
+
+use crate::checks::{check_len, check_row_values, first_bad_token};
+use crate::element::{select, Float, Gates, Mask};
+use crate::error::{check_unit_interval, Result};
+use crate::layout::{split_by_tasks, task_size, Layout, Task};
+use crate::pool;
+use rayon::prelude::*;
+
+/// Scalar parameters of [`gae`].
+#[derive(Debug, Clone, Copy)]
+pub struct GaeParams {
+    pub gamma: f64,
+    pub lam: f64,
+    pub lam_critic: f64,
+    /// `false`: a nonzero reward on a masked position is an error (the default policy).
+    pub drop_masked_rewards: bool,
+}
+
+impl GaeParams {
+    pub fn new(gamma: f64, lam: f64) -> Self {
+        GaeParams { gamma, lam, lam_critic: lam, drop_masked_rewards: false }
+    }
+}
+
+/// How many rows one task walks side by side.
+const LANES: usize = 4;
+
+/// Comp-GAE advantages and λ-returns, written into `advantages` and `returns`.
+///
+/// On error the contents of the output buffers are unspecified.
+#[allow(clippy::too_many_arguments)]
+pub fn gae<F: Float, M: Mask, G: Gates>(
+    layout: &Layout,
+    rewards: &[F],
+    values: &[F],
+    mask: M,
+    gates: G,
+    last_values: Option<&[f64]>,
+    params: &GaeParams,
+    advantages: &mut [F],
+    returns: &mut [F],
+) -> Result<()> {
+    check_unit_interval("gamma", params.gamma)?;
+    check_unit_interval("lam", params.lam)?;
+    check_unit_interval("lam_critic", params.lam_critic)?;
+    let n = layout.len();
+    check_len("rewards", Some(rewards.len()), n)?;
+    check_len("values", Some(values.len()), n)?;
+    check_len("mask", mask.len(), n)?;
+    check_len("gates", gates.len(), n)?;
+    check_len("advantages (out)", Some(advantages.len()), n)?;
+    check_len("returns (out)", Some(returns.len()), n)?;
+    check_row_values("last_values", last_values, layout.rows())?;
+
+    let kernel = Kernel { layout, rewards, values, mask, gates, last_values, p: *params };
+    let suspicious = if params.lam_critic == params.lam {
+        kernel.run::<false>(advantages, returns)
+    } else {
+        kernel.run::<true>(advantages, returns)
+    };
+    if suspicious {
+        if let Some(e) = first_bad_token(layout, rewards, values, &kernel.mask, &kernel.gates, !params.drop_masked_rewards) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+struct Kernel<'a, F, M, G> {
+    layout: &'a Layout<'a>,
+    rewards: &'a [F],
+    values: &'a [F],
+    mask: M,
+    gates: G,
+    last_values: Option<&'a [f64]>,
+    p: GaeParams,
+}
+
+/// The state of one row's backward trace. `next - 1` is the next flat index to visit;
+/// the row is done when `next == start`.
+#[derive(Clone, Copy)]
+struct Trace {
+    next: usize,
+    start: usize,
+    v_next: f64,
+    a: f64,
+    ac: f64,
+}
+
+impl Trace {
+    const DONE: Trace = Trace { next: 0, start: 0, v_next: 0.0, a: 0.0, ac: 0.0 };
+}
+
+impl<F: Float, M: Mask, G: Gates> Kernel<'_, F, M, G> {
+    /// Runs every task on the pool; returns whether any task saw a suspicious input.
+    fn run<const DUAL: bool>(&self, advantages: &mut [F], returns: &mut [F]) -> bool {
+        let tasks = self.layout.tasks(task_size(self.layout.len(), pool::num_threads()));
+        let adv = split_by_tasks(advantages, &tasks);
+        let ret = split_by_tasks(returns, &tasks);
+        pool::install(|| {
+            tasks
+                .par_iter()
+                .zip(adv)
+                .zip(ret)
+                .map(|((task, adv), ret)| self.task::<DUAL>(task, adv, ret))
+                .reduce(|| false, |a, b| a | b)
+        })
+    }
+
+    fn start_row(&self, b: usize) -> Trace {
+        let r = self.layout.row(b);
+        let v_next = self.last_values.map_or(0.0, |lv| lv[b]);
+        Trace { next: r.end, start: r.start, v_next, a: 0.0, ac: 0.0 }
+    }
+
+    /// Computes the rows of `task`; `adv` and `ret` cover exactly `task.span`.
+    fn task<const DUAL: bool>(&self, task: &Task, adv: &mut [F], ret: &mut [F]) -> bool {
+        debug_assert_eq!(adv.len(), task.span.len());
+        let base = task.span.start;
+        let out = Out { adv: adv.as_mut_ptr(), ret: ret.as_mut_ptr(), base };
+        let mut rows = task.rows.clone().filter(|&b| !self.layout.row(b).is_empty());
+        let mut bad = false;
+
+        let mut lanes = [Trace::DONE; LANES];
+        let mut filled = 0;
+        for lane in lanes.iter_mut() {
+            match rows.next() {
+                Some(b) => {
+                    *lane = self.start_row(b);
+                    filled += 1;
+                }
+                None => break,
+            }
+        }
+        if filled == LANES {
+            'refill: loop {
+                let steps = lanes.iter().map(|t| t.next - t.start).min().unwrap_or(0);
+                for _ in 0..steps {
+                    for t in lanes.iter_mut() {
+                        t.next -= 1;
+                        // SAFETY: t.next lies in the row's range inside the task span.
+                        unsafe { self.step::<DUAL>(t, &out, &mut bad) };
+                    }
+                }
+                let mut exhausted = false;
+                for t in lanes.iter_mut() {
+                    if t.next == t.start {
+                        bad |= Self::finish(t);
+                        match rows.next() {
+                            Some(b) => *t = self.start_row(b),
+                            None => {
+                                *t = Trace::DONE;
+                                exhausted = true;
+                            }
+                        }
+                    }
+                }
+                if exhausted {
+                    break 'refill;
+                }
+            }
+        }
+        // Rows still in flight (or too few rows for all lanes): one at a time.
+        for t in lanes.iter_mut() {
+            while t.next > t.start {
+                t.next -= 1;
+                // SAFETY: as above.
+                unsafe { self.step::<DUAL>(t, &out, &mut bad) };
+            }
+            bad |= Self::finish(t);
+        }
+        bad
+    }
+
+    /// A finished row is suspicious when its trace is not finite: a NaN/±inf at any
+    /// valid position reaches `A_0` through the recursion (`0·inf` is NaN too).
+    #[inline(always)]
+    fn finish(t: &Trace) -> bool {
+        !(t.a.is_finite() & t.ac.is_finite())
+    }
+
+    /// One backward step at flat index `t.next`.
+    ///
+    /// # Safety
+    /// `t.next` must lie inside the layout and inside the task span behind `out`.
+    #[inline(always)]
+    unsafe fn step<const DUAL: bool>(&self, t: &mut Trace, out: &Out<F>, bad: &mut bool) {
+        let i = t.next;
+        let valid = self.mask.valid(i);
+        let r = self.rewards.get_unchecked(i).to_f64();
+        let v = self.values.get_unchecked(i).to_f64();
+        let g = self.gates.gate(i);
+        let gg = self.p.gamma * g;
+        let delta = r + gg * t.v_next - v;
+        let a = delta + (gg * self.p.lam) * t.a;
+        let ac = if DUAL { delta + (gg * self.p.lam_critic) * t.ac } else { a };
+        let ret = ac + v;
+        *out.adv.add(i - out.base) = F::from_f64(select(valid, a, 0.0));
+        *out.ret.add(i - out.base) = F::from_f64(select(valid, ret, 0.0));
+        t.a = select(valid, a, t.a);
+        if DUAL {
+            t.ac = select(valid, ac, t.ac);
+        }
+        t.v_next = select(valid, v, t.v_next);
+        let gate_ok = (g >= 0.0) & (g <= 1.0);
+        let masked_reward = !valid & (r != 0.0) & !self.p.drop_masked_rewards;
+        *bad |= (valid & !gate_ok) | masked_reward;
+    }
+}
+
+/// Output pointers of one task; index `i` of the batch is element `i - base`.
+struct Out<F> {
+    adv: *mut F,
+    ret: *mut F,
+    base: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::element::{AllValid, UnitGates};
+    use crate::error::KernelError;
+
+    /// The textbook loop over valid positions, for comparison.
+    fn naive(r: &[f64], v: &[f64], m: &[bool], g: &[f64], gamma: f64, lam: f64, lv: f64) -> Vec<f64> {
+        let mut out = vec![0.0; r.len()];
+        let (mut a, mut vn) = (0.0, lv);
+        for i in (0..r.len()).rev() {
+            if !m[i] {
+                continue;
+            }
+            let gg = gamma * g[i];
+            let d = r[i] + gg * vn - v[i];
+            a = d + (gg * lam) * a;
+            out[i] = a;
+            vn = v[i];
+        }
+        out
+    }
+
+    fn lcg(seed: &mut u64) -> f64 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (*seed >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    #[test]
+    fn three_tokens_by_hand() {
+        // γ = 0.5, λ = 0.5, g = [1, 0.5, 1], r = [0, 0, 1], V = [0.5, 0.25, 0.5], terminal.
+        // δ2 = 1 + 0 − 0.5 = 0.5;            A2 = 0.5
+        // δ1 = 0 + 0.25·0.5 − 0.25 = −0.125; A1 = −0.125 + 0.125·0.5 = −0.0625
+        // δ0 = 0 + 0.5·0.25 − 0.5 = −0.375;  A0 = −0.375 + 0.25·(−0.0625) = −0.390625
+        let layout = Layout::padded(1, 3, 3).unwrap();
+        let (r, v, g) = ([0.0, 0.0, 1.0], [0.5, 0.25, 0.5], [1.0, 0.5, 1.0]);
+        let (mut a, mut ret) = ([0.0; 3], [0.0; 3]);
+        let p = GaeParams::new(0.5, 0.5);
+        gae(&layout, &r, &v, AllValid, &g[..], None, &p, &mut a, &mut ret).unwrap();
+        assert_eq!(a, [-0.390625, -0.0625, 0.5]);
+        assert_eq!(ret, [0.109375, 0.1875, 1.0]);
+    }
+
+    #[test]
+    fn lanes_match_naive_on_ragged_packed_batch() {
+        let mut s = 7u64;
+        let lens = [0usize, 5, 1, 17, 3, 0, 9, 30, 2, 11, 4, 6, 8];
+        let mut cu = vec![0i64];
+        for l in lens {
+            cu.push(cu.last().unwrap() + l as i64);
+        }
+        let n = *cu.last().unwrap() as usize;
+        let r: Vec<f64> = (0..n).map(|_| lcg(&mut s) - 0.5).collect();
+        let v: Vec<f64> = (0..n).map(|_| lcg(&mut s)).collect();
+        let g: Vec<f64> = (0..n).map(|_| lcg(&mut s)).collect();
+        let m: Vec<bool> = (0..n).map(|_| lcg(&mut s) < 0.8).collect();
+        let r: Vec<f64> = r.iter().zip(&m).map(|(&x, &ok)| if ok { x } else { 0.0 }).collect();
+        let lv: Vec<f64> = (0..lens.len()).map(|_| lcg(&mut s)).collect();
+        let layout = Layout::packed(&cu, n).unwrap();
+        for threads in [1, 2, 3] {
+            pool::set_num_threads(threads);
+            let (mut a, mut ret) = (vec![9.0; n], vec![9.0; n]);
+            let p = GaeParams { gamma: 0.9, lam: 0.8, lam_critic: 0.8, drop_masked_rewards: false };
+            gae(&layout, &r, &v, &m[..], &g[..], Some(&lv), &p, &mut a, &mut ret).unwrap();
+            for b in 0..lens.len() {
+                let rg = layout.row(b);
+                let want = naive(&r[rg.clone()], &v[rg.clone()], &m[rg.clone()], &g[rg.clone()], 0.9, 0.8, lv[b]);
+                assert_eq!(&a[rg.clone()], &want[..], "row {b}");
+                for (k, i) in rg.enumerate() {
+                    let want_ret = if m[i] { want[k] + v[i] } else { 0.0 };
+                    assert_eq!(ret[i], want_ret);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decoupled_critic_lambda() {
+        let layout = Layout::padded(1, 2, 2).unwrap();
+        let (r, v) = ([0.0f32, 1.0], [0.0f32, 0.0]);
+        let (mut a, mut ret) = ([0.0f32; 2], [0.0f32; 2]);
+        let p = GaeParams { gamma: 1.0, lam: 0.5, lam_critic: 1.0, drop_masked_rewards: false };
+        gae(&layout, &r, &v, AllValid, UnitGates, None, &p, &mut a, &mut ret).unwrap();
+        assert_eq!(a, [0.5, 1.0]);
+        assert_eq!(ret, [1.0, 1.0]);
+    }
+
+    #[test]
+    fn errors_name_first_offender() {
+        let layout = Layout::padded(2, 3, 6).unwrap();
+        let r = [0.0, 0.0, 0.0, 0.0, f64::NAN, 1.0];
+        let v = [0.0; 6];
+        let m = [true, true, false, true, true, true];
+        let (mut a, mut ret) = ([0.0; 6], [0.0; 6]);
+        let p = GaeParams::new(1.0, 1.0);
+        let e = gae(&layout, &r, &v, &m[..], UnitGates, None, &p, &mut a, &mut ret).unwrap_err();
+        assert!(matches!(e, KernelError::NonFinite { arg: "rewards", at, .. } if at.row == 1 && at.pos == 1), "{e}");
+
+        let r = [0.0, 0.0, 2.0, 0.0, 0.0, 0.0];
+        let e = gae(&layout, &r, &v, &m[..], UnitGates, None, &p, &mut a, &mut ret).unwrap_err();
+        assert!(matches!(e, KernelError::MaskedReward { at, .. } if at.row == 0 && at.pos == 2));
+        let drop = GaeParams { drop_masked_rewards: true, ..p };
+        gae(&layout, &r, &v, &m[..], UnitGates, None, &drop, &mut a, &mut ret).unwrap();
+        assert_eq!(a, [0.0; 6]);
+
+        let g = [1.0, 1.0, 7.0, 1.0, 1.5, 1.0]; // 7.0 is masked, allowed
+        let e = gae(&layout, &[0.0; 6], &v, &m[..], &g[..], None, &p, &mut a, &mut ret).unwrap_err();
+        assert!(matches!(e, KernelError::OutOfRange { arg: "gates", at, .. } if at.row == 1 && at.pos == 1));
+
+        let bad_gamma = GaeParams::new(1.5, 1.0);
+        let e = gae(&layout, &[0.0; 6], &v, AllValid, UnitGates, None, &bad_gamma, &mut a, &mut ret).unwrap_err();
+        assert!(matches!(e, KernelError::Parameter { arg: "gamma", .. }));
+        let e = gae(&layout, &[0.0; 6], &v, AllValid, UnitGates, Some(&[0.0]), &p, &mut a, &mut ret).unwrap_err();
+        assert!(matches!(e, KernelError::Shape { arg: "last_values", .. }));
+        let e = gae(&layout, &[0.0; 5], &v, AllValid, UnitGates, None, &p, &mut a, &mut ret).unwrap_err();
+        assert!(matches!(e, KernelError::Shape { arg: "rewards", .. }));
+    }
+}

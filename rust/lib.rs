@@ -1,0 +1,24 @@
+//! comppo-core kernels: Comp-GAE (gated GAE), one-step TD targets and the
+//! concentration → retention-gate mapping, over padded or packed batches.
+//!
+//! Plain Rust, no Python: the bindings live in `bindings.rs` behind the `python`
+//! feature, so `cargo test` needs no libpython.
+
+pub mod checks;
+pub mod element;
+pub mod error;
+pub mod gae;
+pub mod gating;
+pub mod layout;
+pub mod pool;
+pub mod td;
+
+pub use element::{AllValid, Float, MaskElem, UnitGates};
+pub use error::{KernelError, Result};
+pub use gae::{gae, GaeParams};
+pub use gating::{gates_from_concentration, GateParams, Normalize};
+pub use layout::Layout;
+pub use td::td_targets;
+
+#[cfg(feature = "python")]
+mod bindings;
