@@ -1,0 +1,291 @@
+"""Side-by-side benchmark of comppo-core's GAE against what users run today.
+
+Run:  python benches/compare.py            (all workloads; needs the [bench] extra: numba)
+      python benches/compare.py --quick    (smaller repeat counts)
+
+Workloads (float32, each row's length uniform in [T/2, T], gates uniform in [0.5, 1],
+γ = 1, λ = 0.95):
+
+    W1  padded 512 × 4096       W2  padded 64 × 16384
+    W3  padded 4096 × 512       W4  W1's data packed ([N] + cu_seqlens)
+
+Columns, all measured in one run, interleaved round by round (median of rounds):
+
+    comppo        cc.gae(...) allocating its two outputs, as a user calls it
+    comppo out=   cc.gae(..., out=(adv, ret)) into preallocated buffers
+    numba         a numba-parallel loop over rows (prange) that allocates its outputs
+    reference     comppo_core.reference.gae (Python loop; timed on a few rows, scaled)
+    torch loop    verl's compute_gae_advantage_return loop over tokens (if torch is installed)
+    floor         the memory floor: a parallel streaming pass over the same bytes
+                  (the float inputs and the mask read, two outputs written) into
+                  preallocated buffers on every core
+
+Ratios are times divided by the floor (lower is better) and speedups of comppo over
+the others. Timing noise on a shared machine is real: compare ratios, not bare times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+import comppo_core as cc
+
+try:
+    import numba
+    from numba import njit, prange
+except ImportError:  # pragma: no cover - the [bench] extra is missing
+    numba = None
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - torch is optional
+    torch = None
+
+GAMMA, LAM = 1.0, 0.95
+
+
+@dataclass
+class Workload:
+    name: str
+    rewards: np.ndarray
+    values: np.ndarray
+    gates: np.ndarray
+    mask: np.ndarray | None
+    cu_seqlens: np.ndarray | None
+
+    @property
+    def tokens(self) -> int:
+        return int(self.mask.sum()) if self.mask is not None else int(self.rewards.size)
+
+    @property
+    def elements(self) -> int:
+        return int(self.rewards.size)
+
+    def kwargs(self) -> dict:
+        return {"mask": self.mask, "cu_seqlens": self.cu_seqlens, "gates": self.gates}
+
+
+def make_padded(name: str, b: int, t: int, seed: int) -> Workload:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(t // 2, t + 1, size=b)
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    rewards = (rng.standard_normal((b, t)) * mask).astype(np.float32)
+    values = rng.standard_normal((b, t)).astype(np.float32)
+    gates = rng.uniform(0.5, 1.0, (b, t)).astype(np.float32)
+    return Workload(name, rewards, values, gates, mask, None)
+
+
+def pack(name: str, w: Workload) -> Workload:
+    assert w.mask is not None
+    lengths = w.mask.sum(axis=1)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return Workload(name, w.rewards[w.mask], w.values[w.mask], w.gates[w.mask], None, cu)
+
+
+# ---------------------------------------------------------------- alternatives
+if numba is not None:
+
+    @njit(parallel=True, cache=True)
+    def numba_gae_padded(r, v, g, m, gamma, lam):  # pragma: no cover - jitted
+        b_, t_ = r.shape
+        adv = np.empty_like(r)
+        ret = np.empty_like(r)
+        for b in prange(b_):
+            a = 0.0
+            v_next = 0.0
+            for t in range(t_ - 1, -1, -1):
+                if m[b, t]:
+                    gg = gamma * g[b, t]
+                    d = r[b, t] + gg * v_next - v[b, t]
+                    a = d + gg * lam * a
+                    adv[b, t] = a
+                    ret[b, t] = a + v[b, t]
+                    v_next = v[b, t]
+                else:
+                    adv[b, t] = 0.0
+                    ret[b, t] = 0.0
+        return adv, ret
+
+    @njit(parallel=True, cache=True)
+    def numba_gae_packed(r, v, g, cu, gamma, lam):  # pragma: no cover - jitted
+        adv = np.empty_like(r)
+        ret = np.empty_like(r)
+        for b in prange(cu.shape[0] - 1):
+            a = 0.0
+            v_next = 0.0
+            for i in range(cu[b + 1] - 1, cu[b] - 1, -1):
+                gg = gamma * g[i]
+                d = r[i] + gg * v_next - v[i]
+                a = d + gg * lam * a
+                adv[i] = a
+                ret[i] = a + v[i]
+                v_next = v[i]
+        return adv, ret
+
+    @njit(parallel=True, cache=True)
+    def floor_stream_masked(r, v, g, m, o1, o2):  # pragma: no cover - jitted
+        n = r.shape[0]
+        chunk = 1 << 16
+        for c in prange((n + chunk - 1) // chunk):
+            for i in range(c * chunk, min(n, (c + 1) * chunk)):
+                o1[i] = r[i] + g[i]
+                o2[i] = v[i] + m[i]
+
+    @njit(parallel=True, cache=True)
+    def floor_stream(r, v, g, o1, o2):  # pragma: no cover - jitted
+        n = r.shape[0]
+        chunk = 1 << 16
+        for c in prange((n + chunk - 1) // chunk):
+            for i in range(c * chunk, min(n, (c + 1) * chunk)):
+                o1[i] = r[i] + g[i]
+                o2[i] = v[i]
+
+
+def verl_torch_loop(token_level_rewards, values, response_mask, gamma, lam, gates=None):
+    """verl's compute_gae_advantage_return loop (multi-turn skip), with gates folded into γ."""
+    with torch.no_grad():
+        nextvalues = 0
+        lastgaelam = 0
+        advantages_reversed = []
+        gen_len = token_level_rewards.shape[-1]
+        for t in reversed(range(gen_len)):
+            g = gamma if gates is None else gamma * gates[:, t]
+            delta = token_level_rewards[:, t] + g * nextvalues - values[:, t]
+            lastgaelam_ = delta + g * lam * lastgaelam
+            nextvalues = values[:, t] * response_mask[:, t] + (1 - response_mask[:, t]) * nextvalues
+            lastgaelam = lastgaelam_ * response_mask[:, t] + (1 - response_mask[:, t]) * lastgaelam
+            advantages_reversed.append(lastgaelam)
+        advantages = torch.stack(advantages_reversed[::-1], dim=1)
+        returns = advantages + values
+    return advantages, returns
+
+
+# ---------------------------------------------------------------- timing
+def measure(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median seconds per call, running the candidates round-robin so drift hits all alike."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():  # warm-up (JIT, page cache, thread pools)
+        fn()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def reference_time(w: Workload, max_tokens: int) -> float:
+    """The NumPy reference on the first rows (about ``max_tokens`` elements), scaled to the workload."""
+    if w.cu_seqlens is not None:
+        cu = w.cu_seqlens
+        rows = max(1, int(np.searchsorted(cu, max_tokens)))
+        n = int(cu[rows])
+        args = (w.rewards[:n], w.values[:n])
+        kw = {"cu_seqlens": cu[: rows + 1], "gates": w.gates[:n]}
+        frac = n / w.elements
+    else:
+        rows = max(1, max_tokens // w.rewards.shape[1])
+        args = (w.rewards[:rows], w.values[:rows])
+        kw = {"mask": w.mask[:rows], "gates": w.gates[:rows]}
+        frac = rows / w.rewards.shape[0]
+    t0 = time.perf_counter()
+    cc.reference.gae(*args, gamma=GAMMA, lam=LAM, **kw)
+    return (time.perf_counter() - t0) / frac
+
+
+def run(workloads: list[Workload], rounds: int, ref_tokens: int, with_torch: bool) -> list[dict]:
+    rows = []
+    for w in workloads:
+        adv = np.empty_like(w.rewards)
+        ret = np.empty_like(w.rewards)
+        kw = w.kwargs()
+        fns: dict[str, Callable[[], object]] = {
+            "comppo": lambda: cc.gae(w.rewards, w.values, gamma=GAMMA, lam=LAM, **kw),
+            "comppo out=": lambda: cc.gae(w.rewards, w.values, gamma=GAMMA, lam=LAM, out=(adv, ret), **kw),
+        }
+        if numba is not None:
+            o1 = np.empty(w.elements, np.float32)
+            o2 = np.empty(w.elements, np.float32)
+            r1, v1, g1 = w.rewards.reshape(-1), w.values.reshape(-1), w.gates.reshape(-1)
+            if w.mask is not None:
+                m1 = w.mask.reshape(-1).view(np.uint8)
+                fns["numba"] = lambda: numba_gae_padded(w.rewards, w.values, w.gates, w.mask, GAMMA, LAM)
+                fns["floor"] = lambda: floor_stream_masked(r1, v1, g1, m1, o1, o2)
+            else:
+                fns["numba"] = lambda: numba_gae_packed(w.rewards, w.values, w.gates, w.cu_seqlens, GAMMA, LAM)
+                fns["floor"] = lambda: floor_stream(r1, v1, g1, o1, o2)
+        if with_torch and torch is not None and w.mask is not None:
+            tr, tv, tg = (torch.from_numpy(x) for x in (w.rewards, w.values, w.gates))
+            tm = torch.from_numpy(w.mask.astype(np.float32))
+            fns["torch loop"] = lambda: verl_torch_loop(tr, tv, tm, GAMMA, LAM, tg)
+        slow = {k: fns.pop(k) for k in ["torch loop"] if k in fns}
+        t = measure(fns, rounds)
+        t.update(measure(slow, max(1, rounds // 10)) if slow else {})
+        t["reference"] = reference_time(w, ref_tokens)
+        rows.append({"workload": w.name, "elements": w.elements, "tokens": w.tokens, **t})
+    return rows
+
+
+def report(rows: list[dict]) -> str:
+    cols = ["comppo", "comppo out=", "numba", "reference", "torch loop", "floor"]
+    present = [c for c in cols if any(c in r for r in rows)]
+    lines = []
+    head = f"{'workload':<22}" + "".join(f"{c:>13}" for c in present)
+    lines.append("time per call, ms (median of interleaved rounds)")
+    lines.append(head)
+    for r in rows:
+        lines.append(f"{r['workload']:<22}" + "".join(f"{r[c] * 1e3:>13.2f}" if c in r else f"{'-':>13}" for c in present))
+    lines.append("")
+    lines.append("ratios (lower is better for /floor; higher is better for speedups)")
+    head2 = ["comppo/floor", "out=/floor", "numba/comppo", "ref/comppo", "torch/comppo", "Mtok/s comppo"]
+    lines.append(f"{'workload':<22}" + "".join(f"{c:>15}" for c in head2))
+    for r in rows:
+        def ratio(a: str, b: str) -> str:
+            return f"{r[a] / r[b]:>15.2f}" if a in r and b in r else f"{'-':>15}"
+
+        cells = [ratio("comppo", "floor"), ratio("comppo out=", "floor"), ratio("numba", "comppo"),
+                 ratio("reference", "comppo"), ratio("torch loop", "comppo"),
+                 f"{r['tokens'] / r['comppo'] / 1e6:>15.0f}"]
+        lines.append(f"{r['workload']:<22}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workloads", default="W1,W2,W3,W4")
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--quick", action="store_true", help="fewer rounds")
+    p.add_argument("--ref-tokens", type=int, default=100_000, help="elements the reference is timed on")
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--threads", type=int, default=None)
+    a = p.parse_args(argv)
+    if a.threads:
+        cc.set_num_threads(a.threads)
+        if numba is not None:
+            numba.set_num_threads(a.threads)
+    rounds = 8 if a.quick else a.rounds
+    want = a.workloads.split(",")
+    w1 = make_padded("W1 padded 512x4096", 512, 4096, 1) if {"W1", "W4"} & set(want) else None
+    all_w = {
+        "W1": lambda: w1,
+        "W2": lambda: make_padded("W2 padded 64x16384", 64, 16384, 2),
+        "W3": lambda: make_padded("W3 padded 4096x512", 4096, 512, 3),
+        "W4": lambda: pack("W4 packed (W1 data)", w1),
+    }
+    workloads = [all_w[k]() for k in want]
+    print(f"comppo-core {cc.__version__}, threads={cc.get_num_threads()}, numba={'yes' if numba else 'no'}, "
+          f"torch={'yes' if torch is not None and not a.no_torch else 'no'}, python {sys.version.split()[0]}")
+    rows = run(workloads, rounds, a.ref_tokens, not a.no_torch)
+    print(report(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+# Hand-written stub of the compiled module (rust/bindings.rs); checked against the
+# built module by `python -m mypy.stubtest comppo_core._core`.
+# The public, documented API is in comppo_core/__init__.py: these functions take flat,
+# C-contiguous arrays prepared by comppo_core._arrays and write into preallocated outputs.
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["NUM_THREADS_ENV", "gae", "gates_from_concentration", "get_num_threads", "set_num_threads", "td_targets"]
+
+NUM_THREADS_ENV: str
+
+def gae(
+    rewards: npt.NDArray[np.floating],
+    values: npt.NDArray[np.floating],
+    advantages: npt.NDArray[np.floating],
+    returns: npt.NDArray[np.floating],
+    *,
+    mask: npt.NDArray[np.generic] | None,
+    gates: npt.NDArray[np.floating] | None,
+    cu_seqlens: npt.NDArray[np.int64] | None,
+    shape: tuple[int, int],
+    gamma: float,
+    lam: float,
+    lam_critic: float,
+    last_values: npt.NDArray[np.float64] | None,
+    drop_masked_rewards: bool,
+) -> None: ...
+def td_targets(
+    rewards: npt.NDArray[np.floating],
+    values: npt.NDArray[np.floating],
+    out: npt.NDArray[np.floating],
+    *,
+    mask: npt.NDArray[np.generic] | None,
+    gates: npt.NDArray[np.floating] | None,
+    cu_seqlens: npt.NDArray[np.int64] | None,
+    shape: tuple[int, int],
+    gamma: float,
+    last_values: npt.NDArray[np.float64] | None,
+) -> None: ...
+def gates_from_concentration(
+    concentration: npt.NDArray[np.floating],
+    out: npt.NDArray[np.floating],
+    *,
+    mask: npt.NDArray[np.generic] | None,
+    cu_seqlens: npt.NDArray[np.int64] | None,
+    shape: tuple[int, int],
+    low: float,
+    high: float,
+    sharpness: float,
+    normalize: str,
+    center: float,
+    scale: float,
+    invert: bool,
+) -> None: ...
+def set_num_threads(n: int) -> None: ...
+def get_num_threads() -> int: ...
