@@ -17,13 +17,15 @@
 //! Shapes: `rewards`, `values`, `gates`, `mask`, `advantages`, `returns` are flat `[N]`
 //! arrays laid out by a [`Layout`]; `last_values` is `[B]`.
 //!
-//! Speed: the recursion is a chain of dependent multiply-adds, so one row at a time
-//! leaves the core waiting on latency. Each task therefore walks `LANES` rows at once,
-//! one chain per lane, refilling a lane with the next row as soon as its row ends; the
-//! loop body is branch-free (masks become selects), so the loads stream at memory speed.
+//! Speed: rows are independent, so tasks of consecutive rows run in parallel. Inside a
+//! task the loop reads its span as one backward stream, keeps every value it needs in
+//! registers, and defers the input checks (gate range, masked rewards, finiteness) to
+//! one test per row; only when a row looks wrong is the batch scanned again to name
+//! the first offending position. See `benches/compare.py` for where this stands
+//! against the memory floor.
 
 use crate::checks::{check_len, check_row_values, first_bad_token};
-use crate::element::{select, Float, Gates, Mask};
+use crate::element::{Float, Gates, Mask};
 use crate::error::{check_unit_interval, Result};
 use crate::layout::{split_by_tasks, task_size, Layout, Task};
 use crate::pool;
@@ -44,9 +46,6 @@ impl GaeParams {
         GaeParams { gamma, lam, lam_critic: lam, drop_masked_rewards: false }
     }
 }
-
-/// How many rows one task walks side by side.
-const LANES: usize = 4;
 
 /// Comp-GAE advantages and λ-returns, written into `advantages` and `returns`.
 ///
@@ -99,8 +98,8 @@ struct Kernel<'a, F, M, G> {
     p: GaeParams,
 }
 
-/// The state of one row's backward trace. `next - 1` is the next flat index to visit;
-/// the row is done when `next == start`.
+/// The state of one row's backward trace. `next` is one past the next flat index to
+/// visit; the row is done when `next == start`.
 #[derive(Clone, Copy)]
 struct Trace {
     next: usize,
@@ -108,10 +107,17 @@ struct Trace {
     v_next: f64,
     a: f64,
     ac: f64,
+    /// Range of the row's valid gates, and whether a masked position had a reward:
+    /// checked once per row in `finish`.
+    g_min: f64,
+    g_max: f64,
+    masked_reward: bool,
 }
 
 impl Trace {
-    const DONE: Trace = Trace { next: 0, start: 0, v_next: 0.0, a: 0.0, ac: 0.0 };
+    const fn new(row: std::ops::Range<usize>, v_next: f64) -> Trace {
+        Trace { next: row.end, start: row.start, v_next, a: 0.0, ac: 0.0, g_min: 0.0, g_max: 1.0, masked_reward: false }
+    }
 }
 
 impl<F: Float, M: Mask, G: Gates> Kernel<'_, F, M, G> {
@@ -130,112 +136,117 @@ impl<F: Float, M: Mask, G: Gates> Kernel<'_, F, M, G> {
         })
     }
 
+    fn streams(&self) -> Streams<F, M, G> {
+        Streams {
+            rewards: self.rewards.as_ptr(),
+            values: self.values.as_ptr(),
+            mask: self.mask,
+            gates: self.gates,
+            gamma: self.p.gamma,
+            lam: self.p.lam,
+            lam_critic: self.p.lam_critic,
+            strict: !self.p.drop_masked_rewards,
+        }
+    }
+
     fn start_row(&self, b: usize) -> Trace {
         let r = self.layout.row(b);
         let v_next = self.last_values.map_or(0.0, |lv| lv[b]);
-        Trace { next: r.end, start: r.start, v_next, a: 0.0, ac: 0.0 }
+        Trace::new(r, v_next)
     }
 
     /// Computes the rows of `task`; `adv` and `ret` cover exactly `task.span`.
+    ///
+    /// Rows are visited from the task's last to its first, each backwards, so the task
+    /// reads its span as one continuous backward stream (starting a new stream at the
+    /// end of every row costs a prefetcher restart per row).
     fn task<const DUAL: bool>(&self, task: &Task, adv: &mut [F], ret: &mut [F]) -> bool {
         debug_assert_eq!(adv.len(), task.span.len());
+        // Shifted so that flat index `i` addresses its element directly.
         let base = task.span.start;
-        let out = Out { adv: adv.as_mut_ptr(), ret: ret.as_mut_ptr(), base };
-        let mut rows = task.rows.clone().filter(|&b| !self.layout.row(b).is_empty());
+        let out = Out { adv: adv.as_mut_ptr().wrapping_sub(base), ret: ret.as_mut_ptr().wrapping_sub(base) };
+        let s = self.streams();
         let mut bad = false;
-
-        let mut lanes = [Trace::DONE; LANES];
-        let mut filled = 0;
-        for lane in lanes.iter_mut() {
-            match rows.next() {
-                Some(b) => {
-                    *lane = self.start_row(b);
-                    filled += 1;
-                }
-                None => break,
-            }
-        }
-        if filled == LANES {
-            'refill: loop {
-                let steps = lanes.iter().map(|t| t.next - t.start).min().unwrap_or(0);
-                for _ in 0..steps {
-                    for t in lanes.iter_mut() {
-                        t.next -= 1;
-                        // SAFETY: t.next lies in the row's range inside the task span.
-                        unsafe { self.step::<DUAL>(t, &out, &mut bad) };
-                    }
-                }
-                let mut exhausted = false;
-                for t in lanes.iter_mut() {
-                    if t.next == t.start {
-                        bad |= Self::finish(t);
-                        match rows.next() {
-                            Some(b) => *t = self.start_row(b),
-                            None => {
-                                *t = Trace::DONE;
-                                exhausted = true;
-                            }
-                        }
-                    }
-                }
-                if exhausted {
-                    break 'refill;
-                }
-            }
-        }
-        // Rows still in flight (or too few rows for all lanes): one at a time.
-        for t in lanes.iter_mut() {
+        for b in task.rows.clone().rev() {
+            let mut t = self.start_row(b);
             while t.next > t.start {
-                t.next -= 1;
-                // SAFETY: as above.
-                unsafe { self.step::<DUAL>(t, &out, &mut bad) };
+                // SAFETY: t.next - 1 lies in row b, inside the validated layout and the
+                // task span that `out` covers.
+                unsafe { s.step::<DUAL>(&mut t, &out) };
             }
-            bad |= Self::finish(t);
+            bad |= Self::finish(&t);
         }
         bad
     }
 
-    /// A finished row is suspicious when its trace is not finite: a NaN/±inf at any
-    /// valid position reaches `A_0` through the recursion (`0·inf` is NaN too).
+    /// A finished row is suspicious when its trace is not finite (a NaN/±inf at any
+    /// valid position reaches `A_0` through the recursion, `0·inf` being NaN too), when
+    /// a valid gate left [0, 1], or when a masked position had a reward.
     #[inline(always)]
     fn finish(t: &Trace) -> bool {
-        !(t.a.is_finite() & t.ac.is_finite())
-    }
-
-    /// One backward step at flat index `t.next`.
-    ///
-    /// # Safety
-    /// `t.next` must lie inside the layout and inside the task span behind `out`.
-    #[inline(always)]
-    unsafe fn step<const DUAL: bool>(&self, t: &mut Trace, out: &Out<F>, bad: &mut bool) {
-        let i = t.next;
-        let valid = self.mask.valid(i);
-        let r = self.rewards.get_unchecked(i).to_f64();
-        let v = self.values.get_unchecked(i).to_f64();
-        let g = self.gates.gate(i);
-        let gg = self.p.gamma * g;
-        let delta = r + gg * t.v_next - v;
-        let a = delta + (gg * self.p.lam) * t.a;
-        let ac = if DUAL { delta + (gg * self.p.lam_critic) * t.ac } else { a };
-        let ret = ac + v;
-        *out.adv.add(i - out.base) = F::from_f64(select(valid, a, 0.0));
-        *out.ret.add(i - out.base) = F::from_f64(select(valid, ret, 0.0));
-        t.a = select(valid, a, t.a);
-        if DUAL {
-            t.ac = select(valid, ac, t.ac);
-        }
-        t.v_next = select(valid, v, t.v_next);
-        let gate_ok = (g >= 0.0) & (g <= 1.0);
-        let masked_reward = !valid & (r != 0.0) & !self.p.drop_masked_rewards;
-        *bad |= (valid & !gate_ok) | masked_reward;
+        !(t.a.is_finite() & t.ac.is_finite()) | (t.g_min < 0.0) | (t.g_max > 1.0) | t.masked_reward
     }
 }
 
-/// Output pointers of one task; index `i` of the batch is element `i - base`.
+/// What the hot loop reads, copied out of the kernel into locals: the compiler must
+/// assume the output stores may alias anything reached through a reference, so fields
+/// read through `&self` would be reloaded from memory after every store.
+#[derive(Clone, Copy)]
+struct Streams<F, M, G> {
+    rewards: *const F,
+    values: *const F,
+    mask: M,
+    gates: G,
+    gamma: f64,
+    lam: f64,
+    lam_critic: f64,
+    strict: bool,
+}
+
+impl<F: Float, M: Mask, G: Gates> Streams<F, M, G> {
+    /// One backward step: visits flat index `t.next - 1`.
+    ///
+    /// # Safety
+    /// `t.next - 1` must lie inside the layout and inside the task span behind `out`.
+    #[inline(always)]
+    unsafe fn step<const DUAL: bool>(&self, t: &mut Trace, out: &Out<F>) {
+        t.next -= 1;
+        let i = t.next;
+        let r = (*self.rewards.add(i)).to_f64();
+        // Branching on the mask is cheap: real masks come in long runs (padding,
+        // observation spans), so the branch is predicted.
+        if self.mask.valid(i) {
+            let v = (*self.values.add(i)).to_f64();
+            let g = self.gates.gate(i);
+            let gg = self.gamma * g;
+            let delta = r + gg * t.v_next - v;
+            let a = delta + (gg * self.lam) * t.a;
+            let ac = if DUAL { delta + (gg * self.lam_critic) * t.ac } else { a };
+            *out.adv.wrapping_add(i) = F::from_f64(a);
+            *out.ret.wrapping_add(i) = F::from_f64(ac + v);
+            t.a = a;
+            t.ac = ac;
+            t.v_next = v;
+            if G::GIVEN {
+                // min/max compile to single instructions; NaN gates are caught by the
+                // finiteness check of the trace instead.
+                t.g_min = if g < t.g_min { g } else { t.g_min };
+                t.g_max = if g > t.g_max { g } else { t.g_max };
+            }
+        } else {
+            *out.adv.wrapping_add(i) = F::from_f64(0.0);
+            *out.ret.wrapping_add(i) = F::from_f64(0.0);
+            t.masked_reward |= self.strict & (r != 0.0);
+        }
+    }
+}
+
+/// Output pointers of one task, shifted so that flat index `i` of the batch (inside
+/// the task's span) is `adv.wrapping_add(i)`.
+#[derive(Clone, Copy)]
 struct Out<F> {
     adv: *mut F,
     ret: *mut F,
-    base: usize,
 }
 
 #[cfg(test)]

@@ -73,84 +73,115 @@ impl GateParams {
     #[inline(always)]
     fn gate(&self, z: f64) -> f64 {
         let z = if self.invert { -z } else { z };
-        self.low + (self.high - self.low) * (1.0 / (1.0 + (-(self.sharpness * z)).exp()))
+        // 0·inf (sharpness 0, an overflowing fixed z-score) is the midpoint, not NaN
+        let x = self.sharpness * z;
+        let x = if x.is_nan() { 0.0 } else { x };
+        self.low + (self.high - self.low) * (1.0 / (1.0 + (-x).exp()))
     }
 }
 
-/// Running statistics of the valid values of one row.
+/// Count, range and finiteness of the valid values of one row (or of the batch).
 #[derive(Debug, Clone, Copy)]
-struct Moments {
+struct Range {
     n: usize,
-    sum: f64,
     min: f64,
     max: f64,
+    finite: bool,
 }
 
-impl Moments {
-    const EMPTY: Moments = Moments { n: 0, sum: 0.0, min: f64::INFINITY, max: f64::NEG_INFINITY };
+impl Range {
+    const EMPTY: Range = Range { n: 0, min: f64::INFINITY, max: f64::NEG_INFINITY, finite: true };
 
-    fn add(&mut self, x: f64) {
-        self.n += 1;
-        self.sum += x;
-        self.min = self.min.min(x);
-        self.max = self.max.max(x);
+    fn merge(self, o: Range) -> Range {
+        Range { n: self.n + o.n, min: self.min.min(o.min), max: self.max.max(o.max), finite: self.finite & o.finite }
     }
 
-    fn merge(self, o: Moments) -> Moments {
-        Moments { n: self.n + o.n, sum: self.sum + o.sum, min: self.min.min(o.min), max: self.max.max(o.max) }
-    }
-
-    fn finite(&self) -> bool {
-        self.sum.is_finite() && self.min.is_finite() | (self.n == 0) && self.max.is_finite() | (self.n == 0)
-    }
-
-    fn mean(&self) -> f64 {
-        self.sum / self.n as f64
-    }
-
-    /// Whether z-scores are all 0 (one valid token or zero spread).
+    /// Whether z-scores are all 0 (at most one valid token, or zero spread).
     fn flat(&self) -> bool {
         self.n <= 1 || self.min == self.max
     }
+
+    /// A power of two that brings the values below 2^±500 so that sums of them and
+    /// of their squared deviations cannot overflow; exact, so ordinary values
+    /// (scale 1) are unaffected.
+    fn scale(&self) -> f64 {
+        let amax = self.min.abs().max(self.max.abs());
+        if amax > 1e150 {
+            (-(amax.log2().ceil())).exp2()
+        } else {
+            1.0
+        }
+    }
 }
 
-/// The (center, scale) a row's z-score uses: z = (c − center) / scale.
+/// How a group's z-score is computed: `z = (c·k − center) / scale`.
 #[derive(Clone, Copy)]
 struct Affine {
+    k: f64,
     center: f64,
     scale: f64,
     zero: bool,
 }
 
-fn row_moments<F: Float, M: Mask>(conc: &[F], mask: &M, range: std::ops::Range<usize>) -> Moments {
-    let mut m = Moments::EMPTY;
+impl Affine {
+    const ZERO: Affine = Affine { k: 1.0, center: 0.0, scale: 1.0, zero: true };
+
+    fn z(&self, c: f64) -> f64 {
+        if self.zero {
+            0.0
+        } else {
+            (c * self.k - self.center) / self.scale
+        }
+    }
+}
+
+fn row_range<F: Float, M: Mask>(conc: &[F], mask: &M, range: std::ops::Range<usize>) -> Range {
+    let mut m = Range::EMPTY;
     for i in range {
         // SAFETY: i lies inside the validated layout.
         if unsafe { mask.valid(i) } {
-            m.add(conc[i].to_f64());
+            let x = conc[i].to_f64();
+            m.n += 1;
+            m.min = m.min.min(x);
+            m.max = m.max.max(x);
+            m.finite &= x.is_finite();
         }
     }
     m
 }
 
-fn row_sq_dev<F: Float, M: Mask>(conc: &[F], mask: &M, range: std::ops::Range<usize>, mean: f64) -> f64 {
+/// Σ c·k over the valid values of a row.
+fn row_sum<F: Float, M: Mask>(conc: &[F], mask: &M, range: std::ops::Range<usize>, k: f64) -> f64 {
     let mut s = 0.0;
     for i in range {
         // SAFETY: i lies inside the validated layout.
         if unsafe { mask.valid(i) } {
-            let d = conc[i].to_f64() - mean;
+            s += conc[i].to_f64() * k;
+        }
+    }
+    s
+}
+
+/// Σ (c·k − mean)² over the valid values of a row.
+fn row_sq_dev<F: Float, M: Mask>(conc: &[F], mask: &M, range: std::ops::Range<usize>, k: f64, mean: f64) -> f64 {
+    let mut s = 0.0;
+    for i in range {
+        // SAFETY: i lies inside the validated layout.
+        if unsafe { mask.valid(i) } {
+            let d = conc[i].to_f64() * k - mean;
             s += d * d;
         }
     }
     s
 }
 
-fn z_affine(m: &Moments, sq_dev: f64) -> Affine {
-    if m.flat() {
-        return Affine { center: 0.0, scale: 1.0, zero: true };
+fn z_affine(r: &Range, k: f64, sum: f64, sq_dev: f64) -> Affine {
+    if r.flat() {
+        return Affine::ZERO;
     }
-    let std = (sq_dev / m.n as f64).sqrt();
-    Affine { center: m.mean(), scale: std + STD_EPS, zero: false }
+    let mean = sum / r.n as f64;
+    let std = (sq_dev / r.n as f64).sqrt();
+    Affine { k, center: mean, scale: std + STD_EPS * k, zero: false }
 }
 
 /// Retention gates from concentration, written into `out`.
@@ -169,36 +200,50 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
     let rows = layout.rows();
 
     let affines: Vec<Affine> = pool::install(|| -> Result<Vec<Affine>> {
-        // Pass 1: per-row moments (also the finiteness check).
-        let moments: Vec<Moments> = (0..rows).into_par_iter().map(|b| row_moments(conc, &mask, layout.row(b))).collect();
-        if !moments.iter().all(Moments::finite) {
+        // Pass 1: per-row count, range and finiteness.
+        let ranges: Vec<Range> = (0..rows).into_par_iter().map(|b| row_range(conc, &mask, layout.row(b))).collect();
+        if !ranges.iter().all(|r| r.finite) {
             let e = first_offender(layout, &mask, |i, valid| {
                 let c = conc[i].to_f64();
                 (valid && !c.is_finite()).then_some(KernelErrorAt::NonFinite("concentration", c))
             });
-            return Err(e.expect("a non-finite moment comes from a non-finite valid value"));
+            // A range is marked non-finite only by a non-finite valid value, which
+            // the scan finds; the fallback only keeps this path panic-free.
+            return Err(e.unwrap_or(KernelError::Parameter {
+                arg: "concentration",
+                expected: "finite values at valid positions".into(),
+                got: "a non-finite value".into(),
+            }));
         }
         Ok(match params.normalize {
-            Normalize::Fixed { center, scale } => vec![Affine { center, scale, zero: false }; rows],
+            Normalize::Fixed { center, scale } => vec![Affine { k: 1.0, center, scale, zero: false }; rows],
             Normalize::Sequence => (0..rows)
                 .into_par_iter()
                 .map(|b| {
-                    let m = &moments[b];
-                    let sq = if m.flat() { 0.0 } else { row_sq_dev(conc, &mask, layout.row(b), m.mean()) };
-                    z_affine(m, sq)
+                    let r = &ranges[b];
+                    if r.flat() {
+                        return Affine::ZERO;
+                    }
+                    let k = r.scale();
+                    let sum = row_sum(conc, &mask, layout.row(b), k);
+                    let sq = row_sq_dev(conc, &mask, layout.row(b), k, sum / r.n as f64);
+                    z_affine(r, k, sum, sq)
                 })
                 .collect(),
             Normalize::Batch => {
-                let total = moments.iter().fold(Moments::EMPTY, |a, &b| a.merge(b));
-                let mean = total.mean();
-                let sq = if total.flat() {
-                    0.0
+                let total = ranges.iter().fold(Range::EMPTY, |a, &b| a.merge(b));
+                if total.flat() {
+                    vec![Affine::ZERO; rows]
                 } else {
-                    let per_row: Vec<f64> =
-                        (0..rows).into_par_iter().map(|b| row_sq_dev(conc, &mask, layout.row(b), mean)).collect();
-                    per_row.iter().sum()
-                };
-                vec![z_affine(&total, sq); rows]
+                    // per-row partial sums, added in row order: thread-count independent
+                    let k = total.scale();
+                    let sums: Vec<f64> = (0..rows).into_par_iter().map(|b| row_sum(conc, &mask, layout.row(b), k)).collect();
+                    let sum: f64 = sums.iter().sum();
+                    let mean = sum / total.n as f64;
+                    let sqs: Vec<f64> =
+                        (0..rows).into_par_iter().map(|b| row_sq_dev(conc, &mask, layout.row(b), k, mean)).collect();
+                    vec![z_affine(&total, k, sum, sqs.iter().sum()); rows]
+                }
             }
         })
     })?;
@@ -212,13 +257,7 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
                 for i in layout.row(b) {
                     // SAFETY: i lies inside the validated layout.
                     let valid = unsafe { mask.valid(i) };
-                    let g = if !valid {
-                        1.0
-                    } else if af.zero {
-                        params.gate(0.0)
-                    } else {
-                        params.gate((conc[i].to_f64() - af.center) / af.scale)
-                    };
+                    let g = if valid { params.gate(af.z(conc[i].to_f64())) } else { 1.0 };
                     piece[i - task.span.start] = F::from_f64(g);
                 }
             }
@@ -260,5 +299,19 @@ mod tests {
         let e = gates_from_concentration(&layout, &[0.0, 0.0, 0.0, f64::NAN], AllValid, &params(Normalize::Batch), &mut g)
             .unwrap_err();
         assert!(matches!(e, KernelError::NonFinite { at, .. } if at.row == 1 && at.pos == 1));
+    }
+
+    #[test]
+    fn huge_finite_values_do_not_overflow() {
+        // sums of 1e308s overflow f64; the power-of-two scaling keeps the z-scores right
+        let layout = Layout::padded(1, 3, 3).unwrap();
+        let mut g = [0.0f64; 3];
+        let p = params(Normalize::Sequence);
+        gates_from_concentration(&layout, &[1.7e308, 1.7e308, 1.0], AllValid, &p, &mut g).unwrap();
+        let mut small = [0.0; 3];
+        gates_from_concentration(&layout, &[1.7, 1.7, 1e-308], AllValid, &p, &mut small).unwrap();
+        for (a, b) in g.iter().zip(small) {
+            assert!((a - b).abs() < 1e-8, "{g:?} vs {small:?}"); // ε differs in scale
+        }
     }
 }

@@ -79,9 +79,8 @@ def gae(
     lam_c = lam_ if lam_critic is None else check_unit("lam_critic", lam_critic)
     drop = check_choice("masked_rewards", masked_rewards, ("error", "drop")) == "drop"
     lv = per_row(last_values, "last_values", lay.rows)
-    outs = Outputs(
-        ("advantages", "returns"), lay.shape, compute, output, out, (r, as_numpy(values, "values"), r_flat, v_flat, g_flat, lay.mask)
-    )
+    inputs = (r, as_numpy(values, "values"), r_flat, v_flat, g_flat, lay.mask, lv)
+    outs = Outputs(("advantages", "returns"), lay.shape, compute, output, out, inputs)
     _core.gae(
         r_flat,
         v_flat,

@@ -1,0 +1,215 @@
+"""Gate mapping, concentration → retention gate (DESIGN §4): kernel == reference for the
+three normalizations, both layouts, the range/mask/invert/constant properties, and
+worked examples."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import ConcBatch, assert_unchanged, conc_batches
+
+import comppo_core as cc
+from comppo_core import reference
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+@st.composite
+def gate_params(draw: st.DrawFn) -> dict[str, object]:
+    a = draw(st.one_of(st.sampled_from([0.0, 1.0, 0.9]), st.floats(0.0, 1.0)))
+    b = draw(st.one_of(st.sampled_from([0.0, 1.0, a]), st.floats(0.0, 1.0)))
+    low, high = min(a, b), max(a, b)
+    return {
+        "low": low,
+        "high": high,
+        "sharpness": draw(st.one_of(st.sampled_from([0.0, 1.0, -1.0]), st.floats(-5.0, 5.0))),
+        "normalize": draw(st.sampled_from(["sequence", "batch", "none"])),
+        "center": draw(st.floats(-5.0, 5.0)),
+        "scale": draw(st.one_of(st.just(1.0), st.floats(0.1, 10.0))),
+        "invert": draw(st.booleans()),
+    }
+
+
+def gate_tolerance(dtype: np.dtype) -> dict[str, float]:
+    """The kernel sums sequentially in f64, the reference uses NumPy's pairwise mean/std."""
+    if dtype == np.float64:
+        return {"rtol": 1e-9, "atol": 1e-12}
+    if dtype == np.float32:
+        return {"rtol": 0.0, "atol": 1e-5}
+    return {"rtol": 0.0, "atol": 2e-3}  # float16: computed in float32, one f16 ulp near 1
+
+
+@given(batch=conc_batches(), params=gate_params())
+def test_gates_match_reference_both_layouts(batch: ConcBatch, params: dict[str, object]) -> None:
+    before = [batch.conc.copy(), None if batch.mask is None else batch.mask.copy()]
+    got = cc.gates_from_concentration(batch.conc, mask=batch.mask, **params)  # type: ignore[arg-type]
+    want = reference.gates_from_concentration(batch.conc, mask=batch.mask, **params)  # type: ignore[arg-type]
+    assert got.dtype == want.dtype == batch.dtype and got.shape == batch.conc.shape
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), **gate_tolerance(batch.dtype))
+
+    # masked positions get exactly 1; valid ones lie in [low, high]
+    assert (got[~batch.valid] == 1).all()
+    valid = got[batch.valid].astype(np.float64)
+    low, high = float(params["low"]), float(params["high"])  # type: ignore[arg-type]
+    slack = 0.0 if batch.dtype == np.float64 else 1e-3
+    assert ((valid >= low - slack) & (valid <= high + slack)).all()
+    if low == high and batch.dtype == np.float64:
+        assert (valid == low).all()
+
+    packed = cc.gates_from_concentration(
+        batch.pack(batch.conc), mask=batch.packed_mask, cu_seqlens=batch.cu_seqlens, **params  # type: ignore[arg-type]
+    )
+    assert packed.dtype == batch.dtype
+    # positions beyond a row's length are padding in the padded layout: gate 1 there
+    np.testing.assert_array_equal(batch.unpack(packed, fill=1.0), got)
+    assert_unchanged(before, [batch.conc, batch.mask])
+
+
+@given(batch=conc_batches(dtypes=(np.dtype(np.float16),)), params=gate_params())
+def test_gates_float16(batch: ConcBatch, params: dict[str, object]) -> None:
+    got = cc.gates_from_concentration(batch.conc, mask=batch.mask, **params)  # type: ignore[arg-type]
+    want = reference.gates_from_concentration(batch.conc, mask=batch.mask, **params)  # type: ignore[arg-type]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), **gate_tolerance(np.dtype(np.float16)))
+
+
+@given(batch=conc_batches(dtypes=(np.dtype(np.float64),)), params=gate_params())
+def test_invert_is_negated_z(batch: ConcBatch, params: dict[str, object]) -> None:
+    """invert=True maps c to the gate of the mirrored statistic: g(c; invert) == g(−c)
+    for the z-score normalizations, and == g(2·center − c) for "none"."""
+    params = dict(params, invert=False)
+    inv = cc.gates_from_concentration(batch.conc, mask=batch.mask, **dict(params, invert=True))  # type: ignore[arg-type]
+    if params["normalize"] == "none":
+        mirrored = 2.0 * float(params["center"]) - batch.conc  # type: ignore[arg-type]
+    else:
+        mirrored = -batch.conc
+    mirrored = np.where(batch.valid, mirrored, 0.0)
+    want = cc.gates_from_concentration(mirrored, mask=batch.mask, **params)  # type: ignore[arg-type]
+    np.testing.assert_allclose(inv, want, rtol=1e-9, atol=1e-12)
+
+
+@given(batch=conc_batches(dtypes=(np.dtype(np.float64),), junk=False), shift=st.integers(-5, 5))
+def test_sequence_normalization_is_shift_invariant(batch: ConcBatch, shift: int) -> None:
+    """Per-row z-scores do not change under c → c + shift; rows are independent."""
+    g = cc.gates_from_concentration(batch.conc, mask=batch.mask, sharpness=3.0, low=0.0, high=1.0)
+    g2 = cc.gates_from_concentration(batch.conc + shift, mask=batch.mask, sharpness=3.0, low=0.0, high=1.0)
+    # c + shift rounds by ~1e-15 while every non-flat row has σ >= ~3e-4 (1/1000 grid)
+    np.testing.assert_allclose(g, g2, rtol=0, atol=1e-9)
+    # a row's gates do not depend on the other rows
+    for b in range(batch.conc.shape[0]):
+        row_mask = None if batch.mask is None else batch.mask[b : b + 1]
+        alone = cc.gates_from_concentration(batch.conc[b : b + 1], mask=row_mask, sharpness=3.0, low=0.0, high=1.0)
+        np.testing.assert_array_equal(alone[0], g[b])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("packed", [False, True])
+def test_gates_worked_example(dtype: type, packed: bool) -> None:
+    c = np.array([[1.0, 2.0, 3.0], [4.0, 4.0, 4.0], [5.0, 0.0, 0.0]], dtype=dtype)
+    m = np.array([[1, 1, 1], [1, 1, 1], [1, 0, 0]], dtype=np.int8)
+    kw: dict[str, object] = {"mask": m}
+    if packed:
+        kw = {"mask": m.reshape(-1), "cu_seqlens": np.array([0, 3, 6, 9])}
+        c = c.reshape(-1)
+
+    def run(**p: object) -> np.ndarray:
+        out = cc.gates_from_concentration(c, **kw, **p)  # type: ignore[arg-type]
+        assert out.dtype == dtype
+        return out.reshape(3, 3).astype(np.float64)
+
+    tol = {"rtol": 1e-12, "atol": 0} if dtype == np.float64 else {"rtol": 1e-6, "atol": 0}
+    # Defaults: low=0.9, high=1, sharpness=1, normalize="sequence".
+    # row 0: μ = 2, σ = sqrt(((−1)² + 0² + 1²)/3) = sqrt(2/3) = 0.81649658...
+    #        z = ±1/(σ + 1e-8) = ±1.2247448...;  g = 0.9 + 0.1·sigmoid(z)
+    #        = [0.9 + 0.1·0.2271025, 0.95, 0.9 + 0.1·0.7728975]
+    # row 1: zero spread → z = 0 → g = 0.9 + 0.1·0.5 = 0.95
+    # row 2: one valid token → z = 0 → 0.95; masked positions → 1
+    g = run()
+    np.testing.assert_allclose(g[0], [0.9227102522068589, 0.95, 0.9772897477931412], **tol)
+    sigma = math.sqrt(2.0 / 3.0)
+    np.testing.assert_allclose(g[0, 0], 0.9 + 0.1 * sigmoid(-1.0 / (sigma + 1e-8)), **tol)
+    np.testing.assert_allclose(g[1], [0.95, 0.95, 0.95], **tol)
+    np.testing.assert_allclose(g[2, 0], 0.95, **tol)
+    np.testing.assert_array_equal(g[2, 1:], [1.0, 1.0])
+
+    # normalize="none", center=2, scale=0.5, sharpness=2, low=0, high=1:
+    # z = (c − 2)/0.5;  g = sigmoid(2·z)
+    # row 0: z = [−2, 0, 2] → [σ(−4), 0.5, σ(4)];  row 1: z = 4 → σ(8);  row 2: z = 6 → σ(12), masked 1
+    p = {"normalize": "none", "center": 2.0, "scale": 0.5, "sharpness": 2.0, "low": 0.0, "high": 1.0}
+    g = run(**p)
+    np.testing.assert_allclose(g[0], [sigmoid(-4.0), 0.5, sigmoid(4.0)], **tol)
+    np.testing.assert_allclose(g[1], [sigmoid(8.0)] * 3, **tol)
+    np.testing.assert_allclose(g[2, 0], sigmoid(12.0), **tol)
+    np.testing.assert_array_equal(g[2, 1:], [1.0, 1.0])
+    # invert flips the sign of z: row 0 → [σ(4), 0.5, σ(−4)]
+    gi = run(**p, invert=True)
+    np.testing.assert_allclose(gi[0], [sigmoid(4.0), 0.5, sigmoid(-4.0)], **tol)
+    np.testing.assert_allclose(gi[1], [sigmoid(-8.0)] * 3, **tol)
+    np.testing.assert_array_equal(gi[2, 1:], [1.0, 1.0])
+
+    # normalize="batch": μ, σ over the 7 valid tokens [1, 2, 3, 4, 4, 4, 5]
+    vals = np.array([1.0, 2, 3, 4, 4, 4, 5])
+    mu, sd = vals.mean(), vals.std()
+    gb = run(normalize="batch", low=0.0, high=1.0)
+    want_b = [sigmoid((x - mu) / (sd + 1e-8)) for x in [1.0, 2.0, 3.0, 4.0, 4.0, 4.0, 5.0]]
+    np.testing.assert_allclose(gb[m.reshape(3, 3) != 0], want_b, **tol)
+
+    # low == high: a constant gate at every valid token
+    gc = run(low=0.7, high=0.7)
+    np.testing.assert_array_equal(gc[m.reshape(3, 3) != 0], np.full(7, dtype(0.7)))
+
+
+def test_gates_defaults_are_documented_values() -> None:
+    c = np.array([[0.0, 10.0]])
+    g = cc.gates_from_concentration(c)
+    same = cc.gates_from_concentration(c, low=0.9, high=1.0, sharpness=1.0, normalize="sequence", center=0.0, scale=1.0, invert=False)
+    np.testing.assert_array_equal(g, same)
+    assert 0.9 <= g.min() and g.max() <= 1.0
+
+
+def test_gates_no_valid_tokens_and_empty() -> None:
+    c = np.array([[3.0, np.nan], [np.inf, 1.0]])
+    m = np.zeros((2, 2), dtype=bool)
+    for normalize in ("sequence", "batch", "none"):
+        np.testing.assert_array_equal(cc.gates_from_concentration(c, mask=m, normalize=normalize), np.ones((2, 2)))
+    assert cc.gates_from_concentration(np.zeros((0, 3))).shape == (0, 3)
+    assert cc.gates_from_concentration(np.zeros(0), cu_seqlens=[0, 0]).shape == (0,)
+
+
+def test_gates_nan_at_masked_position_is_fine() -> None:
+    c = np.array([[1.0, np.nan, 3.0, -np.inf]])
+    m = np.array([[1, 0, 1, 0]])
+    g = cc.gates_from_concentration(c, mask=m, low=0.0, high=1.0)
+    want = reference.gates_from_concentration(c, mask=m, low=0.0, high=1.0)
+    np.testing.assert_allclose(g, want, rtol=1e-12)
+    assert g[0, 1] == 1.0 and g[0, 3] == 1.0
+
+
+@pytest.mark.parametrize(
+    "conc",
+    [
+        [[1e308, 1e308]],  # zero spread: midpoint gate; the f64 row sum overflows
+        [[1.7e308, 1.7e308, 1.0]],
+        [[-1e308, -1e308, -1e308]],
+    ],
+)
+@pytest.mark.parametrize("normalize", ["sequence", "batch", "none"])
+def test_huge_finite_concentration_never_panics(conc: list[list[float]], normalize: str) -> None:
+    """Finite inputs whose running sum overflows must not crash the kernel (DESIGN §8:
+    no Rust panic ever reaches Python); the zero-spread row gets the midpoint gate."""
+    c = np.array(conc)
+    try:
+        g = cc.gates_from_concentration(c, normalize=normalize)
+    except cc.ComppoError:
+        return  # a clear package error would also honour the contract
+    except BaseException as e:  # pyo3's PanicException derives from BaseException
+        pytest.fail(f"gates_from_concentration({conc}) raised {type(e).__name__}: {e}")
+    assert np.isfinite(g).all() and ((g >= 0.9) & (g <= 1.0)).all()
+    if len(set(conc[0])) == 1 and normalize != "none":
+        np.testing.assert_allclose(g, reference.gates_from_concentration(c, normalize=normalize), rtol=1e-12)

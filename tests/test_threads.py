@@ -1,0 +1,166 @@
+"""Thread count: results are bitwise independent of it; get/set and the
+COMPPO_NUM_THREADS environment variable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+import comppo_core as cc
+from comppo_core import reference
+
+THREADS = (1, 2, 3)
+
+
+def padded_batch(seed: int, dtype: Any = np.float64) -> dict[str, np.ndarray]:
+    """64 × 1000 with ragged right padding, inner observation spans, gates with exact
+    0s and 1s, and truncated rows (last_values)."""
+    rng = np.random.default_rng(seed)
+    B, T = 64, 1000
+    lengths = rng.integers(0, T + 1, size=B)
+    lengths[:4] = [T, 0, 1, T]
+    valid = np.arange(T)[None, :] < lengths[:, None]
+    obs_start = rng.integers(0, T, size=B)
+    obs = (np.arange(T)[None, :] >= obs_start[:, None]) & (np.arange(T)[None, :] < obs_start[:, None] + 37)
+    valid &= ~obs
+    g = rng.random((B, T))
+    g[rng.random((B, T)) < 0.05] = 0.0
+    g[rng.random((B, T)) < 0.05] = 1.0
+    return {
+        "rewards": np.where(valid, rng.normal(size=(B, T)), 0.0).astype(dtype),
+        "values": rng.normal(size=(B, T)).astype(dtype),
+        "mask": valid,
+        "gates": g.astype(dtype),
+        "last_values": rng.normal(size=B),
+        "conc": rng.normal(size=(B, T)).astype(dtype),
+    }
+
+
+def packed_batch(seed: int) -> dict[str, np.ndarray]:
+    """Ragged packed batch (~65k tokens over 150 sequences, empty ones included)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 900, size=150)
+    lengths[::17] = 0
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    N = int(cu[-1])
+    valid = rng.random(N) < 0.9
+    return {
+        "rewards": np.where(valid, rng.normal(size=N), 0.0),
+        "values": rng.normal(size=N),
+        "mask": valid.astype(np.uint8),
+        "gates": rng.random(N),
+        "last_values": rng.normal(size=len(lengths)),
+        "conc": rng.normal(size=N),
+        "cu_seqlens": cu,
+    }
+
+
+def run_all(d: dict[str, np.ndarray]) -> list[np.ndarray]:
+    lay = {"mask": d["mask"], "cu_seqlens": d.get("cu_seqlens")}
+    adv, ret = cc.gae(
+        d["rewards"], d["values"], gates=d["gates"], last_values=d["last_values"], gamma=0.99, lam=0.95, lam_critic=1.0, **lay
+    )
+    adv1, ret1 = cc.gae(d["rewards"], d["values"], gamma=1.0, lam=1.0, **lay)
+    y = cc.td_targets(d["rewards"], d["values"], gates=d["gates"], last_values=d["last_values"], gamma=0.99, **lay)
+    outs = [adv, ret, adv1, ret1, y]
+    for normalize in ("sequence", "batch", "none"):
+        outs.append(cc.gates_from_concentration(d["conc"], normalize=normalize, low=0.2, sharpness=2.0, **lay))
+    return outs
+
+
+@pytest.mark.parametrize("make", [lambda: padded_batch(0), lambda: padded_batch(1, np.float32), lambda: packed_batch(2)], ids=["padded64", "padded32", "packed"])
+def test_results_bitwise_identical_across_thread_counts(make: Any, restore_threads: int) -> None:
+    d = make()
+    results = {}
+    for n in THREADS:
+        cc.set_num_threads(n)
+        assert cc.get_num_threads() == n
+        results[n] = run_all(d)
+    for n in THREADS[1:]:
+        for a, b in zip(results[THREADS[0]], results[n]):
+            assert a.dtype == b.dtype
+            assert a.tobytes() == b.tobytes(), f"result differs between 1 and {n} threads"
+
+
+def test_big_batch_matches_reference(restore_threads: int) -> None:
+    """The multi-task, multi-lane path (many rows per task) against the oracle."""
+    cc.set_num_threads(2)
+    d = packed_batch(5)
+    kw = {"mask": d["mask"], "cu_seqlens": d["cu_seqlens"], "gates": d["gates"], "last_values": d["last_values"]}
+    adv, ret = cc.gae(d["rewards"], d["values"], gamma=0.99, lam=0.95, lam_critic=0.5, **kw)
+    want = reference.gae(d["rewards"], d["values"], gamma=0.99, lam=0.95, lam_critic=0.5, **kw)
+    np.testing.assert_allclose(adv, want[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ret, want[1], rtol=1e-12, atol=1e-12)
+    g = cc.gates_from_concentration(d["conc"], mask=d["mask"], cu_seqlens=d["cu_seqlens"], normalize="batch")
+    want_g = reference.gates_from_concentration(d["conc"], mask=d["mask"], cu_seqlens=d["cu_seqlens"], normalize="batch")
+    np.testing.assert_allclose(g, want_g, rtol=1e-9, atol=1e-12)
+
+
+def test_set_get_num_threads(restore_threads: int) -> None:
+    assert isinstance(restore_threads, int) and restore_threads >= 1
+    for n in (3, 1, 2, 1):
+        cc.set_num_threads(n)
+        assert cc.get_num_threads() == n
+    # setting the same count twice is fine and calls still work
+    cc.set_num_threads(2)
+    cc.set_num_threads(2)
+    np.testing.assert_array_equal(cc.gae(np.zeros((1, 2)), np.zeros((1, 2))).advantages, [[0.0, 0.0]])
+
+
+def _child(env_value: str | None, code: str) -> str:
+    env = dict(os.environ)
+    env.pop("COMPPO_NUM_THREADS", None)
+    if env_value is not None:
+        env["COMPPO_NUM_THREADS"] = env_value
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout.strip()
+
+
+def test_env_var_sets_default_thread_count() -> None:
+    assert _child("3", "import comppo_core as cc; print(cc.get_num_threads())") == "3"
+    assert _child("1", "import comppo_core as cc; print(cc.get_num_threads())") == "1"
+    # set_num_threads overrides the environment
+    code = "import comppo_core as cc; cc.set_num_threads(2); print(cc.get_num_threads())"
+    assert _child("3", code) == "2"
+    # without the variable: some positive default
+    assert int(_child(None, "import comppo_core as cc; print(cc.get_num_threads())")) >= 1
+
+
+def test_env_var_threads_compute_the_same() -> None:
+    code = (
+        "import hashlib, numpy as np, comppo_core as cc\n"
+        "rng = np.random.default_rng(0)\n"
+        "r = rng.normal(size=(64, 1000)); v = rng.normal(size=(64, 1000))\n"
+        "a, _ = cc.gae(r, v, gamma=0.99, lam=0.95)\n"
+        "print(cc.get_num_threads(), hashlib.sha256(a.tobytes()).hexdigest())\n"
+    )
+    one = _child("1", code).split()
+    three = _child("3", code).split()
+    assert one[0] == "1" and three[0] == "3"
+    assert one[1] == three[1]
+
+
+def test_concurrent_python_threads(restore_threads: int) -> None:
+    """The GIL is released during a kernel: calls from several Python threads at once
+    (while the pool size changes) still give the sequential results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    batches = [padded_batch(10 + i) for i in range(3)] + [packed_batch(20)]
+    cc.set_num_threads(2)
+    want = [run_all(d) for d in batches]
+
+    def work(i: int) -> list[np.ndarray]:
+        if i == 5:
+            cc.set_num_threads(3)
+        return run_all(batches[i % len(batches)])
+
+    with ThreadPoolExecutor(max_workers=4) as ex:
+        got = list(ex.map(work, range(8)))
+    for i, res in enumerate(got):
+        for a, b in zip(res, want[i % len(batches)]):
+            assert a.tobytes() == b.tobytes()
