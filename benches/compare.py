@@ -129,23 +129,21 @@ if numba is not None:
                 v_next = v[i]
         return adv, ret
 
+    # The memory floor: one parallel streaming pass over the same bytes (the float
+    # inputs and the mask read, two float outputs written). A flat prange over
+    # elements vectorizes and was the fastest of the variants tried (chunked prange,
+    # slice arithmetic per thread, NumPy ufuncs on two Python threads).
     @njit(parallel=True, cache=True)
     def floor_stream_masked(r, v, g, m, o1, o2):  # pragma: no cover - jitted
-        n = r.shape[0]
-        chunk = 1 << 16
-        for c in prange((n + chunk - 1) // chunk):
-            for i in range(c * chunk, min(n, (c + 1) * chunk)):
-                o1[i] = r[i] + g[i]
-                o2[i] = v[i] + m[i]
+        for i in prange(r.shape[0]):
+            o1[i] = r[i] + g[i]
+            o2[i] = v[i] + np.float32(m[i])
 
     @njit(parallel=True, cache=True)
     def floor_stream(r, v, g, o1, o2):  # pragma: no cover - jitted
-        n = r.shape[0]
-        chunk = 1 << 16
-        for c in prange((n + chunk - 1) // chunk):
-            for i in range(c * chunk, min(n, (c + 1) * chunk)):
-                o1[i] = r[i] + g[i]
-                o2[i] = v[i]
+        for i in prange(r.shape[0]):
+            o1[i] = r[i] + g[i]
+            o2[i] = v[i]
 
 
 def verl_torch_loop(token_level_rewards, values, response_mask, gamma, lam, gates=None):

@@ -8,7 +8,9 @@ use rayon::prelude::*;
 use std::time::Instant;
 
 fn lcg(s: &mut u64) -> f32 {
-    *s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *s = s
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     ((*s >> 40) as f32) / (1u64 << 24) as f32
 }
 
@@ -17,11 +19,26 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The plain branch-free row loop, for calibration.
-fn simple_rows(t: usize, r: &[f32], v: &[f32], g: &[f32], m: &[bool], a: &mut [f32], ret: &mut [f32]) {
+/// The plain row loop a user would write (γ, λ constants; no checks), for calibration.
+fn simple_rows(
+    t: usize,
+    r: &[f32],
+    v: &[f32],
+    g: &[f32],
+    m: &[bool],
+    a: &mut [f32],
+    ret: &mut [f32],
+) {
     let (gamma, lam) = (1.0f64, 0.95f64);
     _core::pool::install(|| {
-        (r.par_chunks(t), v.par_chunks(t), g.par_chunks(t), m.par_chunks(t), a.par_chunks_mut(t), ret.par_chunks_mut(t))
+        (
+            r.par_chunks(t),
+            v.par_chunks(t),
+            g.par_chunks(t),
+            m.par_chunks(t),
+            a.par_chunks_mut(t),
+            ret.par_chunks_mut(t),
+        )
             .into_par_iter()
             .for_each(|(r, v, g, m, a, ret)| {
                 let (mut acc, mut vn) = (0.0f64, 0.0f64);
@@ -40,50 +57,13 @@ fn simple_rows(t: usize, r: &[f32], v: &[f32], g: &[f32], m: &[bool], a: &mut [f
     });
 }
 
-/// Two rows interleaved, lane 1 staggered `d` positions behind lane 0.
-fn two_rows(t: usize, r: &[f32], v: &[f32], g: &[f32], m: &[bool], a: &mut [f32], ret: &mut [f32]) {
-    let (gamma, lam) = (1.0f64, 0.95f64);
-    #[inline(always)]
-    fn step(i: usize, r: &[f32], v: &[f32], g: &[f32], m: &[bool], a: &mut [f32], ret: &mut [f32], acc: &mut f64, vn: &mut f64, gamma: f64, lam: f64) {
-        let valid = m[i];
-        let (ri, vi) = (r[i] as f64, v[i] as f64);
-        let gg = gamma * g[i] as f64;
-        let d = ri + gg * *vn - vi;
-        let an = d + (gg * lam) * *acc;
-        *acc = if valid { an } else { *acc };
-        *vn = if valid { vi } else { *vn };
-        a[i] = if valid { an as f32 } else { 0.0 };
-        ret[i] = if valid { (an + vi) as f32 } else { 0.0 };
-    }
-    _core::pool::install(|| {
-        (r.par_chunks(2 * t), v.par_chunks(2 * t), g.par_chunks(2 * t), m.par_chunks(2 * t), a.par_chunks_mut(2 * t), ret.par_chunks_mut(2 * t))
-            .into_par_iter()
-            .for_each(|(r, v, g, m, a, ret)| {
-                let (r0, r1) = r.split_at(t);
-                let (v0, v1) = v.split_at(t);
-                let (g0, g1) = g.split_at(t);
-                let (m0, m1) = m.split_at(t);
-                let (a0, a1) = a.split_at_mut(t);
-                let (t0, t1) = ret.split_at_mut(t);
-                let (mut acc0, mut vn0, mut acc1, mut vn1) = (0.0, 0.0, 0.0, 0.0);
-                let d = 80.min(t);
-                for i in (t - d..t).rev() {
-                    step(i, r0, v0, g0, m0, a0, t0, &mut acc0, &mut vn0, gamma, lam);
-                }
-                for i in (0..t - d).rev() {
-                    step(i, r0, v0, g0, m0, a0, t0, &mut acc0, &mut vn0, gamma, lam);
-                    step(i + d, r1, v1, g1, m1, a1, t1, &mut acc1, &mut vn1, gamma, lam);
-                }
-                for i in (0..d).rev() {
-                    step(i, r1, v1, g1, m1, a1, t1, &mut acc1, &mut vn1, gamma, lam);
-                }
-            })
-    });
-}
-
 fn main() {
     let rounds = 30;
-    for (name, b, t) in [("W1 512x4096", 512usize, 4096usize), ("W2 64x16384", 64, 16384), ("W3 4096x512", 4096, 512)] {
+    for (name, b, t) in [
+        ("W1 512x4096", 512usize, 4096usize),
+        ("W2 64x16384", 64, 16384),
+        ("W3 4096x512", 4096, 512),
+    ] {
         let n = b * t;
         let mut s = 1u64;
         let mut mask = vec![false; n];
@@ -95,7 +75,9 @@ fn main() {
                 mask[row * t + i] = true;
             }
         }
-        let r: Vec<f32> = (0..n).map(|i| if mask[i] { lcg(&mut s) - 0.5 } else { 0.0 }).collect();
+        let r: Vec<f32> = (0..n)
+            .map(|i| if mask[i] { lcg(&mut s) - 0.5 } else { 0.0 })
+            .collect();
         let v: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
         let g: Vec<f32> = (0..n).map(|_| 0.5 + 0.5 * lcg(&mut s)).collect();
         let (mut a, mut ret) = (vec![0f32; n], vec![0f32; n]);
@@ -121,14 +103,37 @@ fn main() {
         let (mut tk, mut tf, mut tkp, mut tfp) = (vec![], vec![], vec![], vec![]);
         for _ in 0..rounds {
             let t0 = Instant::now();
-            gae(&layout, &r, &v, &mask[..], &g[..], None, &p, &mut a, &mut ret).unwrap();
+            gae(
+                &layout,
+                &r,
+                &v,
+                &mask[..],
+                &g[..],
+                None,
+                &p,
+                &mut a,
+                &mut ret,
+            )
+            .unwrap();
             tk.push(t0.elapsed().as_secs_f64());
             let t0 = Instant::now();
             _core::pool::install(|| {
-                (o1.par_chunks_mut(1 << 16), o2.par_chunks_mut(1 << 16), r.par_chunks(1 << 16), g.par_chunks(1 << 16), v.par_chunks(1 << 16), mask.par_chunks(1 << 16))
+                (
+                    o1.par_chunks_mut(1 << 16),
+                    o2.par_chunks_mut(1 << 16),
+                    r.par_chunks(1 << 16),
+                    g.par_chunks(1 << 16),
+                    v.par_chunks(1 << 16),
+                    mask.par_chunks(1 << 16),
+                )
                     .into_par_iter()
                     .for_each(|(x, y, r, g, v, m)| {
-                        for (((x, y), (r, g)), (v, m)) in x.iter_mut().zip(y.iter_mut()).zip(r.iter().zip(g)).zip(v.iter().zip(m)) {
+                        for (((x, y), (r, g)), (v, m)) in x
+                            .iter_mut()
+                            .zip(y.iter_mut())
+                            .zip(r.iter().zip(g))
+                            .zip(v.iter().zip(m))
+                        {
                             *x = r + g;
                             *y = v + (*m as u8 as f32);
                         }
@@ -136,14 +141,33 @@ fn main() {
             });
             tf.push(t0.elapsed().as_secs_f64());
             let t0 = Instant::now();
-            gae(&packed, &pr, &pv, _core::AllValid, &pg[..], None, &p, &mut pa, &mut pret).unwrap();
+            gae(
+                &packed,
+                &pr,
+                &pv,
+                _core::AllValid,
+                &pg[..],
+                None,
+                &p,
+                &mut pa,
+                &mut pret,
+            )
+            .unwrap();
             tkp.push(t0.elapsed().as_secs_f64());
             let t0 = Instant::now();
             _core::pool::install(|| {
-                (po1.par_chunks_mut(1 << 16), po2.par_chunks_mut(1 << 16), pr.par_chunks(1 << 16), pg.par_chunks(1 << 16), pv.par_chunks(1 << 16))
+                (
+                    po1.par_chunks_mut(1 << 16),
+                    po2.par_chunks_mut(1 << 16),
+                    pr.par_chunks(1 << 16),
+                    pg.par_chunks(1 << 16),
+                    pv.par_chunks(1 << 16),
+                )
                     .into_par_iter()
                     .for_each(|(x, y, r, g, v)| {
-                        for ((x, y), ((r, g), v)) in x.iter_mut().zip(y.iter_mut()).zip(r.iter().zip(g).zip(v)) {
+                        for ((x, y), ((r, g), v)) in
+                            x.iter_mut().zip(y.iter_mut()).zip(r.iter().zip(g).zip(v))
+                        {
                             *x = r + g;
                             *y = *v;
                         }
@@ -157,14 +181,8 @@ fn main() {
             simple_rows(t, &r, &v, &g, &mask, &mut a, &mut ret);
             ts.push(t0.elapsed().as_secs_f64());
         }
-        println!("  simple branch-free row loop {:.2} ms", median(ts) * 1e3);
-        let mut ts = vec![];
-        for _ in 0..rounds {
-            let t0 = Instant::now();
-            two_rows(t, &r, &v, &g, &mask, &mut a, &mut ret);
-            ts.push(t0.elapsed().as_secs_f64());
-        }
-        println!("  two rows interleaved {:.2} ms", median(ts) * 1e3);
+        println!("  plain row loop (no checks) {:.2} ms", median(ts) * 1e3);
+
         let (k, f, kp, fp) = (median(tk), median(tf), median(tkp), median(tfp));
         println!(
             "{name}: padded kernel {:.2} ms floor {:.2} ms ratio {:.2} | packed kernel {:.2} ms floor {:.2} ms ratio {:.2}",

@@ -81,7 +81,9 @@ macro_rules! float_dtype {
                     _ => None,
                 }
             }
-            fn of_mut<'a, 'py>(a: &'a mut FloatsMut<'py>) -> Option<&'a mut PyReadwriteArray1<'py, Self>> {
+            fn of_mut<'a, 'py>(
+                a: &'a mut FloatsMut<'py>,
+            ) -> Option<&'a mut PyReadwriteArray1<'py, Self>> {
                 match a {
                     FloatsMut::$variant(x) => Some(x),
                     _ => None,
@@ -100,8 +102,18 @@ fn dtype_name(a: &Floats<'_>) -> &'static str {
     }
 }
 
-fn contiguous<'a, T: Element>(py: Python<'_>, arg: &str, a: &'a PyReadonlyArray1<'_, T>) -> PyResult<&'a [T]> {
-    a.as_slice().map_err(|_| raise(py, "ShapeError", format!("{arg}: expected a C-contiguous array")))
+fn contiguous<'a, T: Element>(
+    py: Python<'_>,
+    arg: &str,
+    a: &'a PyReadonlyArray1<'_, T>,
+) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| {
+        raise(
+            py,
+            "ShapeError",
+            format!("{arg}: expected a C-contiguous array"),
+        )
+    })
 }
 
 fn typed<'a, F: FloatDtype>(py: Python<'_>, arg: &str, a: &'a Floats<'_>) -> PyResult<&'a [F]> {
@@ -110,17 +122,33 @@ fn typed<'a, F: FloatDtype>(py: Python<'_>, arg: &str, a: &'a Floats<'_>) -> PyR
         None => Err(raise(
             py,
             "DTypeError",
-            format!("{arg}: expected {} like rewards, got {}", F::NAME, dtype_name(a)),
+            format!(
+                "{arg}: expected {} like rewards, got {}",
+                F::NAME,
+                dtype_name(a)
+            ),
         )),
     }
 }
 
-fn typed_mut<'a, F: FloatDtype>(py: Python<'_>, arg: &str, a: &'a mut FloatsMut<'_>) -> PyResult<&'a mut [F]> {
+fn typed_mut<'a, F: FloatDtype>(
+    py: Python<'_>,
+    arg: &str,
+    a: &'a mut FloatsMut<'_>,
+) -> PyResult<&'a mut [F]> {
     match F::of_mut(a) {
-        Some(x) => x
-            .as_slice_mut()
-            .map_err(|_| raise(py, "ShapeError", format!("{arg}: expected a C-contiguous array"))),
-        None => Err(raise(py, "DTypeError", format!("{arg}: expected {} like rewards", F::NAME))),
+        Some(x) => x.as_slice_mut().map_err(|_| {
+            raise(
+                py,
+                "ShapeError",
+                format!("{arg}: expected a C-contiguous array"),
+            )
+        }),
+        None => Err(raise(
+            py,
+            "DTypeError",
+            format!("{arg}: expected {} like rewards", F::NAME),
+        )),
     }
 }
 
@@ -243,9 +271,20 @@ fn gae<'py>(
     last_values: Option<PyReadonlyArray1<'py, f64>>,
     drop_masked_rewards: bool,
 ) -> PyResult<()> {
-    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
-    let lv = last_values.as_ref().map(|a| contiguous(py, "last_values", a)).transpose()?;
-    let params = GaeParams { gamma, lam, lam_critic, drop_masked_rewards };
+    let cu = cu_seqlens
+        .as_ref()
+        .map(|a| contiguous(py, "cu_seqlens", a))
+        .transpose()?;
+    let lv = last_values
+        .as_ref()
+        .map(|a| contiguous(py, "last_values", a))
+        .transpose()?;
+    let params = GaeParams {
+        gamma,
+        lam,
+        lam_critic,
+        drop_masked_rewards,
+    };
     let is_f32 = matches!(rewards, Floats::F32(_));
     let call = GaeCall {
         rewards,
@@ -308,11 +347,21 @@ fn td_targets<'py>(
     gamma: f64,
     last_values: Option<PyReadonlyArray1<'py, f64>>,
 ) -> PyResult<()> {
-    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
-    let lv = last_values.as_ref().map(|a| contiguous(py, "last_values", a)).transpose()?;
+    let cu = cu_seqlens
+        .as_ref()
+        .map(|a| contiguous(py, "cu_seqlens", a))
+        .transpose()?;
+    let lv = last_values
+        .as_ref()
+        .map(|a| contiguous(py, "last_values", a))
+        .transpose()?;
     match rewards {
-        Floats::F32(_) => td_typed::<f32>(py, &rewards, &values, &mut out, &mask, &gates, cu, shape, gamma, lv),
-        Floats::F64(_) => td_typed::<f64>(py, &rewards, &values, &mut out, &mask, &gates, cu, shape, gamma, lv),
+        Floats::F32(_) => td_typed::<f32>(
+            py, &rewards, &values, &mut out, &mask, &gates, cu, shape, gamma, lv,
+        ),
+        Floats::F64(_) => td_typed::<f64>(
+            py, &rewards, &values, &mut out, &mask, &gates, cu, shape, gamma, lv,
+        ),
     }
 }
 
@@ -364,11 +413,24 @@ fn gates_from_concentration<'py>(
             ))
         }
     };
-    let params = GateParams { low, high, sharpness, normalize, invert };
-    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
+    let params = GateParams {
+        low,
+        high,
+        sharpness,
+        normalize,
+        invert,
+    };
+    let cu = cu_seqlens
+        .as_ref()
+        .map(|a| contiguous(py, "cu_seqlens", a))
+        .transpose()?;
     match concentration {
-        Floats::F32(_) => gates_typed::<f32>(py, &concentration, &mut out, &mask, cu, shape, &params),
-        Floats::F64(_) => gates_typed::<f64>(py, &concentration, &mut out, &mask, cu, shape, &params),
+        Floats::F32(_) => {
+            gates_typed::<f32>(py, &concentration, &mut out, &mask, cu, shape, &params)
+        }
+        Floats::F64(_) => {
+            gates_typed::<f64>(py, &concentration, &mut out, &mask, cu, shape, &params)
+        }
     }
 }
 
@@ -376,7 +438,11 @@ fn gates_from_concentration<'py>(
 #[pyfunction]
 fn set_num_threads(py: Python<'_>, n: i64) -> PyResult<()> {
     if n < 1 {
-        return Err(raise(py, "ParameterError", format!("n: expected an integer >= 1, got {n}")));
+        return Err(raise(
+            py,
+            "ParameterError",
+            format!("n: expected an integer >= 1, got {n}"),
+        ));
     }
     pool::set_num_threads(n as usize);
     Ok(())

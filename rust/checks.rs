@@ -72,9 +72,12 @@ impl KernelErrorAt {
     fn at(self, at: crate::error::Loc) -> KernelError {
         match self {
             KernelErrorAt::NonFinite(arg, value) => KernelError::NonFinite { arg, at, value },
-            KernelErrorAt::GateOutOfRange(value) => {
-                KernelError::OutOfRange { arg: "gates", at, value, expected: "[0, 1]" }
-            }
+            KernelErrorAt::GateOutOfRange(value) => KernelError::OutOfRange {
+                arg: "gates",
+                at,
+                value,
+                expected: "[0, 1]",
+            },
             KernelErrorAt::MaskedReward(value) => KernelError::MaskedReward { at, value },
         }
     }

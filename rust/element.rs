@@ -72,6 +72,7 @@ impl MaskElem for f64 {
 ///
 /// Implementations index without bounds checks: callers guarantee `i < len` through a
 /// validated [`crate::layout::Layout`].
+#[allow(clippy::len_without_is_empty)]
 pub trait Mask: Sync + Send + Copy {
     /// Number of elements, `None` when the mask is implicit.
     fn len(&self) -> Option<usize>;
@@ -120,6 +121,7 @@ impl<M: MaskElem> Mask for &[M] {
 }
 
 /// Where the retention gate of flat position `i` comes from.
+#[allow(clippy::len_without_is_empty)]
 pub trait Gates: Sync + Send + Copy {
     /// Whether gates are given (false for [`UnitGates`]: nothing to check).
     const GIVEN: bool = true;

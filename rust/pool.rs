@@ -15,14 +15,21 @@ struct PoolState {
     pool: Option<Arc<rayon::ThreadPool>>,
 }
 
-static STATE: Mutex<PoolState> = Mutex::new(PoolState { threads: None, pool: None });
+static STATE: Mutex<PoolState> = Mutex::new(PoolState {
+    threads: None,
+    pool: None,
+});
 
 fn default_threads() -> usize {
     std::env::var(ENV_VAR)
         .ok()
         .and_then(|s| s.trim().parse::<usize>().ok())
         .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
 }
 
 fn lock() -> std::sync::MutexGuard<'static, PoolState> {
@@ -69,6 +76,25 @@ pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     pool().install(f)
 }
 
+/// Below this many positions a call runs on the calling thread: waking the pool costs
+/// tens of microseconds, more than the work.
+pub const PARALLEL_MIN: usize = 1 << 15;
+
+/// `items.map(f)` in order, on the pool when `parallel` (and there are at least two
+/// items), else inline on the calling thread.
+pub fn map<I: Send, R: Send>(
+    items: Vec<I>,
+    parallel: bool,
+    f: impl Fn(I) -> R + Sync + Send,
+) -> Vec<R> {
+    use rayon::prelude::*;
+    if parallel && items.len() > 1 {
+        install(|| items.into_par_iter().map(f).collect())
+    } else {
+        items.into_iter().map(f).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,5 +106,10 @@ mod tests {
         assert_eq!(install(rayon::current_num_threads), 3);
         set_num_threads(1);
         assert_eq!(install(rayon::current_num_threads), 1);
+        assert_eq!(
+            map((0..100).collect(), true, |x: i32| x * 2),
+            (0..100).map(|x| x * 2).collect::<Vec<_>>()
+        );
+        assert_eq!(map(vec![3], false, |x: i32| x + 1), vec![4]);
     }
 }

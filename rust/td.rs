@@ -11,11 +11,10 @@
 //! one-cycle select, so a plain row loop already streams at memory speed.
 
 use crate::checks::{check_len, check_row_values, first_bad_token};
-use crate::element::{select, Float, Gates, Mask};
+use crate::element::{Float, Gates, Mask};
 use crate::error::{check_unit_interval, Result};
 use crate::layout::{split_by_tasks, task_size, Layout};
 use crate::pool;
-use rayon::prelude::*;
 
 /// TD targets written into `out`. On error the contents of `out` are unspecified.
 #[allow(clippy::too_many_arguments)]
@@ -40,31 +39,30 @@ pub fn td_targets<F: Float, M: Mask, G: Gates>(
 
     let tasks = layout.tasks(task_size(n, pool::num_threads()));
     let pieces = split_by_tasks(out, &tasks);
-    let suspicious = pool::install(|| {
-        tasks
-            .par_iter()
-            .zip(pieces)
-            .map(|(task, piece)| {
-                let mut bad = false;
-                for b in task.rows.clone() {
-                    let row = layout.row(b);
-                    let mut v_next = last_values.map_or(0.0, |lv| lv[b]);
-                    for i in row.rev() {
-                        // SAFETY: i lies inside the validated layout and the task span.
-                        let (valid, g) = unsafe { (mask.valid(i), gates.gate(i)) };
-                        let r = rewards[i].to_f64();
-                        let v = values[i].to_f64();
-                        let y = r + (gamma * g) * v_next;
-                        piece[i - task.span.start] = F::from_f64(select(valid, y, 0.0));
-                        v_next = select(valid, v, v_next);
-                        let ok = r.is_finite() & v.is_finite() & (g >= 0.0) & (g <= 1.0);
-                        bad |= valid & !ok;
-                    }
+    let work: Vec<_> = tasks.iter().zip(pieces).collect();
+    let suspicious = pool::map(work, n >= pool::PARALLEL_MIN, |(task, piece)| {
+        let mut bad = false;
+        for b in task.rows.clone() {
+            let row = layout.row(b);
+            let mut v_next = last_values.map_or(0.0, |lv| lv[b]);
+            for i in row.rev() {
+                // SAFETY: i lies inside the validated layout and the task span.
+                let (valid, g) = unsafe { (mask.valid(i), gates.gate(i)) };
+                let r = rewards[i].to_f64();
+                let v = values[i].to_f64();
+                let y = r + (gamma * g) * v_next;
+                piece[i - task.span.start] = F::from_f64(if valid { y } else { 0.0 });
+                if valid {
+                    v_next = v;
                 }
-                bad
-            })
-            .reduce(|| false, |a, b| a | b)
-    });
+                let ok = r.is_finite() & v.is_finite() & (0.0..=1.0).contains(&g);
+                bad |= valid & !ok;
+            }
+        }
+        bad
+    })
+    .into_iter()
+    .any(|b| b);
     if suspicious {
         if let Some(e) = first_bad_token(layout, rewards, values, &mask, &gates, false) {
             return Err(e);
@@ -82,7 +80,12 @@ mod tests {
     fn skips_masked_and_bootstraps_truncation() {
         // one row, mask [1, 0, 1]: y0 = r0 + γ·g0·V2, y2 = r2 + γ·g2·last_value
         let layout = Layout::padded(1, 3, 3).unwrap();
-        let (r, v, m, g) = ([1.0, 0.0, 2.0], [10.0, 99.0, 20.0], [1u8, 0, 1], [0.5, 0.3, 1.0]);
+        let (r, v, m, g) = (
+            [1.0, 0.0, 2.0],
+            [10.0, 99.0, 20.0],
+            [1u8, 0, 1],
+            [0.5, 0.3, 1.0],
+        );
         let mut y = [7.0; 3];
         td_targets(&layout, &r, &v, &m[..], &g[..], Some(&[4.0]), 0.5, &mut y).unwrap();
         assert_eq!(y, [1.0 + 0.25 * 20.0, 0.0, 2.0 + 0.5 * 4.0]);
