@@ -27,15 +27,20 @@ the others. Timing noise on a shared machine is real: compare ratios, not bare t
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
+# numba's OpenMP workers busy-wait after each parallel loop; on a small machine they
+# would steal the cores from whatever the round-robin times next. Let them sleep.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import comppo_core as cc
+import numpy as np  # noqa: E402
+
+import comppo_core as cc  # noqa: E402
 
 try:
     import numba

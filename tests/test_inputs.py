@@ -361,3 +361,33 @@ def test_inputs_never_modified_even_on_error(batch: Batch) -> None:
             cc.gae(r, bad, **kw)
         assert snapshot.tobytes() == bad.tobytes()
     assert_unchanged(before, batch.arrays())
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_no_memory_beyond_outputs_for_contiguous_inputs(packed: bool) -> None:
+    """Contiguous float32 inputs with a bool mask (or int64 cu_seqlens) are not copied:
+    the peak of NumPy allocations during a call is the two outputs (DESIGN §2)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    b, t = 64, 1024
+    mask = np.arange(t)[None, :] < rng.integers(t // 2, t + 1, size=b)[:, None]
+    rewards = (rng.standard_normal((b, t)) * mask).astype(np.float32)
+    values = rng.standard_normal((b, t)).astype(np.float32)
+    gates = rng.uniform(0.5, 1.0, (b, t)).astype(np.float32)
+    if packed:
+        cu = np.concatenate([[0], np.cumsum(mask.sum(1))]).astype(np.int64)
+        args: tuple = (rewards[mask], values[mask])
+        kw: dict = {"cu_seqlens": cu, "gates": gates[mask]}
+    else:
+        args, kw = (rewards, values), {"mask": mask, "gates": gates}
+    out_bytes = 2 * args[0].nbytes
+    cc.gae(*args, lam=0.95, **kw)  # warm-up: first-call imports and caches
+    tracemalloc.start()
+    try:
+        adv, ret = cc.gae(*args, lam=0.95, **kw)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert adv.nbytes + ret.nbytes == out_bytes
+    assert peak < out_bytes + 64 * 1024, f"peak {peak} B for {out_bytes} B of outputs"
