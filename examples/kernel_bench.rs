@@ -8,9 +8,7 @@ use rayon::prelude::*;
 use std::time::Instant;
 
 fn lcg(s: &mut u64) -> f32 {
-    *s = s
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
+    *s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     ((*s >> 40) as f32) / (1u64 << 24) as f32
 }
 
@@ -20,25 +18,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// The plain row loop a user would write (γ, λ constants; no checks), for calibration.
-fn simple_rows(
-    t: usize,
-    r: &[f32],
-    v: &[f32],
-    g: &[f32],
-    m: &[bool],
-    a: &mut [f32],
-    ret: &mut [f32],
-) {
+fn simple_rows(t: usize, r: &[f32], v: &[f32], g: &[f32], m: &[bool], a: &mut [f32], ret: &mut [f32]) {
     let (gamma, lam) = (1.0f64, 0.95f64);
     _core::pool::install(|| {
-        (
-            r.par_chunks(t),
-            v.par_chunks(t),
-            g.par_chunks(t),
-            m.par_chunks(t),
-            a.par_chunks_mut(t),
-            ret.par_chunks_mut(t),
-        )
+        (r.par_chunks(t), v.par_chunks(t), g.par_chunks(t), m.par_chunks(t), a.par_chunks_mut(t), ret.par_chunks_mut(t))
             .into_par_iter()
             .for_each(|(r, v, g, m, a, ret)| {
                 let (mut acc, mut vn) = (0.0f64, 0.0f64);
@@ -59,11 +42,7 @@ fn simple_rows(
 
 fn main() {
     let rounds = 30;
-    for (name, b, t) in [
-        ("W1 512x4096", 512usize, 4096usize),
-        ("W2 64x16384", 64, 16384),
-        ("W3 4096x512", 4096, 512),
-    ] {
+    for (name, b, t) in [("W1 512x4096", 512usize, 4096usize), ("W2 64x16384", 64, 16384), ("W3 4096x512", 4096, 512)] {
         let n = b * t;
         let mut s = 1u64;
         let mut mask = vec![false; n];
@@ -75,9 +54,7 @@ fn main() {
                 mask[row * t + i] = true;
             }
         }
-        let r: Vec<f32> = (0..n)
-            .map(|i| if mask[i] { lcg(&mut s) - 0.5 } else { 0.0 })
-            .collect();
+        let r: Vec<f32> = (0..n).map(|i| if mask[i] { lcg(&mut s) - 0.5 } else { 0.0 }).collect();
         let v: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
         let g: Vec<f32> = (0..n).map(|_| 0.5 + 0.5 * lcg(&mut s)).collect();
         let (mut a, mut ret) = (vec![0f32; n], vec![0f32; n]);
@@ -103,18 +80,7 @@ fn main() {
         let (mut tk, mut tf, mut tkp, mut tfp) = (vec![], vec![], vec![], vec![]);
         for _ in 0..rounds {
             let t0 = Instant::now();
-            gae(
-                &layout,
-                &r,
-                &v,
-                &mask[..],
-                &g[..],
-                None,
-                &p,
-                &mut a,
-                &mut ret,
-            )
-            .unwrap();
+            gae(&layout, &r, &v, &mask[..], &g[..], None, &p, &mut a, &mut ret).unwrap();
             tk.push(t0.elapsed().as_secs_f64());
             let t0 = Instant::now();
             _core::pool::install(|| {
@@ -128,11 +94,8 @@ fn main() {
                 )
                     .into_par_iter()
                     .for_each(|(x, y, r, g, v, m)| {
-                        for (((x, y), (r, g)), (v, m)) in x
-                            .iter_mut()
-                            .zip(y.iter_mut())
-                            .zip(r.iter().zip(g))
-                            .zip(v.iter().zip(m))
+                        for (((x, y), (r, g)), (v, m)) in
+                            x.iter_mut().zip(y.iter_mut()).zip(r.iter().zip(g)).zip(v.iter().zip(m))
                         {
                             *x = r + g;
                             *y = v + (*m as u8 as f32);
@@ -141,18 +104,7 @@ fn main() {
             });
             tf.push(t0.elapsed().as_secs_f64());
             let t0 = Instant::now();
-            gae(
-                &packed,
-                &pr,
-                &pv,
-                _core::AllValid,
-                &pg[..],
-                None,
-                &p,
-                &mut pa,
-                &mut pret,
-            )
-            .unwrap();
+            gae(&packed, &pr, &pv, _core::AllValid, &pg[..], None, &p, &mut pa, &mut pret).unwrap();
             tkp.push(t0.elapsed().as_secs_f64());
             let t0 = Instant::now();
             _core::pool::install(|| {
@@ -165,9 +117,7 @@ fn main() {
                 )
                     .into_par_iter()
                     .for_each(|(x, y, r, g, v)| {
-                        for ((x, y), ((r, g), v)) in
-                            x.iter_mut().zip(y.iter_mut()).zip(r.iter().zip(g).zip(v))
-                        {
+                        for ((x, y), ((r, g), v)) in x.iter_mut().zip(y.iter_mut()).zip(r.iter().zip(g).zip(v)) {
                             *x = r + g;
                             *y = *v;
                         }

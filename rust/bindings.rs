@@ -14,14 +14,14 @@ use crate::pool;
 use numpy::{Element, PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyType;
+use pyo3::types::{PyDict, PyType};
 
 /// The package's Python exception class for each kernel error (one match, exhaustive).
 fn to_pyerr(py: Python<'_>, e: KernelError) -> PyErr {
     let class = match &e {
         KernelError::Shape { .. } => "ShapeError",
         KernelError::CuSeqlens { .. } => "LayoutError",
-        KernelError::NonFinite { .. } => "NonFiniteError",
+        KernelError::NonFinite { .. } | KernelError::NonFiniteIndex { .. } => "NonFiniteError",
         KernelError::OutOfRange { .. } => "OutOfRangeError",
         KernelError::MaskedReward { .. } => "MaskedRewardError",
         KernelError::Parameter { .. } => "ParameterError",
@@ -81,9 +81,7 @@ macro_rules! float_dtype {
                     _ => None,
                 }
             }
-            fn of_mut<'a, 'py>(
-                a: &'a mut FloatsMut<'py>,
-            ) -> Option<&'a mut PyReadwriteArray1<'py, Self>> {
+            fn of_mut<'a, 'py>(a: &'a mut FloatsMut<'py>) -> Option<&'a mut PyReadwriteArray1<'py, Self>> {
                 match a {
                     FloatsMut::$variant(x) => Some(x),
                     _ => None,
@@ -102,62 +100,29 @@ fn dtype_name(a: &Floats<'_>) -> &'static str {
     }
 }
 
-fn contiguous<'a, T: Element>(
-    py: Python<'_>,
-    arg: &str,
-    a: &'a PyReadonlyArray1<'_, T>,
-) -> PyResult<&'a [T]> {
-    a.as_slice().map_err(|_| {
-        raise(
-            py,
-            "ShapeError",
-            format!("{arg}: expected a C-contiguous array"),
-        )
-    })
+fn contiguous<'a, T: Element>(py: Python<'_>, arg: &str, a: &'a PyReadonlyArray1<'_, T>) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| raise(py, "ShapeError", format!("{arg}: expected a C-contiguous array")))
 }
 
 fn typed<'a, F: FloatDtype>(py: Python<'_>, arg: &str, a: &'a Floats<'_>) -> PyResult<&'a [F]> {
     match F::of(a) {
         Some(x) => contiguous(py, arg, x),
-        None => Err(raise(
-            py,
-            "DTypeError",
-            format!(
-                "{arg}: expected {} like rewards, got {}",
-                F::NAME,
-                dtype_name(a)
-            ),
-        )),
+        None => {
+            Err(raise(py, "DTypeError", format!("{arg}: expected {} like rewards, got {}", F::NAME, dtype_name(a))))
+        }
     }
 }
 
-fn typed_mut<'a, F: FloatDtype>(
-    py: Python<'_>,
-    arg: &str,
-    a: &'a mut FloatsMut<'_>,
-) -> PyResult<&'a mut [F]> {
+fn typed_mut<'a, F: FloatDtype>(py: Python<'_>, arg: &str, a: &'a mut FloatsMut<'_>) -> PyResult<&'a mut [F]> {
     match F::of_mut(a) {
-        Some(x) => x.as_slice_mut().map_err(|_| {
-            raise(
-                py,
-                "ShapeError",
-                format!("{arg}: expected a C-contiguous array"),
-            )
-        }),
-        None => Err(raise(
-            py,
-            "DTypeError",
-            format!("{arg}: expected {} like rewards", F::NAME),
-        )),
+        Some(x) => {
+            x.as_slice_mut().map_err(|_| raise(py, "ShapeError", format!("{arg}: expected a C-contiguous array")))
+        }
+        None => Err(raise(py, "DTypeError", format!("{arg}: expected {} like rewards", F::NAME))),
     }
 }
 
-fn layout<'a>(
-    py: Python<'_>,
-    cu_seqlens: Option<&'a [i64]>,
-    shape: (usize, usize),
-    n: usize,
-) -> PyResult<Layout<'a>> {
+fn layout<'a>(py: Python<'_>, cu_seqlens: Option<&'a [i64]>, shape: (usize, usize), n: usize) -> PyResult<Layout<'a>> {
     match cu_seqlens {
         Some(cu) => Layout::packed(cu, n),
         None => Layout::padded(shape.0, shape.1, n),
@@ -271,33 +236,12 @@ fn gae<'py>(
     last_values: Option<PyReadonlyArray1<'py, f64>>,
     drop_masked_rewards: bool,
 ) -> PyResult<()> {
-    let cu = cu_seqlens
-        .as_ref()
-        .map(|a| contiguous(py, "cu_seqlens", a))
-        .transpose()?;
-    let lv = last_values
-        .as_ref()
-        .map(|a| contiguous(py, "last_values", a))
-        .transpose()?;
-    let params = GaeParams {
-        gamma,
-        lam,
-        lam_critic,
-        drop_masked_rewards,
-    };
+    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
+    let lv = last_values.as_ref().map(|a| contiguous(py, "last_values", a)).transpose()?;
+    let params = GaeParams { gamma, lam, lam_critic, drop_masked_rewards };
     let is_f32 = matches!(rewards, Floats::F32(_));
-    let call = GaeCall {
-        rewards,
-        values,
-        advantages,
-        returns,
-        mask,
-        gates,
-        cu_seqlens: cu,
-        shape,
-        last_values: lv,
-        params,
-    };
+    let call =
+        GaeCall { rewards, values, advantages, returns, mask, gates, cu_seqlens: cu, shape, last_values: lv, params };
     if is_f32 {
         gae_typed::<f32>(py, call)
     } else {
@@ -347,21 +291,11 @@ fn td_targets<'py>(
     gamma: f64,
     last_values: Option<PyReadonlyArray1<'py, f64>>,
 ) -> PyResult<()> {
-    let cu = cu_seqlens
-        .as_ref()
-        .map(|a| contiguous(py, "cu_seqlens", a))
-        .transpose()?;
-    let lv = last_values
-        .as_ref()
-        .map(|a| contiguous(py, "last_values", a))
-        .transpose()?;
+    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
+    let lv = last_values.as_ref().map(|a| contiguous(py, "last_values", a)).transpose()?;
     match rewards {
-        Floats::F32(_) => td_typed::<f32>(
-            py, &rewards, &values, &mut out, &mask, &gates, cu, shape, gamma, lv,
-        ),
-        Floats::F64(_) => td_typed::<f64>(
-            py, &rewards, &values, &mut out, &mask, &gates, cu, shape, gamma, lv,
-        ),
+        Floats::F32(_) => td_typed::<f32>(py, &rewards, &values, &mut out, &mask, &gates, cu, shape, gamma, lv),
+        Floats::F64(_) => td_typed::<f64>(py, &rewards, &values, &mut out, &mask, &gates, cu, shape, gamma, lv),
     }
 }
 
@@ -377,8 +311,8 @@ fn gates_typed<F: FloatDtype>(
     let c = typed::<F>(py, "concentration", conc)?;
     let out = typed_mut::<F>(py, "out", out)?;
     let lay = layout(py, cu, shape, c.len())?;
-    let result = with_mask!(py, mask, |m| py
-        .detach(|| crate::gating::gates_from_concentration(&lay, c, m, params, out)));
+    let result =
+        with_mask!(py, mask, |m| py.detach(|| crate::gating::gates_from_concentration(&lay, c, m, params, out)));
     result.map_err(|e| to_pyerr(py, e))
 }
 
@@ -413,24 +347,161 @@ fn gates_from_concentration<'py>(
             ))
         }
     };
-    let params = GateParams {
-        low,
-        high,
-        sharpness,
-        normalize,
-        invert,
-    };
-    let cu = cu_seqlens
-        .as_ref()
-        .map(|a| contiguous(py, "cu_seqlens", a))
-        .transpose()?;
+    let params = GateParams { low, high, sharpness, normalize, invert };
+    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
     match concentration {
-        Floats::F32(_) => {
-            gates_typed::<f32>(py, &concentration, &mut out, &mask, cu, shape, &params)
+        Floats::F32(_) => gates_typed::<f32>(py, &concentration, &mut out, &mask, cu, shape, &params),
+        Floats::F64(_) => gates_typed::<f64>(py, &concentration, &mut out, &mask, cu, shape, &params),
+    }
+}
+
+/// Group-relative outcome advantages into a preallocated float64 `out`.
+#[pyfunction]
+#[pyo3(signature = (scores, groups, out, *, method, eps, singleton))]
+fn group_advantages<'py>(
+    py: Python<'py>,
+    scores: PyReadonlyArray1<'py, f64>,
+    groups: PyReadonlyArray1<'py, i64>,
+    mut out: PyReadwriteArray1<'py, f64>,
+    method: &str,
+    eps: f64,
+    singleton: &str,
+) -> PyResult<()> {
+    use crate::outcome::{Method, Singleton};
+    let method = match method {
+        "grpo" => Method::Grpo,
+        "drgrpo" => Method::DrGrpo,
+        "rloo" => Method::Rloo,
+        "reinforce_baseline" => Method::ReinforceBaseline,
+        other => {
+            return Err(raise(
+                py,
+                "ParameterError",
+                format!("method: expected one of 'grpo', 'drgrpo', 'rloo', 'reinforce_baseline', got {other:?}"),
+            ))
         }
-        Floats::F64(_) => {
-            gates_typed::<f64>(py, &concentration, &mut out, &mask, cu, shape, &params)
+    };
+    let singleton = match singleton {
+        "zero" => Singleton::Zero,
+        "raw" => Singleton::Raw,
+        other => {
+            return Err(raise(py, "ParameterError", format!("singleton: expected one of 'zero', 'raw', got {other:?}")))
         }
+    };
+    let s = contiguous(py, "scores", &scores)?;
+    let g = contiguous(py, "groups", &groups)?;
+    let o = out.as_slice_mut().map_err(|_| raise(py, "ShapeError", "out: expected a C-contiguous array".into()))?;
+    py.detach(|| crate::outcome::group_advantages(s, g, method, eps, singleton, o)).map_err(|e| to_pyerr(py, e))
+}
+
+fn broadcast_typed<F: FloatDtype>(
+    py: Python<'_>,
+    per_row: &Floats<'_>,
+    out: &mut FloatsMut<'_>,
+    mask: &Option<MaskArray<'_>>,
+    cu: Option<&[i64]>,
+    shape: (usize, usize),
+) -> PyResult<()> {
+    let a = typed::<F>(py, "per_sequence", per_row)?;
+    let out = typed_mut::<F>(py, "out", out)?;
+    let lay = layout(py, cu, shape, out.len())?;
+    let result = with_mask!(py, mask, |m| py.detach(|| crate::broadcast::broadcast(&lay, a, m, out)));
+    result.map_err(|e| to_pyerr(py, e))
+}
+
+/// Per-sequence values broadcast to tokens into a preallocated `out`.
+#[pyfunction]
+#[pyo3(signature = (per_sequence, out, *, mask, cu_seqlens, shape))]
+fn broadcast<'py>(
+    py: Python<'py>,
+    per_sequence: Floats<'py>,
+    mut out: FloatsMut<'py>,
+    mask: Option<MaskArray<'py>>,
+    cu_seqlens: Option<PyReadonlyArray1<'py, i64>>,
+    shape: (usize, usize),
+) -> PyResult<()> {
+    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
+    match per_sequence {
+        Floats::F32(_) => broadcast_typed::<f32>(py, &per_sequence, &mut out, &mask, cu, shape),
+        Floats::F64(_) => broadcast_typed::<f64>(py, &per_sequence, &mut out, &mask, cu, shape),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn whiten_typed<F: FloatDtype>(
+    py: Python<'_>,
+    x: &Floats<'_>,
+    out: &mut FloatsMut<'_>,
+    mask: &Option<MaskArray<'_>>,
+    cu: Option<&[i64]>,
+    shape: (usize, usize),
+    shift_mean: bool,
+    eps: f64,
+) -> PyResult<()> {
+    let x = typed::<F>(py, "x", x)?;
+    let out = typed_mut::<F>(py, "out", out)?;
+    let lay = layout(py, cu, shape, x.len())?;
+    let result = with_mask!(py, mask, |m| py.detach(|| crate::whiten::masked_whiten(&lay, x, m, shift_mean, eps, out)));
+    result.map_err(|e| to_pyerr(py, e))
+}
+
+/// Masked whitening into a preallocated `out`.
+#[pyfunction]
+#[pyo3(signature = (x, out, *, mask, cu_seqlens, shape, shift_mean, eps))]
+#[allow(clippy::too_many_arguments)]
+fn masked_whiten<'py>(
+    py: Python<'py>,
+    x: Floats<'py>,
+    mut out: FloatsMut<'py>,
+    mask: Option<MaskArray<'py>>,
+    cu_seqlens: Option<PyReadonlyArray1<'py, i64>>,
+    shape: (usize, usize),
+    shift_mean: bool,
+    eps: f64,
+) -> PyResult<()> {
+    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
+    match x {
+        Floats::F32(_) => whiten_typed::<f32>(py, &x, &mut out, &mask, cu, shape, shift_mean, eps),
+        Floats::F64(_) => whiten_typed::<f64>(py, &x, &mut out, &mask, cu, shape, shift_mean, eps),
+    }
+}
+
+fn stats_typed<'py, F: FloatDtype>(
+    py: Python<'py>,
+    x: &Floats<'_>,
+    mask: &Option<MaskArray<'_>>,
+    cu: Option<&[i64]>,
+    shape: (usize, usize),
+) -> PyResult<Bound<'py, PyDict>> {
+    let x = typed::<F>(py, "x", x)?;
+    let lay = layout(py, cu, shape, x.len())?;
+    let s =
+        with_mask!(py, mask, |m| py.detach(|| crate::stats::credit_stats(&lay, x, m))).map_err(|e| to_pyerr(py, e))?;
+    let d = PyDict::new(py);
+    d.set_item("mean", s.mean)?;
+    d.set_item("std", s.std)?;
+    d.set_item("min", s.min)?;
+    d.set_item("max", s.max)?;
+    d.set_item("frac_positive", s.frac_positive)?;
+    d.set_item("gini", s.gini)?;
+    d.set_item("effective_token_ratio", s.effective_token_ratio)?;
+    Ok(d)
+}
+
+/// Credit diagnostics of a per-token array over its valid tokens, as a dict.
+#[pyfunction]
+#[pyo3(signature = (x, *, mask, cu_seqlens, shape))]
+fn credit_stats<'py>(
+    py: Python<'py>,
+    x: Floats<'py>,
+    mask: Option<MaskArray<'py>>,
+    cu_seqlens: Option<PyReadonlyArray1<'py, i64>>,
+    shape: (usize, usize),
+) -> PyResult<Bound<'py, PyDict>> {
+    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
+    match x {
+        Floats::F32(_) => stats_typed::<f32>(py, &x, &mask, cu, shape),
+        Floats::F64(_) => stats_typed::<f64>(py, &x, &mask, cu, shape),
     }
 }
 
@@ -438,11 +509,7 @@ fn gates_from_concentration<'py>(
 #[pyfunction]
 fn set_num_threads(py: Python<'_>, n: i64) -> PyResult<()> {
     if n < 1 {
-        return Err(raise(
-            py,
-            "ParameterError",
-            format!("n: expected an integer >= 1, got {n}"),
-        ));
+        return Err(raise(py, "ParameterError", format!("n: expected an integer >= 1, got {n}")));
     }
     pool::set_num_threads(n as usize);
     Ok(())
@@ -459,6 +526,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gae, m)?)?;
     m.add_function(wrap_pyfunction!(td_targets, m)?)?;
     m.add_function(wrap_pyfunction!(gates_from_concentration, m)?)?;
+    m.add_function(wrap_pyfunction!(group_advantages, m)?)?;
+    m.add_function(wrap_pyfunction!(broadcast, m)?)?;
+    m.add_function(wrap_pyfunction!(masked_whiten, m)?)?;
+    m.add_function(wrap_pyfunction!(credit_stats, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     m.add("NUM_THREADS_ENV", pool::ENV_VAR)?;

@@ -31,11 +31,9 @@ pub fn check_row_values(arg: &'static str, x: Option<&[f64]>, rows: usize) -> Re
         });
     }
     match x.iter().position(|v| !v.is_finite()) {
-        Some(b) => Err(KernelError::Parameter {
-            arg,
-            expected: "finite values".into(),
-            got: format!("{} at row {b}", x[b]),
-        }),
+        Some(b) => {
+            Err(KernelError::Parameter { arg, expected: "finite values".into(), got: format!("{} at row {b}", x[b]) })
+        }
         None => Ok(()),
     }
 }
@@ -72,12 +70,9 @@ impl KernelErrorAt {
     fn at(self, at: crate::error::Loc) -> KernelError {
         match self {
             KernelErrorAt::NonFinite(arg, value) => KernelError::NonFinite { arg, at, value },
-            KernelErrorAt::GateOutOfRange(value) => KernelError::OutOfRange {
-                arg: "gates",
-                at,
-                value,
-                expected: "[0, 1]",
-            },
+            KernelErrorAt::GateOutOfRange(value) => {
+                KernelError::OutOfRange { arg: "gates", at, value, expected: "[0, 1]" }
+            }
             KernelErrorAt::MaskedReward(value) => KernelError::MaskedReward { at, value },
         }
     }

@@ -25,34 +25,19 @@ impl fmt::Display for Loc {
 #[derive(Debug, Clone, PartialEq)]
 pub enum KernelError {
     /// Arrays whose lengths or shapes do not agree.
-    Shape {
-        arg: &'static str,
-        expected: String,
-        got: String,
-    },
+    Shape { arg: &'static str, expected: String, got: String },
     /// A malformed `cu_seqlens`; `index` is the first offending entry.
     CuSeqlens { problem: String, index: usize },
     /// NaN or ±inf at a valid position.
-    NonFinite {
-        arg: &'static str,
-        at: Loc,
-        value: f64,
-    },
+    NonFinite { arg: &'static str, at: Loc, value: f64 },
+    /// NaN or ±inf in a per-sequence array (scores, per-sequence values).
+    NonFiniteIndex { arg: &'static str, index: usize, value: f64 },
     /// A per-token value outside its allowed range (gates outside [0, 1]).
-    OutOfRange {
-        arg: &'static str,
-        at: Loc,
-        value: f64,
-        expected: &'static str,
-    },
+    OutOfRange { arg: &'static str, at: Loc, value: f64, expected: &'static str },
     /// A nonzero reward on a masked position while `masked_rewards="error"`.
     MaskedReward { at: Loc, value: f64 },
     /// A scalar parameter (γ, λ, bounds, ...) or a per-row value that is not allowed.
-    Parameter {
-        arg: &'static str,
-        expected: String,
-        got: String,
-    },
+    Parameter { arg: &'static str, expected: String, got: String },
 }
 
 impl fmt::Display for KernelError {
@@ -64,20 +49,14 @@ impl fmt::Display for KernelError {
             KernelError::CuSeqlens { problem, index } => {
                 write!(f, "cu_seqlens: {problem} (first offending index {index})")
             }
-            KernelError::NonFinite { arg, at, value } => write!(
-                f,
-                "{arg}: expected finite values at valid positions, got {value} at {at}"
-            ),
-            KernelError::OutOfRange {
-                arg,
-                at,
-                value,
-                expected,
-            } => {
-                write!(
-                    f,
-                    "{arg}: expected values in {expected}, got {value} at {at}"
-                )
+            KernelError::NonFinite { arg, at, value } => {
+                write!(f, "{arg}: expected finite values at valid positions, got {value} at {at}")
+            }
+            KernelError::NonFiniteIndex { arg, index, value } => {
+                write!(f, "{arg}: expected finite values, got {value} at index {index}")
+            }
+            KernelError::OutOfRange { arg, at, value, expected } => {
+                write!(f, "{arg}: expected values in {expected}, got {value} at {at}")
             }
             KernelError::MaskedReward { at, value } => write!(
                 f,
@@ -100,10 +79,6 @@ pub fn check_unit_interval(arg: &'static str, x: f64) -> Result<()> {
     if (0.0..=1.0).contains(&x) {
         Ok(())
     } else {
-        Err(KernelError::Parameter {
-            arg,
-            expected: "a number in [0, 1]".into(),
-            got: format!("{x}"),
-        })
+        Err(KernelError::Parameter { arg, expected: "a number in [0, 1]".into(), got: format!("{x}") })
     }
 }

@@ -42,12 +42,7 @@ pub struct GaeParams {
 
 impl GaeParams {
     pub fn new(gamma: f64, lam: f64) -> Self {
-        GaeParams {
-            gamma,
-            lam,
-            lam_critic: lam,
-            drop_masked_rewards: false,
-        }
+        GaeParams { gamma, lam, lam_critic: lam, drop_masked_rewards: false }
     }
 }
 
@@ -78,29 +73,16 @@ pub fn gae<F: Float, M: Mask, G: Gates>(
     check_len("returns (out)", Some(returns.len()), n)?;
     check_row_values("last_values", last_values, layout.rows())?;
 
-    let kernel = Kernel {
-        layout,
-        rewards,
-        values,
-        mask,
-        gates,
-        last_values,
-        p: *params,
-    };
+    let kernel = Kernel { layout, rewards, values, mask, gates, last_values, p: *params };
     let suspicious = if params.lam_critic == params.lam {
         kernel.run::<false>(advantages, returns)
     } else {
         kernel.run::<true>(advantages, returns)
     };
     if suspicious {
-        if let Some(e) = first_bad_token(
-            layout,
-            rewards,
-            values,
-            &kernel.mask,
-            &kernel.gates,
-            !params.drop_masked_rewards,
-        ) {
+        if let Some(e) =
+            first_bad_token(layout, rewards, values, &kernel.mask, &kernel.gates, !params.drop_masked_rewards)
+        {
             return Err(e);
         }
     }
@@ -135,34 +117,19 @@ struct Trace {
 
 impl Trace {
     const fn new(row: std::ops::Range<usize>, v_next: f64) -> Trace {
-        Trace {
-            next: row.end,
-            start: row.start,
-            v_next,
-            a: 0.0,
-            ac: 0.0,
-            g_min: 0.0,
-            g_max: 1.0,
-            masked_reward: false,
-        }
+        Trace { next: row.end, start: row.start, v_next, a: 0.0, ac: 0.0, g_min: 0.0, g_max: 1.0, masked_reward: false }
     }
 }
 
 impl<F: Float, M: Mask, G: Gates> Kernel<'_, F, M, G> {
     /// Runs every task on the pool; returns whether any task saw a suspicious input.
     fn run<const DUAL: bool>(&self, advantages: &mut [F], returns: &mut [F]) -> bool {
-        let tasks = self
-            .layout
-            .tasks(task_size(self.layout.len(), pool::num_threads()));
+        let tasks = self.layout.tasks(task_size(self.layout.len(), pool::num_threads()));
         let adv = split_by_tasks(advantages, &tasks);
         let ret = split_by_tasks(returns, &tasks);
         let work: Vec<_> = tasks.iter().zip(adv).zip(ret).collect();
         let parallel = self.layout.len() >= pool::PARALLEL_MIN;
-        pool::map(work, parallel, |((task, adv), ret)| {
-            self.task::<DUAL>(task, adv, ret)
-        })
-        .into_iter()
-        .any(|b| b)
+        pool::map(work, parallel, |((task, adv), ret)| self.task::<DUAL>(task, adv, ret)).into_iter().any(|b| b)
     }
 
     fn streams(&self) -> Streams<F, M, G> {
@@ -193,10 +160,7 @@ impl<F: Float, M: Mask, G: Gates> Kernel<'_, F, M, G> {
         debug_assert_eq!(adv.len(), task.span.len());
         // Shifted so that flat index `i` addresses its element directly.
         let base = task.span.start;
-        let out = Out {
-            adv: adv.as_mut_ptr().wrapping_sub(base),
-            ret: ret.as_mut_ptr().wrapping_sub(base),
-        };
+        let out = Out { adv: adv.as_mut_ptr().wrapping_sub(base), ret: ret.as_mut_ptr().wrapping_sub(base) };
         let s = self.streams();
         let mut bad = false;
         for b in task.rows.clone().rev() {
@@ -253,11 +217,7 @@ impl<F: Float, M: Mask, G: Gates> Streams<F, M, G> {
             let gg = self.gamma * g;
             let delta = r + gg * t.v_next - v;
             let a = delta + (gg * self.lam) * t.a;
-            let ac = if DUAL {
-                delta + (gg * self.lam_critic) * t.ac
-            } else {
-                a
-            };
+            let ac = if DUAL { delta + (gg * self.lam_critic) * t.ac } else { a };
             *out.adv.wrapping_add(i) = F::from_f64(a);
             *out.ret.wrapping_add(i) = F::from_f64(ac + v);
             t.a = a;
@@ -292,15 +252,7 @@ mod tests {
     use crate::error::KernelError;
 
     /// The textbook loop over valid positions, for comparison.
-    fn naive(
-        r: &[f64],
-        v: &[f64],
-        m: &[bool],
-        g: &[f64],
-        gamma: f64,
-        lam: f64,
-        lv: f64,
-    ) -> Vec<f64> {
+    fn naive(r: &[f64], v: &[f64], m: &[bool], g: &[f64], gamma: f64, lam: f64, lv: f64) -> Vec<f64> {
         let mut out = vec![0.0; r.len()];
         let (mut a, mut vn) = (0.0, lv);
         for i in (0..r.len()).rev() {
@@ -317,9 +269,7 @@ mod tests {
     }
 
     fn lcg(seed: &mut u64) -> f64 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (*seed >> 11) as f64 / (1u64 << 53) as f64
     }
 
@@ -333,18 +283,7 @@ mod tests {
         let (r, v, g) = ([0.0, 0.0, 1.0], [0.5, 0.25, 0.5], [1.0, 0.5, 1.0]);
         let (mut a, mut ret) = ([0.0; 3], [0.0; 3]);
         let p = GaeParams::new(0.5, 0.5);
-        gae(
-            &layout,
-            &r,
-            &v,
-            AllValid,
-            &g[..],
-            None,
-            &p,
-            &mut a,
-            &mut ret,
-        )
-        .unwrap();
+        gae(&layout, &r, &v, AllValid, &g[..], None, &p, &mut a, &mut ret).unwrap();
         assert_eq!(a, [-0.390625, -0.0625, 0.5]);
         assert_eq!(ret, [0.109375, 0.1875, 1.0]);
     }
@@ -362,45 +301,17 @@ mod tests {
         let v: Vec<f64> = (0..n).map(|_| lcg(&mut s)).collect();
         let g: Vec<f64> = (0..n).map(|_| lcg(&mut s)).collect();
         let m: Vec<bool> = (0..n).map(|_| lcg(&mut s) < 0.8).collect();
-        let r: Vec<f64> = r
-            .iter()
-            .zip(&m)
-            .map(|(&x, &ok)| if ok { x } else { 0.0 })
-            .collect();
+        let r: Vec<f64> = r.iter().zip(&m).map(|(&x, &ok)| if ok { x } else { 0.0 }).collect();
         let lv: Vec<f64> = (0..lens.len()).map(|_| lcg(&mut s)).collect();
         let layout = Layout::packed(&cu, n).unwrap();
         for threads in [1, 2, 3] {
             pool::set_num_threads(threads);
             let (mut a, mut ret) = (vec![9.0; n], vec![9.0; n]);
-            let p = GaeParams {
-                gamma: 0.9,
-                lam: 0.8,
-                lam_critic: 0.8,
-                drop_masked_rewards: false,
-            };
-            gae(
-                &layout,
-                &r,
-                &v,
-                &m[..],
-                &g[..],
-                Some(&lv),
-                &p,
-                &mut a,
-                &mut ret,
-            )
-            .unwrap();
+            let p = GaeParams { gamma: 0.9, lam: 0.8, lam_critic: 0.8, drop_masked_rewards: false };
+            gae(&layout, &r, &v, &m[..], &g[..], Some(&lv), &p, &mut a, &mut ret).unwrap();
             for b in 0..lens.len() {
                 let rg = layout.row(b);
-                let want = naive(
-                    &r[rg.clone()],
-                    &v[rg.clone()],
-                    &m[rg.clone()],
-                    &g[rg.clone()],
-                    0.9,
-                    0.8,
-                    lv[b],
-                );
+                let want = naive(&r[rg.clone()], &v[rg.clone()], &m[rg.clone()], &g[rg.clone()], 0.9, 0.8, lv[b]);
                 assert_eq!(&a[rg.clone()], &want[..], "row {b}");
                 for (k, i) in rg.enumerate() {
                     let want_ret = if m[i] { want[k] + v[i] } else { 0.0 };
@@ -415,16 +326,8 @@ mod tests {
         let layout = Layout::padded(1, 2, 2).unwrap();
         let (r, v) = ([0.0f32, 1.0], [0.0f32, 0.0]);
         let (mut a, mut ret) = ([0.0f32; 2], [0.0f32; 2]);
-        let p = GaeParams {
-            gamma: 1.0,
-            lam: 0.5,
-            lam_critic: 1.0,
-            drop_masked_rewards: false,
-        };
-        gae(
-            &layout, &r, &v, AllValid, UnitGates, None, &p, &mut a, &mut ret,
-        )
-        .unwrap();
+        let p = GaeParams { gamma: 1.0, lam: 0.5, lam_critic: 1.0, drop_masked_rewards: false };
+        gae(&layout, &r, &v, AllValid, UnitGates, None, &p, &mut a, &mut ret).unwrap();
         assert_eq!(a, [0.5, 1.0]);
         assert_eq!(ret, [1.0, 1.0]);
     }
@@ -437,101 +340,26 @@ mod tests {
         let m = [true, true, false, true, true, true];
         let (mut a, mut ret) = ([0.0; 6], [0.0; 6]);
         let p = GaeParams::new(1.0, 1.0);
-        let e = gae(
-            &layout,
-            &r,
-            &v,
-            &m[..],
-            UnitGates,
-            None,
-            &p,
-            &mut a,
-            &mut ret,
-        )
-        .unwrap_err();
-        assert!(
-            matches!(e, KernelError::NonFinite { arg: "rewards", at, .. } if at.row == 1 && at.pos == 1),
-            "{e}"
-        );
+        let e = gae(&layout, &r, &v, &m[..], UnitGates, None, &p, &mut a, &mut ret).unwrap_err();
+        assert!(matches!(e, KernelError::NonFinite { arg: "rewards", at, .. } if at.row == 1 && at.pos == 1), "{e}");
 
         let r = [0.0, 0.0, 2.0, 0.0, 0.0, 0.0];
-        let e = gae(
-            &layout,
-            &r,
-            &v,
-            &m[..],
-            UnitGates,
-            None,
-            &p,
-            &mut a,
-            &mut ret,
-        )
-        .unwrap_err();
+        let e = gae(&layout, &r, &v, &m[..], UnitGates, None, &p, &mut a, &mut ret).unwrap_err();
         assert!(matches!(e, KernelError::MaskedReward { at, .. } if at.row == 0 && at.pos == 2));
-        let drop = GaeParams {
-            drop_masked_rewards: true,
-            ..p
-        };
-        gae(
-            &layout,
-            &r,
-            &v,
-            &m[..],
-            UnitGates,
-            None,
-            &drop,
-            &mut a,
-            &mut ret,
-        )
-        .unwrap();
+        let drop = GaeParams { drop_masked_rewards: true, ..p };
+        gae(&layout, &r, &v, &m[..], UnitGates, None, &drop, &mut a, &mut ret).unwrap();
         assert_eq!(a, [0.0; 6]);
 
         let g = [1.0, 1.0, 7.0, 1.0, 1.5, 1.0]; // 7.0 is masked, allowed
-        let e = gae(
-            &layout,
-            &[0.0; 6],
-            &v,
-            &m[..],
-            &g[..],
-            None,
-            &p,
-            &mut a,
-            &mut ret,
-        )
-        .unwrap_err();
-        assert!(
-            matches!(e, KernelError::OutOfRange { arg: "gates", at, .. } if at.row == 1 && at.pos == 1)
-        );
+        let e = gae(&layout, &[0.0; 6], &v, &m[..], &g[..], None, &p, &mut a, &mut ret).unwrap_err();
+        assert!(matches!(e, KernelError::OutOfRange { arg: "gates", at, .. } if at.row == 1 && at.pos == 1));
 
         let bad_gamma = GaeParams::new(1.5, 1.0);
-        let e = gae(
-            &layout, &[0.0; 6], &v, AllValid, UnitGates, None, &bad_gamma, &mut a, &mut ret,
-        )
-        .unwrap_err();
+        let e = gae(&layout, &[0.0; 6], &v, AllValid, UnitGates, None, &bad_gamma, &mut a, &mut ret).unwrap_err();
         assert!(matches!(e, KernelError::Parameter { arg: "gamma", .. }));
-        let e = gae(
-            &layout,
-            &[0.0; 6],
-            &v,
-            AllValid,
-            UnitGates,
-            Some(&[0.0]),
-            &p,
-            &mut a,
-            &mut ret,
-        )
-        .unwrap_err();
-        assert!(matches!(
-            e,
-            KernelError::Shape {
-                arg: "last_values",
-                ..
-            }
-        ));
-        let e = gae(
-            &layout, &[0.0; 5], &v, AllValid, UnitGates, None, &p, &mut a, &mut ret,
-        )
-        .unwrap_err();
+        let e = gae(&layout, &[0.0; 6], &v, AllValid, UnitGates, Some(&[0.0]), &p, &mut a, &mut ret).unwrap_err();
+        assert!(matches!(e, KernelError::Shape { arg: "last_values", .. }));
+        let e = gae(&layout, &[0.0; 5], &v, AllValid, UnitGates, None, &p, &mut a, &mut ret).unwrap_err();
         assert!(matches!(e, KernelError::Shape { arg: "rewards", .. }));
     }
 }

@@ -41,11 +41,7 @@ pub struct GateParams {
 impl GateParams {
     fn validate(&self) -> Result<()> {
         let param = |arg, expected: &str, got: f64| {
-            Err(KernelError::Parameter {
-                arg,
-                expected: expected.into(),
-                got: format!("{got}"),
-            })
+            Err(KernelError::Parameter { arg, expected: expected.into(), got: format!("{got}") })
         };
         for (arg, x) in [("low", self.low), ("high", self.high)] {
             if !(0.0..=1.0).contains(&x) {
@@ -93,20 +89,10 @@ struct Range {
 }
 
 impl Range {
-    const EMPTY: Range = Range {
-        n: 0,
-        min: f64::INFINITY,
-        max: f64::NEG_INFINITY,
-        finite: true,
-    };
+    const EMPTY: Range = Range { n: 0, min: f64::INFINITY, max: f64::NEG_INFINITY, finite: true };
 
     fn merge(self, o: Range) -> Range {
-        Range {
-            n: self.n + o.n,
-            min: self.min.min(o.min),
-            max: self.max.max(o.max),
-            finite: self.finite & o.finite,
-        }
+        Range { n: self.n + o.n, min: self.min.min(o.min), max: self.max.max(o.max), finite: self.finite & o.finite }
     }
 
     /// Whether z-scores are all 0 (at most one valid token, or zero spread).
@@ -137,12 +123,7 @@ struct Affine {
 }
 
 impl Affine {
-    const ZERO: Affine = Affine {
-        k: 1.0,
-        center: 0.0,
-        scale: 1.0,
-        zero: true,
-    };
+    const ZERO: Affine = Affine { k: 1.0, center: 0.0, scale: 1.0, zero: true };
 
     fn z(&self, c: f64) -> f64 {
         if self.zero {
@@ -181,13 +162,7 @@ fn row_sum<F: Float, M: Mask>(conc: &[F], mask: &M, range: std::ops::Range<usize
 }
 
 /// Σ (c·k − mean)² over the valid values of a row.
-fn row_sq_dev<F: Float, M: Mask>(
-    conc: &[F],
-    mask: &M,
-    range: std::ops::Range<usize>,
-    k: f64,
-    mean: f64,
-) -> f64 {
+fn row_sq_dev<F: Float, M: Mask>(conc: &[F], mask: &M, range: std::ops::Range<usize>, k: f64, mean: f64) -> f64 {
     let mut s = 0.0;
     for i in range {
         // SAFETY: i lies inside the validated layout.
@@ -205,12 +180,7 @@ fn z_affine(r: &Range, k: f64, sum: f64, sq_dev: f64) -> Affine {
     }
     let mean = sum / r.n as f64;
     let std = (sq_dev / r.n as f64).sqrt();
-    Affine {
-        k,
-        center: mean,
-        scale: std + STD_EPS * k,
-        zero: false,
-    }
+    Affine { k, center: mean, scale: std + STD_EPS * k, zero: false }
 }
 
 /// Retention gates from concentration, written into `out`.
@@ -232,9 +202,7 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
     let per_row = |f: &(dyn Fn(usize) -> f64 + Sync)| pool::map((0..rows).collect(), parallel, f);
     let affines: Vec<Affine> = (|| -> Result<Vec<Affine>> {
         // Pass 1: per-row count, range and finiteness.
-        let ranges: Vec<Range> = pool::map((0..rows).collect(), parallel, |b| {
-            row_range(conc, &mask, layout.row(b))
-        });
+        let ranges: Vec<Range> = pool::map((0..rows).collect(), parallel, |b| row_range(conc, &mask, layout.row(b)));
         if !ranges.iter().all(|r| r.finite) {
             let e = first_offender(layout, &mask, |i, valid| {
                 let c = conc[i].to_f64();
@@ -249,15 +217,7 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
             }));
         }
         Ok(match params.normalize {
-            Normalize::Fixed { center, scale } => vec![
-                Affine {
-                    k: 1.0,
-                    center,
-                    scale,
-                    zero: false
-                };
-                rows
-            ],
+            Normalize::Fixed { center, scale } => vec![Affine { k: 1.0, center, scale, zero: false }; rows],
             Normalize::Sequence => pool::map((0..rows).collect(), parallel, |b| {
                 let r = &ranges[b];
                 if r.flat() {
@@ -275,9 +235,7 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
                 } else {
                     // per-row partial sums, added in row order: thread-count independent
                     let k = total.scale();
-                    let sum: f64 = per_row(&|b| row_sum(conc, &mask, layout.row(b), k))
-                        .iter()
-                        .sum();
+                    let sum: f64 = per_row(&|b| row_sum(conc, &mask, layout.row(b), k)).iter().sum();
                     let mean = sum / total.n as f64;
                     let sqs = per_row(&|b| row_sq_dev(conc, &mask, layout.row(b), k, mean));
                     vec![z_affine(&total, k, sum, sqs.iter().sum()); rows]
@@ -295,11 +253,7 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
             for i in layout.row(b) {
                 // SAFETY: i lies inside the validated layout.
                 let valid = unsafe { mask.valid(i) };
-                let g = if valid {
-                    params.gate(af.z(conc[i].to_f64()))
-                } else {
-                    1.0
-                };
+                let g = if valid { params.gate(af.z(conc[i].to_f64())) } else { 1.0 };
                 piece[i - task.span.start] = F::from_f64(g);
             }
         }
@@ -313,13 +267,7 @@ mod tests {
     use crate::element::AllValid;
 
     fn params(normalize: Normalize) -> GateParams {
-        GateParams {
-            low: 0.5,
-            high: 1.0,
-            sharpness: 1.0,
-            normalize,
-            invert: false,
-        }
+        GateParams { low: 0.5, high: 1.0, sharpness: 1.0, normalize, invert: false }
     }
 
     #[test]
@@ -327,14 +275,8 @@ mod tests {
         // valid [1, 3] → μ = 2, σ = 1 → z = ∓1 (up to ε); masked position → 1
         let layout = Layout::padded(1, 3, 3).unwrap();
         let mut g = [0.0; 3];
-        gates_from_concentration(
-            &layout,
-            &[1.0, 3.0, 100.0],
-            &[1u8, 1, 0][..],
-            &params(Normalize::Sequence),
-            &mut g,
-        )
-        .unwrap();
+        gates_from_concentration(&layout, &[1.0, 3.0, 100.0], &[1u8, 1, 0][..], &params(Normalize::Sequence), &mut g)
+            .unwrap();
         let s = |z: f64| 0.5 + 0.5 / (1.0 + (-z).exp());
         assert!((g[0] - s(-1.0)).abs() < 1e-7 && (g[1] - s(1.0)).abs() < 1e-7);
         assert_eq!(g[2], 1.0);
@@ -344,29 +286,14 @@ mod tests {
     fn flat_rows_get_midpoint_and_errors() {
         let layout = Layout::padded(2, 2, 4).unwrap();
         let mut g = [0.0; 4];
-        gates_from_concentration(
-            &layout,
-            &[0.1, 0.1, 5.0, 5.0],
-            AllValid,
-            &params(Normalize::Sequence),
-            &mut g,
-        )
-        .unwrap();
+        gates_from_concentration(&layout, &[0.1, 0.1, 5.0, 5.0], AllValid, &params(Normalize::Sequence), &mut g)
+            .unwrap();
         assert_eq!(g, [0.75; 4]);
-        let bad = GateParams {
-            low: 0.9,
-            high: 0.5,
-            ..params(Normalize::Batch)
-        };
+        let bad = GateParams { low: 0.9, high: 0.5, ..params(Normalize::Batch) };
         assert!(gates_from_concentration(&layout, &[0.0; 4], AllValid, &bad, &mut g).is_err());
-        let e = gates_from_concentration(
-            &layout,
-            &[0.0, 0.0, 0.0, f64::NAN],
-            AllValid,
-            &params(Normalize::Batch),
-            &mut g,
-        )
-        .unwrap_err();
+        let e =
+            gates_from_concentration(&layout, &[0.0, 0.0, 0.0, f64::NAN], AllValid, &params(Normalize::Batch), &mut g)
+                .unwrap_err();
         assert!(matches!(e, KernelError::NonFinite { at, .. } if at.row == 1 && at.pos == 1));
     }
 

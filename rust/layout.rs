@@ -40,18 +40,12 @@ impl<'a> Layout<'a> {
             });
         };
         if first != 0 {
-            return Err(KernelError::CuSeqlens {
-                problem: format!("expected to start at 0, got {first}"),
-                index: 0,
-            });
+            return Err(KernelError::CuSeqlens { problem: format!("expected to start at 0, got {first}"), index: 0 });
         }
         for (k, w) in cu_seqlens.windows(2).enumerate() {
             if w[1] < w[0] {
                 return Err(KernelError::CuSeqlens {
-                    problem: format!(
-                        "expected non-decreasing offsets, got {} after {}",
-                        w[1], w[0]
-                    ),
+                    problem: format!("expected non-decreasing offsets, got {} after {}", w[1], w[0]),
                     index: k + 1,
                 });
             }
@@ -98,19 +92,11 @@ impl<'a> Layout<'a> {
     /// The (row, position) of a flat index, for error messages.
     pub fn locate(&self, flat: usize) -> Loc {
         match *self {
-            Layout::Padded { cols, .. } => Loc {
-                row: flat / cols,
-                pos: flat % cols,
-                flat: None,
-            },
+            Layout::Padded { cols, .. } => Loc { row: flat / cols, pos: flat % cols, flat: None },
             Layout::Packed { cu_seqlens } => {
                 // the last row whose start is <= flat (skipping empty rows)
                 let row = cu_seqlens.partition_point(|&s| s as usize <= flat) - 1;
-                Loc {
-                    row,
-                    pos: flat - cu_seqlens[row] as usize,
-                    flat: Some(flat),
-                }
+                Loc { row, pos: flat - cu_seqlens[row] as usize, flat: Some(flat) }
             }
         }
     }
@@ -118,16 +104,8 @@ impl<'a> Layout<'a> {
     /// Location of position `pos` of row `row`.
     pub fn loc(&self, row: usize, pos: usize) -> Loc {
         match *self {
-            Layout::Padded { .. } => Loc {
-                row,
-                pos,
-                flat: None,
-            },
-            Layout::Packed { cu_seqlens } => Loc {
-                row,
-                pos,
-                flat: Some(cu_seqlens[row] as usize + pos),
-            },
+            Layout::Padded { .. } => Loc { row, pos, flat: None },
+            Layout::Packed { cu_seqlens } => Loc { row, pos, flat: Some(cu_seqlens[row] as usize + pos) },
         }
     }
 
@@ -144,10 +122,7 @@ impl<'a> Layout<'a> {
             while b1 < rows && self.row(b1).end - start <= target {
                 b1 += 1;
             }
-            tasks.push(Task {
-                rows: b0..b1,
-                span: start..self.row(b1 - 1).end,
-            });
+            tasks.push(Task { rows: b0..b1, span: start..self.row(b1 - 1).end });
             b0 = b1;
         }
         tasks
@@ -203,31 +178,10 @@ mod tests {
     fn locate_skips_empty_rows() {
         let cu = [0i64, 2, 2, 5];
         let l = Layout::packed(&cu, 5).unwrap();
-        assert_eq!(
-            l.locate(2),
-            Loc {
-                row: 2,
-                pos: 0,
-                flat: Some(2)
-            }
-        );
-        assert_eq!(
-            l.locate(1),
-            Loc {
-                row: 0,
-                pos: 1,
-                flat: Some(1)
-            }
-        );
+        assert_eq!(l.locate(2), Loc { row: 2, pos: 0, flat: Some(2) });
+        assert_eq!(l.locate(1), Loc { row: 0, pos: 1, flat: Some(1) });
         let p = Layout::padded(2, 3, 6).unwrap();
-        assert_eq!(
-            p.locate(4),
-            Loc {
-                row: 1,
-                pos: 1,
-                flat: None
-            }
-        );
+        assert_eq!(p.locate(4), Loc { row: 1, pos: 1, flat: None });
     }
 
     #[test]

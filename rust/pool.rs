@@ -15,21 +15,14 @@ struct PoolState {
     pool: Option<Arc<rayon::ThreadPool>>,
 }
 
-static STATE: Mutex<PoolState> = Mutex::new(PoolState {
-    threads: None,
-    pool: None,
-});
+static STATE: Mutex<PoolState> = Mutex::new(PoolState { threads: None, pool: None });
 
 fn default_threads() -> usize {
     std::env::var(ENV_VAR)
         .ok()
         .and_then(|s| s.trim().parse::<usize>().ok())
         .filter(|&n| n > 0)
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        })
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
 }
 
 fn lock() -> std::sync::MutexGuard<'static, PoolState> {
@@ -82,11 +75,7 @@ pub const PARALLEL_MIN: usize = 1 << 15;
 
 /// `items.map(f)` in order, on the pool when `parallel` (and there are at least two
 /// items), else inline on the calling thread.
-pub fn map<I: Send, R: Send>(
-    items: Vec<I>,
-    parallel: bool,
-    f: impl Fn(I) -> R + Sync + Send,
-) -> Vec<R> {
+pub fn map<I: Send, R: Send>(items: Vec<I>, parallel: bool, f: impl Fn(I) -> R + Sync + Send) -> Vec<R> {
     use rayon::prelude::*;
     if parallel && items.len() > 1 {
         install(|| items.into_par_iter().map(f).collect())
@@ -106,10 +95,7 @@ mod tests {
         assert_eq!(install(rayon::current_num_threads), 3);
         set_num_threads(1);
         assert_eq!(install(rayon::current_num_threads), 1);
-        assert_eq!(
-            map((0..100).collect(), true, |x: i32| x * 2),
-            (0..100).map(|x| x * 2).collect::<Vec<_>>()
-        );
+        assert_eq!(map((0..100).collect(), true, |x: i32| x * 2), (0..100).map(|x| x * 2).collect::<Vec<_>>());
         assert_eq!(map(vec![3], false, |x: i32| x + 1), vec![4]);
     }
 }

@@ -80,12 +80,7 @@ mod tests {
     fn skips_masked_and_bootstraps_truncation() {
         // one row, mask [1, 0, 1]: y0 = r0 + γ·g0·V2, y2 = r2 + γ·g2·last_value
         let layout = Layout::padded(1, 3, 3).unwrap();
-        let (r, v, m, g) = (
-            [1.0, 0.0, 2.0],
-            [10.0, 99.0, 20.0],
-            [1u8, 0, 1],
-            [0.5, 0.3, 1.0],
-        );
+        let (r, v, m, g) = ([1.0, 0.0, 2.0], [10.0, 99.0, 20.0], [1u8, 0, 1], [0.5, 0.3, 1.0]);
         let mut y = [7.0; 3];
         td_targets(&layout, &r, &v, &m[..], &g[..], Some(&[4.0]), 0.5, &mut y).unwrap();
         assert_eq!(y, [1.0 + 0.25 * 20.0, 0.0, 2.0 + 0.5 * 4.0]);

@@ -11,9 +11,10 @@ versions of all of them.
 
 from __future__ import annotations
 
-from . import errors, reference
+from . import controls, errors, reference
 from ._core import get_num_threads, set_num_threads
 from .advantages import GAEResult, gae, td_targets
+from .diagnostics import credit_stats
 from .errors import (
     ComppoError,
     DTypeError,
@@ -25,6 +26,8 @@ from .errors import (
     ShapeError,
 )
 from .gating import gates_from_concentration
+from .outcomes import broadcast, group_advantages
+from .whitening import masked_whiten
 
 __version__ = "0.1.0"
 
@@ -38,10 +41,15 @@ __all__ = [
     "OutOfRangeError",
     "ParameterError",
     "ShapeError",
+    "broadcast",
+    "controls",
+    "credit_stats",
     "errors",
     "gae",
     "gates_from_concentration",
     "get_num_threads",
+    "group_advantages",
+    "masked_whiten",
     "reference",
     "set_num_threads",
     "td_targets",

@@ -6,7 +6,18 @@
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["NUM_THREADS_ENV", "gae", "gates_from_concentration", "get_num_threads", "set_num_threads", "td_targets"]
+__all__ = [
+    "NUM_THREADS_ENV",
+    "broadcast",
+    "credit_stats",
+    "gae",
+    "gates_from_concentration",
+    "get_num_threads",
+    "group_advantages",
+    "masked_whiten",
+    "set_num_threads",
+    "td_targets",
+]
 
 NUM_THREADS_ENV: str
 
@@ -53,5 +64,39 @@ def gates_from_concentration(
     scale: float,
     invert: bool,
 ) -> None: ...
+def group_advantages(
+    scores: npt.NDArray[np.float64],
+    groups: npt.NDArray[np.int64],
+    out: npt.NDArray[np.float64],
+    *,
+    method: str,
+    eps: float,
+    singleton: str,
+) -> None: ...
+def broadcast(
+    per_sequence: npt.NDArray[np.floating],
+    out: npt.NDArray[np.floating],
+    *,
+    mask: npt.NDArray[np.generic] | None,
+    cu_seqlens: npt.NDArray[np.int64] | None,
+    shape: tuple[int, int],
+) -> None: ...
+def masked_whiten(
+    x: npt.NDArray[np.floating],
+    out: npt.NDArray[np.floating],
+    *,
+    mask: npt.NDArray[np.generic] | None,
+    cu_seqlens: npt.NDArray[np.int64] | None,
+    shape: tuple[int, int],
+    shift_mean: bool,
+    eps: float,
+) -> None: ...
+def credit_stats(
+    x: npt.NDArray[np.floating],
+    *,
+    mask: npt.NDArray[np.generic] | None,
+    cu_seqlens: npt.NDArray[np.int64] | None,
+    shape: tuple[int, int],
+) -> dict[str, float]: ...
 def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...

@@ -420,12 +420,13 @@ def gates_from_concentration(
 def shuffle_gates(gates, *, mask=None, cu_seqlens=None, seed: int = 0) -> np.ndarray:
     """Control: permutes each row's valid gates among that row's valid positions.
 
-    Deterministic definition::
+    Deterministic definition: one random key per valid token, drawn once for the
+    whole batch in row-major order, and each row's valid gates reordered by key::
 
-      rng = np.random.default_rng(seed)
-      for b in 0..B-1:                       # every row, in order, even empty ones
-          perm = rng.permutation(n_valid_b)
-          new_valid_b = valid_values_b[perm]
+      keys = np.random.default_rng(seed).random(total number of valid tokens)
+      for b in 0..B-1:
+          keys_b = the next n_valid_b keys
+          new_valid_b = valid_values_b[argsort(keys_b)]
 
     Keeps each row's multiset of gates but destroys their alignment with the
     trajectory. Masked positions keep their input value.
@@ -442,11 +443,14 @@ def shuffle_gates(gates, *, mask=None, cu_seqlens=None, seed: int = 0) -> np.nda
     """
     gates = np.asarray(gates)
     out = gates.astype(_result_dtype(gates), copy=True).reshape(-1)
-    rng = np.random.default_rng(seed)
-    for _, idx, valid in _sequences(gates.shape, mask, cu_seqlens):
+    seqs = list(_sequences(gates.shape, mask, cu_seqlens))
+    keys = np.random.default_rng(seed).random(sum(int(valid.sum()) for _, _, valid in seqs))
+    used = 0
+    for _, idx, valid in seqs:
         positions = idx[valid]
-        perm = rng.permutation(len(positions))
-        out[positions] = out[positions][perm]
+        keys_b = keys[used : used + len(positions)]
+        used += len(positions)
+        out[positions] = out[positions][np.argsort(keys_b, kind="stable")]
     return out.reshape(gates.shape)
 
 
@@ -654,7 +658,7 @@ def masked_whiten(
 
     With μ and the *unbiased* variance σ² (ddof 1) over the valid tokens::
 
-      w = (x - μ) / sqrt(σ² + eps)
+      w = (x - μ) · 1/sqrt(σ² + eps)
       w = w + μ                      if not shift_mean
 
     Computed in float64: ``μ = Σ x / n``, ``σ² = Σ (x - μ)² / (n - 1)``.
@@ -688,7 +692,7 @@ def masked_whiten(
     vals = x_flat[positions].astype(np.float64)
     mean = vals.sum() / n
     var = ((vals - mean) ** 2).sum() / (n - 1)
-    w = (vals - mean) / math.sqrt(var + float(eps))
+    w = (vals - mean) * (1.0 / math.sqrt(var + float(eps)))  # verl: * rsqrt(var + eps)
     if not shift_mean:
         w = w + mean
     out = np.zeros(x_flat.shape, dtype=np.float64)

@@ -1,0 +1,48 @@
+"""Masked whitening over all valid tokens of a batch, as verl's ``masked_whiten``.
+
+::
+
+    μ  = Σ x / n,   σ² = Σ (x − μ)² / (n − 1)      over the n valid tokens (unbiased)
+    w  = (x − μ) · 1/sqrt(σ² + eps)
+    w  = w + μ                                      if shift_mean is False
+
+Masked positions get 0. Fewer than two valid tokens is an error (no unbiased variance).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from ._arrays import Outputs, as_numpy, check_finite, flat_float, float_dtypes, layout_of
+from .errors import ParameterError
+
+__all__ = ["masked_whiten"]
+
+
+def masked_whiten(
+    x: Any, *, mask: Any = None, cu_seqlens: Any = None, shift_mean: bool = True, eps: float = 1e-8
+) -> np.ndarray:
+    """Whitens ``x`` with the mean and unbiased variance of its valid tokens.
+
+    Args:
+      x: ``[B, T]`` (padded) or ``[N]`` (packed, with ``cu_seqlens``).
+      mask: optional validity mask shaped like ``x``.
+      shift_mean: False adds the mean back after scaling (verl's option).
+      eps: added to the variance.
+
+    Returns:
+      shaped like ``x``, in its dtype (float16 via float32; integers give float64).
+    """
+    arr = as_numpy(x, "x")
+    compute, output = float_dtypes(arr, "x")
+    lay = layout_of(arr, "x", mask, cu_seqlens)
+    x_flat = flat_float(arr, "x", lay.shape, compute)
+    eps_ = check_finite("eps", eps)
+    if eps_ < 0:
+        raise ParameterError(f"eps: expected a number >= 0, got {eps_}")
+    outs = Outputs(("whitened",), lay.shape, compute, output, None, ())
+    _core.masked_whiten(x_flat, *outs.kernel, shift_mean=bool(shift_mean), eps=eps_, **lay.kernel_args())
+    return outs.finish()[0]

@@ -1,0 +1,163 @@
+//! Masked whitening over all valid tokens of a batch (as verl's `masked_whiten`).
+//!
+//! ```text
+//! μ  = Σ x / n                         over the n valid tokens
+//! σ² = Σ (x − μ)² / (n − 1)            unbiased
+//! w  = (x − μ) · 1/sqrt(σ² + eps)      (+ μ when shift_mean is false)
+//! ```
+//!
+//! Masked positions get 0. Each row's count, mean and squared deviations are computed
+//! on its own (two passes over a row that sits in cache) and merged in row order
+//! (Chan et al.), so the result does not depend on the thread count.
+
+use crate::checks::{check_len, first_offender, KernelErrorAt};
+use crate::element::{Float, Mask};
+use crate::error::{KernelError, Result};
+use crate::layout::{split_by_tasks, task_size, Layout};
+use crate::pool;
+
+/// Count, mean and sum of squared deviations of a set of values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Moments {
+    pub n: usize,
+    pub mean: f64,
+    pub m2: f64,
+}
+
+impl Moments {
+    pub const EMPTY: Moments = Moments { n: 0, mean: 0.0, m2: 0.0 };
+
+    /// Chan et al.'s pairwise merge.
+    pub fn merge(self, o: Moments) -> Moments {
+        if o.n == 0 {
+            return self;
+        }
+        if self.n == 0 {
+            return o;
+        }
+        let n = self.n + o.n;
+        let d = o.mean - self.mean;
+        let mean = self.mean + d * (o.n as f64 / n as f64);
+        let m2 = self.m2 + o.m2 + d * d * (self.n as f64 * o.n as f64 / n as f64);
+        Moments { n, mean, m2 }
+    }
+}
+
+/// Moments of the valid values of one row: two passes over the row.
+pub fn row_moments<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<usize>) -> Moments {
+    let (mut n, mut sum) = (0usize, 0.0f64);
+    for i in range.clone() {
+        // SAFETY: i lies inside the validated layout.
+        if unsafe { mask.valid(i) } {
+            n += 1;
+            sum += x[i].to_f64();
+        }
+    }
+    if n == 0 {
+        return Moments::EMPTY;
+    }
+    let mean = sum / n as f64;
+    let mut m2 = 0.0;
+    for i in range {
+        // SAFETY: as above.
+        if unsafe { mask.valid(i) } {
+            let d = x[i].to_f64() - mean;
+            m2 += d * d;
+        }
+    }
+    Moments { n, mean, m2 }
+}
+
+/// The batch moments of the valid values of `x`, merged in row order; a non-finite
+/// valid value is an error naming its position.
+pub fn batch_moments<F: Float, M: Mask>(layout: &Layout, x: &[F], mask: &M, arg: &'static str) -> Result<Moments> {
+    let rows = pool::map((0..layout.rows()).collect(), layout.len() >= pool::PARALLEL_MIN, |b| {
+        row_moments(x, mask, layout.row(b))
+    });
+    let total = rows.into_iter().fold(Moments::EMPTY, Moments::merge);
+    if !(total.mean.is_finite() && total.m2.is_finite()) {
+        let e = first_offender(layout, mask, |i, valid| {
+            let v = x[i].to_f64();
+            (valid && !v.is_finite()).then_some(KernelErrorAt::NonFinite(arg, v))
+        });
+        return Err(e.unwrap_or(KernelError::Parameter {
+            arg,
+            expected: "values whose mean and variance are finite".into(),
+            got: "values too large to square".into(),
+        }));
+    }
+    Ok(total)
+}
+
+pub fn masked_whiten<F: Float, M: Mask>(
+    layout: &Layout,
+    x: &[F],
+    mask: M,
+    shift_mean: bool,
+    eps: f64,
+    out: &mut [F],
+) -> Result<()> {
+    let n = layout.len();
+    check_len("x", Some(x.len()), n)?;
+    check_len("mask", mask.len(), n)?;
+    check_len("out", Some(out.len()), n)?;
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(KernelError::Parameter {
+            arg: "eps",
+            expected: "a finite number >= 0".into(),
+            got: format!("{eps}"),
+        });
+    }
+    let m = batch_moments(layout, x, &mask, "x")?;
+    if m.n < 2 {
+        return Err(KernelError::Parameter {
+            arg: "mask",
+            expected: "at least 2 valid tokens (the variance is unbiased)".into(),
+            got: format!("{} valid token{}", m.n, if m.n == 1 { "" } else { "s" }),
+        });
+    }
+    let inv = 1.0 / (m.m2 / (m.n - 1) as f64 + eps).sqrt();
+    let (mean, add) = (m.mean, if shift_mean { 0.0 } else { m.mean });
+    let tasks = layout.tasks(task_size(n, pool::num_threads()));
+    let pieces = split_by_tasks(out, &tasks);
+    let work: Vec<_> = tasks.iter().zip(pieces).collect();
+    pool::map(work, n >= pool::PARALLEL_MIN, |(task, piece)| {
+        let base = task.span.start;
+        for i in task.span.clone() {
+            // SAFETY: i lies inside the validated layout.
+            let valid = unsafe { mask.valid(i) };
+            let w = (x[i].to_f64() - mean) * inv + add;
+            piece[i - base] = F::from_f64(if valid { w } else { 0.0 });
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn by_hand() {
+        // valid [1, 2, 3, 4]: μ 2.5, σ² = 5/3
+        let l = Layout::padded(2, 3, 6).unwrap();
+        let mut out = [9.0; 6];
+        let m = [1u8, 1, 0, 1, 1, 0];
+        masked_whiten(&l, &[1.0, 2.0, 99.0, 3.0, 4.0, f64::NAN], &m[..], true, 0.0, &mut out).unwrap();
+        let d = (5.0f64 / 3.0).sqrt();
+        let want = [-1.5 / d, -0.5 / d, 0.0, 0.5 / d, 1.5 / d, 0.0];
+        for (a, b) in out.iter().zip(want) {
+            assert!((a - b).abs() < 1e-15);
+        }
+        let e = masked_whiten(&l, &[1.0; 6], &[0u8, 0, 0, 1, 0, 0][..], true, 1e-8, &mut out).unwrap_err();
+        assert!(e.to_string().contains("at least 2"), "{e}");
+    }
+
+    #[test]
+    fn merge_matches_one_pass() {
+        let xs = [1.0, 5.0, -2.0, 7.5, 3.25, 0.0, 11.0];
+        let all = row_moments(&xs, &crate::AllValid, 0..7);
+        let merged = row_moments(&xs, &crate::AllValid, 0..3).merge(row_moments(&xs, &crate::AllValid, 3..7));
+        assert!((all.mean - merged.mean).abs() < 1e-14 && (all.m2 - merged.m2).abs() < 1e-12);
+    }
+}
