@@ -22,6 +22,14 @@ Columns, all measured in one run, interleaved round by round (median of rounds):
 
 Ratios are times divided by the floor (lower is better) and speedups of comppo over
 the others. Timing noise on a shared machine is real: compare ratios, not bare times.
+
+A second table times the outcome path:
+
+    group_advantages   65,536 sequences in groups of 16 (ids shuffled), GRPO, against a
+                       vectorised NumPy version (np.unique + bincount) and the same in torch
+    masked_whiten      W1's advantages and mask, against verl's formula in NumPy and in
+                       torch, and a floor streaming the same bytes (x and mask read, one
+                       output written)
 """
 
 from __future__ import annotations
@@ -260,6 +268,102 @@ def report(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- outcome path
+def numpy_grpo(scores: np.ndarray, groups: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """GRPO advantages the vectorised NumPy way (unique ids, bincount sums)."""
+    _, inv, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    mean = np.bincount(inv, weights=scores) / counts
+    dev = scores - mean[inv]
+    std = np.sqrt(np.bincount(inv, weights=dev * dev) / np.maximum(counts - 1, 1))
+    out = dev / (std[inv] + eps)
+    out[counts[inv] == 1] = 0.0
+    return out
+
+
+def torch_grpo(scores, groups, eps: float = 1e-6):
+    """The same in torch (unique + index_add)."""
+    _, inv, counts = torch.unique(groups, return_inverse=True, return_counts=True)
+    sums = torch.zeros(counts.shape[0], dtype=scores.dtype).index_add_(0, inv, scores)
+    mean = sums / counts
+    dev = scores - mean[inv]
+    var = torch.zeros_like(sums).index_add_(0, inv, dev * dev) / (counts - 1).clamp(min=1)
+    out = dev / (var.sqrt()[inv] + eps)
+    return torch.where(counts[inv] == 1, torch.zeros_like(out), out)
+
+
+def numpy_whiten(x: np.ndarray, m: np.ndarray, eps: float = 1e-8) -> np.ndarray:
+    """verl's masked_whiten written with NumPy."""
+    mf = m.astype(x.dtype)
+    n = mf.sum()
+    mean = (x * mf).sum() / n
+    var = (((x - mean) ** 2) * mf).sum() / n * (n / (n - 1))
+    return (x - mean) * (1.0 / np.sqrt(var + eps)) * mf
+
+
+def torch_whiten(x, m, eps: float = 1e-8):
+    """verl's masked_whiten (verl.utils.torch_functional) in torch."""
+    n = m.sum()
+    mean = (x * m).sum() / n
+    var = (((x - mean) ** 2) * m).sum() / n * (n / (n - 1))
+    return (x - mean) * torch.rsqrt(var + eps) * m
+
+
+if numba is not None:
+
+    @njit(parallel=True, cache=True)
+    def floor_whiten(x, m, o):  # pragma: no cover - jitted
+        for i in prange(x.shape[0]):
+            o[i] = x[i] + np.float32(m[i])
+
+
+def run_outcomes(rounds: int, with_torch: bool) -> list[dict]:
+    rng = np.random.default_rng(5)
+    n_seq, group = 65_536, 16
+    scores = rng.standard_normal(n_seq)
+    groups = rng.permutation(np.repeat(rng.permutation(n_seq // group) * 7 + 3, group))
+    fns: dict[str, Callable[[], object]] = {
+        "comppo": lambda: cc.group_advantages(scores, groups, method="grpo"),
+        "numpy": lambda: numpy_grpo(scores, groups),
+    }
+    if with_torch and torch is not None:
+        ts, tg = torch.from_numpy(scores), torch.from_numpy(groups)
+        fns["torch"] = lambda: torch_grpo(ts, tg)
+    assert np.allclose(cc.group_advantages(scores, groups), numpy_grpo(scores, groups), rtol=1e-9, atol=1e-12)
+    rows = [{"workload": f"group_advantages {n_seq}/{group}", **measure(fns, rounds)}]
+
+    w = make_padded("W1", 512, 4096, 1)
+    x = cc.gae(w.rewards, w.values, mask=w.mask, gates=w.gates, gamma=GAMMA, lam=LAM).advantages
+    m = w.mask
+    fns = {
+        "comppo": lambda: cc.masked_whiten(x, mask=m),
+        "numpy": lambda: numpy_whiten(x, m),
+    }
+    if numba is not None:
+        o = np.empty(x.size, np.float32)
+        x1, m1 = x.reshape(-1), m.reshape(-1).view(np.uint8)
+        fns["floor"] = lambda: floor_whiten(x1, m1, o)
+    if with_torch and torch is not None:
+        tx, tm = torch.from_numpy(x), torch.from_numpy(m.astype(np.float32))
+        fns["torch"] = lambda: torch_whiten(tx, tm)
+    assert np.allclose(cc.masked_whiten(x, mask=m), numpy_whiten(x, m), atol=1e-5)
+    rows.append({"workload": "masked_whiten W1", **measure(fns, rounds)})
+    return rows
+
+
+def report_outcomes(rows: list[dict]) -> str:
+    lines = ["outcome path: time per call, ms (median of interleaved rounds) and ratios"]
+    cols = ["comppo", "numpy", "torch", "floor"]
+    lines.append(f"{'workload':<26}" + "".join(f"{c:>10}" for c in cols) + f"{'numpy/comppo':>14}{'torch/comppo':>14}{'comppo/floor':>14}")
+    for r in rows:
+        cells = "".join(f"{r[c] * 1e3:>10.2f}" if c in r else f"{'-':>10}" for c in cols)
+        ratios = "".join(
+            f"{r[a] / r[b]:>14.2f}" if a in r and b in r else f"{'-':>14}"
+            for a, b in [("numpy", "comppo"), ("torch", "comppo"), ("comppo", "floor")]
+        )
+        lines.append(f"{r['workload']:<26}{cells}{ratios}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", default="W1,W2,W3,W4")
@@ -268,13 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ref-tokens", type=int, default=100_000, help="elements the reference is timed on")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--only", choices=["gae", "outcomes"], default=None, help="run one table only")
     a = p.parse_args(argv)
     if a.threads:
         cc.set_num_threads(a.threads)
         if numba is not None:
             numba.set_num_threads(a.threads)
     rounds = 8 if a.quick else a.rounds
-    want = a.workloads.split(",")
+    want = a.workloads.split(",") if a.only != "outcomes" else []
     w1 = make_padded("W1 padded 512x4096", 512, 4096, 1) if {"W1", "W4"} & set(want) else None
     all_w = {
         "W1": lambda: w1,
@@ -285,8 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [all_w[k]() for k in want]
     print(f"comppo-core {cc.__version__}, threads={cc.get_num_threads()}, numba={'yes' if numba else 'no'}, "
           f"torch={'yes' if torch is not None and not a.no_torch else 'no'}, python {sys.version.split()[0]}")
-    rows = run(workloads, rounds, a.ref_tokens, not a.no_torch)
-    print(report(rows))
+    if a.only != "outcomes":
+        rows = run(workloads, rounds, a.ref_tokens, not a.no_torch)
+        print(report(rows))
+    if a.only != "gae":
+        print()
+        print(report_outcomes(run_outcomes(rounds, not a.no_torch)))
     return 0
 
 

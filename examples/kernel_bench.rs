@@ -138,6 +138,13 @@ fn main() {
             "{name}: padded kernel {:.2} ms floor {:.2} ms ratio {:.2} | packed kernel {:.2} ms floor {:.2} ms ratio {:.2}",
             k * 1e3, f * 1e3, k / f, kp * 1e3, fp * 1e3, kp / fp
         );
+        let mut tw = vec![];
+        for _ in 0..rounds {
+            let t0 = Instant::now();
+            _core::whiten::masked_whiten(&layout, &r, &mask[..], true, 1e-8, &mut a).unwrap();
+            tw.push(t0.elapsed().as_secs_f64());
+        }
+        println!("  masked_whiten {:.2} ms", median(tw) * 1e3);
         std::hint::black_box((&a, &ret, &o1, &o2, &pa, &pret, &po1, &po2));
     }
 }

@@ -33,18 +33,19 @@ pub enum Singleton {
     Raw,
 }
 
-/// Per-group running sums.
+/// Per-group running sums: count, sum, the first score and whether all scores so far
+/// equal it, and (GRPO) the squared deviations from the mean.
 #[derive(Clone, Copy)]
 struct Group {
-    n: usize,
+    n: u32,
+    equal: bool,
+    first: f64,
     sum: f64,
-    min: f64,
-    max: f64,
     sq_dev: f64,
 }
 
 impl Group {
-    const EMPTY: Group = Group { n: 0, sum: 0.0, min: f64::INFINITY, max: f64::NEG_INFINITY, sq_dev: 0.0 };
+    const EMPTY: Group = Group { n: 0, equal: true, first: 0.0, sum: 0.0, sq_dev: 0.0 };
 }
 
 /// A multiplicative hash for integer keys (group ids are not adversarial; SipHash
@@ -128,10 +129,12 @@ pub fn group_advantages(
     let mut g = vec![Group::EMPTY; n_groups];
     for (&s, &id) in scores.iter().zip(&ids) {
         let gr = &mut g[id as usize];
+        if gr.n == 0 {
+            gr.first = s;
+        }
         gr.n += 1;
         gr.sum += s;
-        gr.min = gr.min.min(s);
-        gr.max = gr.max.max(s);
+        gr.equal &= s == gr.first;
     }
     if method == Method::Grpo {
         for (&s, &id) in scores.iter().zip(&ids) {
@@ -140,23 +143,41 @@ pub fn group_advantages(
             gr.sq_dev += d * d;
         }
     }
+    // per group: a = (s − center) / scale, or a constant
+    #[derive(Clone, Copy)]
+    enum Rule {
+        Affine { center: f64, scale: f64 },
+        Rloo { total: f64, others: f64 },
+        Const(f64),
+        Raw,
+    }
+    let rules: Vec<Rule> = g
+        .iter()
+        .map(|gr| {
+            let k = gr.n as f64;
+            if gr.n == 1 {
+                match singleton {
+                    Singleton::Zero => Rule::Const(0.0),
+                    Singleton::Raw => Rule::Raw,
+                }
+            } else if gr.equal {
+                Rule::Const(0.0)
+            } else {
+                let mean = gr.sum / k;
+                match method {
+                    Method::Grpo => Rule::Affine { center: mean, scale: (gr.sq_dev / (k - 1.0)).sqrt() + eps },
+                    Method::DrGrpo | Method::ReinforceBaseline => Rule::Affine { center: mean, scale: 1.0 },
+                    Method::Rloo => Rule::Rloo { total: gr.sum, others: k - 1.0 },
+                }
+            }
+        })
+        .collect();
     for ((o, &s), &id) in out.iter_mut().zip(scores).zip(&ids) {
-        let gr = &g[id as usize];
-        let k = gr.n as f64;
-        *o = if gr.n == 1 {
-            match singleton {
-                Singleton::Zero => 0.0,
-                Singleton::Raw => s,
-            }
-        } else if gr.min == gr.max {
-            0.0
-        } else {
-            let mean = gr.sum / k;
-            match method {
-                Method::Grpo => (s - mean) / ((gr.sq_dev / (k - 1.0)).sqrt() + eps),
-                Method::DrGrpo | Method::ReinforceBaseline => s - mean,
-                Method::Rloo => s - (gr.sum - s) / (k - 1.0),
-            }
+        *o = match rules[id as usize] {
+            Rule::Affine { center, scale } => (s - center) / scale,
+            Rule::Rloo { total, others } => s - (total - s) / others,
+            Rule::Const(c) => c,
+            Rule::Raw => s,
         };
     }
     Ok(())

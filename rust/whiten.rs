@@ -43,29 +43,55 @@ impl Moments {
     }
 }
 
-/// Moments of the valid values of one row: two passes over the row.
+/// Partial sums kept side by side so the loops vectorize (one long chain of
+/// dependent additions would run at the adder's latency instead).
+const ACC: usize = 8;
+
+/// Moments of the valid values of one row: two passes over the row (it sits in cache
+/// for the second), each summing into `ACC` partial sums combined in a fixed order.
 pub fn row_moments<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<usize>) -> Moments {
-    let (mut n, mut sum) = (0usize, 0.0f64);
-    for i in range.clone() {
-        // SAFETY: i lies inside the validated layout.
-        if unsafe { mask.valid(i) } {
-            n += 1;
-            sum += x[i].to_f64();
+    let (start, len) = (range.start, range.len());
+    debug_assert!(range.end <= x.len());
+    let valid_x = |i: usize| {
+        // SAFETY: i lies inside the validated layout (and so inside `x`); unchecked
+        // indexing lets the loops below vectorize.
+        let (ok, v) = unsafe { (mask.valid(i), x.get_unchecked(i).to_f64()) };
+        (ok, if ok { v } else { 0.0 })
+    };
+    let (mut n, mut sum) = ([0usize; ACC], [0.0f64; ACC]);
+    let body = len - len % ACC;
+    for c in (0..body).step_by(ACC) {
+        for k in 0..ACC {
+            let (ok, v) = valid_x(start + c + k);
+            n[k] += ok as usize;
+            sum[k] += v;
         }
     }
+    for j in body..len {
+        let (ok, v) = valid_x(start + j);
+        n[0] += ok as usize;
+        sum[0] += v;
+    }
+    let n: usize = n.iter().sum();
     if n == 0 {
         return Moments::EMPTY;
     }
-    let mean = sum / n as f64;
-    let mut m2 = 0.0;
-    for i in range {
-        // SAFETY: as above.
-        if unsafe { mask.valid(i) } {
-            let d = x[i].to_f64() - mean;
-            m2 += d * d;
+    let mean = sum.iter().sum::<f64>() / n as f64;
+    let sq = |i: usize| {
+        let (ok, v) = valid_x(i);
+        let d = if ok { v - mean } else { 0.0 };
+        d * d
+    };
+    let mut m2 = [0.0f64; ACC];
+    for c in (0..body).step_by(ACC) {
+        for (k, acc) in m2.iter_mut().enumerate() {
+            *acc += sq(start + c + k);
         }
     }
-    Moments { n, mean, m2 }
+    for j in body..len {
+        m2[0] += sq(start + j);
+    }
+    Moments { n, mean, m2: m2.iter().sum() }
 }
 
 /// The batch moments of the valid values of `x`, merged in row order; a non-finite
@@ -123,11 +149,11 @@ pub fn masked_whiten<F: Float, M: Mask>(
     let work: Vec<_> = tasks.iter().zip(pieces).collect();
     pool::map(work, n >= pool::PARALLEL_MIN, |(task, piece)| {
         let base = task.span.start;
-        for i in task.span.clone() {
-            // SAFETY: i lies inside the validated layout.
-            let valid = unsafe { mask.valid(i) };
-            let w = (x[i].to_f64() - mean) * inv + add;
-            piece[i - base] = F::from_f64(if valid { w } else { 0.0 });
+        for (j, (o, xi)) in piece.iter_mut().zip(&x[task.span.clone()]).enumerate() {
+            // SAFETY: base + j lies inside the validated layout.
+            let valid = unsafe { mask.valid(base + j) };
+            let w = (xi.to_f64() - mean) * inv + add;
+            *o = F::from_f64(if valid { w } else { 0.0 });
         }
     });
     Ok(())

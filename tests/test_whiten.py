@@ -1,0 +1,295 @@
+"""Masked whitening over the valid tokens of a batch (DESIGN §5), as verl's
+``verl.utils.torch_functional.masked_whiten``: the kernel against a NumPy port of verl's
+definition and against ``comppo_core.reference``, in both layouts, plus properties and
+errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from strategies import Batch, assert_unchanged, batches
+
+import comppo_core as cc
+from comppo_core import reference
+
+THREADS = (1, 2, 3)
+
+
+# --------------------------------------------------------------------------- #
+# NumPy port of verl's masked_mean / masked_var / masked_whiten
+# --------------------------------------------------------------------------- #
+
+
+def verl_masked_mean(values: np.ndarray, mask: np.ndarray) -> float:
+    return float((values * mask).sum() / mask.sum())
+
+
+def verl_masked_var(values: np.ndarray, mask: np.ndarray, unbiased: bool = True) -> float:
+    mean = verl_masked_mean(values, mask)
+    centered_values = values - mean
+    variance = verl_masked_mean(centered_values**2, mask)
+    if unbiased:
+        mask_sum = mask.sum()
+        if mask_sum == 0:
+            raise ValueError("At least one element in the mask has to be 1.")
+        if mask_sum == 1:
+            raise ValueError("The sum of the mask is one, which can cause a division by zero.")
+        variance = variance * (mask_sum / (mask_sum - 1))
+    return float(variance)
+
+
+def verl_masked_whiten(values: np.ndarray, mask: np.ndarray, shift_mean: bool = True, eps: float = 1e-8) -> np.ndarray:
+    """verl hard-codes eps = 1e-8; ``eps`` is exposed here to test the parameter."""
+    mean, var = verl_masked_mean(values, mask), verl_masked_var(values, mask)
+    whitened = (values - mean) * (1.0 / np.sqrt(var + eps))  # torch.rsqrt
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+# --------------------------------------------------------------------------- #
+# Helpers
+# --------------------------------------------------------------------------- #
+
+
+def valid_stats(x: np.ndarray, valid: np.ndarray) -> tuple[int, float, float, float]:
+    """(n, max |x|, mean, unbiased var) of the valid values, in float64."""
+    v = x[valid].astype(np.float64)
+    if v.size < 2:
+        return v.size, 0.0, 0.0, 0.0
+    return v.size, float(np.abs(v).max()), float(v.mean()), float(v.var(ddof=1))
+
+
+def whiten_tol(x: np.ndarray, valid: np.ndarray, eps: float, dtype: np.dtype) -> dict[str, float]:
+    """Two sums in different orders differ by rounding noise of the mean (~ulp(max|x|)),
+    which whitening scales by 1/sqrt(var + eps)."""
+    _, big, mean, var = valid_stats(x, valid)
+    amp = (1.0 + big) / np.sqrt(var + eps)
+    if np.dtype(dtype) == np.float64:
+        return {"rtol": 1e-10, "atol": 1e-12 * amp + 1e-12 * abs(mean)}
+    return {"rtol": 2e-6, "atol": 2e-6 * (1.0 + abs(mean)) + 1e-12 * amp}
+
+
+def packed_args(batch: Batch, x: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    flat = batch.pack(x)
+    assert flat is not None
+    return flat, {"mask": batch.packed_mask, "cu_seqlens": batch.cu_seqlens}
+
+
+# --------------------------------------------------------------------------- #
+# Worked example
+# --------------------------------------------------------------------------- #
+
+
+def test_by_hand() -> None:
+    # valid [1, 2, 3, 4]: μ 2.5, σ² = 5/3 (unbiased); junk (even NaN) at masked positions
+    x = np.array([[1.0, 2.0, 99.0], [3.0, 4.0, np.nan]])
+    m = np.array([[1, 1, 0], [1, 1, 0]])
+    d = np.sqrt(5.0 / 3.0)
+    got = cc.masked_whiten(x, mask=m, eps=0.0)
+    np.testing.assert_allclose(got, [[-1.5 / d, -0.5 / d, 0.0], [0.5 / d, 1.5 / d, 0.0]], rtol=1e-15)
+    assert got[0, 2] == 0.0 and got[1, 2] == 0.0
+    got = cc.masked_whiten(x, mask=m, eps=0.0, shift_mean=False)
+    np.testing.assert_allclose(got, [[-1.5 / d + 2.5, -0.5 / d + 2.5, 0.0], [0.5 / d + 2.5, 1.5 / d + 2.5, 0.0]], rtol=1e-15)
+    # default eps = 1e-8
+    got = cc.masked_whiten(x, mask=m)
+    np.testing.assert_allclose(got[m == 1], np.array([-1.5, -0.5, 0.5, 1.5]) / np.sqrt(5.0 / 3.0 + 1e-8), rtol=1e-15)
+    # packed, same data: sequences [1, 2, 99] and [3, 4], the 99 masked
+    got_p = cc.masked_whiten(np.array([1.0, 2.0, 99.0, 3.0, 4.0]), cu_seqlens=[0, 3, 5], mask=[1, 1, 0, 1, 1], eps=0.0)
+    np.testing.assert_allclose(got_p, [-1.5 / d, -0.5 / d, 0.0, 0.5 / d, 1.5 / d], rtol=1e-15)
+
+
+def test_no_mask_means_every_token_valid() -> None:
+    x = np.arange(12, dtype=np.float64).reshape(3, 4)
+    np.testing.assert_array_equal(cc.masked_whiten(x), cc.masked_whiten(x, mask=np.ones((3, 4), dtype=bool)))
+    np.testing.assert_allclose(cc.masked_whiten(x), verl_masked_whiten(x, np.ones((3, 4))), rtol=1e-12)
+
+
+# --------------------------------------------------------------------------- #
+# Against verl's definition and the reference
+# --------------------------------------------------------------------------- #
+
+
+@given(batch=batches(dtypes=(np.dtype(np.float64),)), shift_mean=st.booleans(), eps=st.sampled_from([1e-8, 0.0, 0.25]))
+def test_matches_verl_port(batch: Batch, shift_mean: bool, eps: float) -> None:
+    n, _, _, var = valid_stats(batch.values, batch.valid)
+    assume(n >= 2 and var + eps > 0)
+    x = np.where(batch.valid, batch.values, 7.0)  # verl computes values * mask: finite junk only
+    m = batch.valid.astype(np.float64)
+    want = verl_masked_whiten(x, m, shift_mean=shift_mean, eps=eps)
+    got = cc.masked_whiten(x, mask=batch.mask, shift_mean=shift_mean, eps=eps)
+    np.testing.assert_allclose(got[batch.valid], want[batch.valid], **whiten_tol(x, batch.valid, eps, np.dtype(np.float64)))
+    assert (got[~batch.valid] == 0).all()
+
+
+@given(batch=batches(), shift_mean=st.booleans(), eps=st.sampled_from([1e-8, 0.0, 0.25]))
+def test_matches_reference_both_layouts(batch: Batch, shift_mean: bool, eps: float) -> None:
+    x = batch.values  # junk (NaN, ±inf) at masked positions sometimes
+    n, _, _, var = valid_stats(x, batch.valid)
+    before = batch.copies()
+    kw = {"shift_mean": shift_mean, "eps": eps}
+    if n < 2:
+        with pytest.raises(cc.ParameterError, match="at least 2"):
+            cc.masked_whiten(x, mask=batch.mask, **kw)
+        flat, pk = packed_args(batch, x)
+        with pytest.raises(cc.ParameterError, match="at least 2"):
+            cc.masked_whiten(flat, **pk, **kw)
+        return
+    assume(var + eps > 0)
+    got = cc.masked_whiten(x, mask=batch.mask, **kw)
+    want = reference.masked_whiten(x, mask=batch.mask, **kw)
+    assert got.dtype == batch.dtype and got.shape == x.shape
+    tol = whiten_tol(x, batch.valid, eps, batch.dtype)
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), **tol)
+    assert (got[~batch.valid] == 0).all()
+    assert np.isfinite(got).all()
+
+    flat, pk = packed_args(batch, x)
+    got_p = cc.masked_whiten(flat, **pk, **kw)
+    want_p = reference.masked_whiten(flat, **pk, **kw)
+    assert got_p.dtype == batch.dtype and got_p.shape == flat.shape
+    np.testing.assert_allclose(got_p.astype(np.float64), want_p.astype(np.float64), **tol)
+    # the packed call sees the same rows in the same order: the same numbers
+    np.testing.assert_array_equal(batch.unpack(got_p), got)
+    assert_unchanged(before, batch.copies())
+
+
+@given(batch=batches(), shift_mean=st.booleans())
+def test_unit_moments_over_valid_tokens(batch: Batch, shift_mean: bool) -> None:
+    """eps = 0: the valid outputs have mean 0 (or the input mean with shift_mean=False)
+    and unbiased std 1."""
+    x = batch.values
+    n, big, mean, var = valid_stats(x, batch.valid)
+    assume(n >= 2 and var > 1e-6 * (1.0 + big) ** 2)
+    got = cc.masked_whiten(x, mask=batch.mask, eps=0.0, shift_mean=shift_mean)
+    w = got[batch.valid].astype(np.float64)
+    tol = 1e-9 if batch.dtype == np.float64 else 1e-4
+    assert abs(w.mean() - (0.0 if shift_mean else mean)) <= tol * (1.0 + abs(mean))
+    assert abs(w.std(ddof=1) - 1.0) <= tol
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int64, np.int32, np.bool_])
+def test_output_dtype(dtype: Any) -> None:
+    rng = np.random.default_rng(1)
+    x = (rng.normal(size=(3, 5)) * 4).astype(dtype)
+    m = rng.random((3, 5)) < 0.7
+    m[0, :2] = True
+    want_dtype = np.dtype(dtype) if np.dtype(dtype).kind == "f" else np.dtype(np.float64)
+    got = cc.masked_whiten(x, mask=m)
+    want = reference.masked_whiten(x, mask=m)
+    assert got.dtype == want.dtype == want_dtype
+    tol = 2e-3 if dtype == np.float16 else 1e-6
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+    assert (got[~m] == 0).all()
+
+
+def test_nan_at_masked_position_is_fine() -> None:
+    x = np.array([[1.0, np.nan, 3.0], [np.inf, 5.0, -np.inf]])
+    m = np.array([[1, 0, 1], [0, 1, 0]])
+    got = cc.masked_whiten(x, mask=m)
+    want = reference.masked_whiten(x, mask=m)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert np.isfinite(got).all() and (got[m == 0] == 0).all()
+
+
+# --------------------------------------------------------------------------- #
+# Errors
+# --------------------------------------------------------------------------- #
+
+
+def test_fewer_than_two_valid_tokens() -> None:
+    for x, kw in (
+        (np.array([[1.0, 2.0, 3.0]]), {"mask": np.array([[0, 1, 0]])}),
+        (np.array([[1.0, 2.0, 3.0]]), {"mask": np.zeros((1, 3))}),
+        (np.array([[5.0]]), {}),
+        (np.zeros((0, 4)), {}),
+        (np.array([1.0, 2.0, 3.0]), {"cu_seqlens": [0, 1, 3], "mask": [0, 0, 1]}),
+        (np.array([1.0]), {"cu_seqlens": [0, 1]}),
+    ):
+        with pytest.raises(cc.ParameterError, match="at least 2") as ei:
+            cc.masked_whiten(x, **kw)  # type: ignore[arg-type]
+        assert isinstance(ei.value, ValueError)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_at_valid_position_names_row_and_position(bad: float) -> None:
+    x = np.array([[1.0, 2.0, np.nan, 4.0], [1.0, 2.0, bad, np.nan]])
+    m = np.array([[1, 1, 0, 1], [1, 1, 1, 1]])
+    with pytest.raises(cc.NonFiniteError, match=r"row 1, position 2") as ei:
+        cc.masked_whiten(x, mask=m)
+    assert "x" in str(ei.value)
+    # packed: sequences [1, 2, NaN(masked), 4] and [bad, 5]
+    xp = np.array([1.0, 2.0, np.nan, 4.0, bad, 5.0])
+    with pytest.raises(cc.NonFiniteError, match=r"row 1, position 0"):
+        cc.masked_whiten(xp, cu_seqlens=[0, 4, 6], mask=[1, 1, 0, 1, 1, 1])
+
+
+def test_parameter_and_shape_errors() -> None:
+    x = np.arange(6, dtype=np.float64).reshape(2, 3)
+    with pytest.raises(cc.ParameterError, match="eps"):
+        cc.masked_whiten(x, eps=-1e-8)
+    with pytest.raises(cc.ParameterError, match="eps"):
+        cc.masked_whiten(x, eps=float("inf"))
+    with pytest.raises(cc.ShapeError, match="cu_seqlens"):
+        cc.masked_whiten(x.reshape(-1))  # 1-D needs cu_seqlens
+    with pytest.raises(cc.ShapeError, match="mask"):
+        cc.masked_whiten(x, mask=np.ones((3, 2)))
+    with pytest.raises(cc.ShapeError):
+        cc.masked_whiten(x.reshape(-1), cu_seqlens=[0, 2, 5])  # does not end at N
+    with pytest.raises(cc.ShapeError):
+        cc.masked_whiten(x, cu_seqlens=[0, 3, 6])  # 2-D with cu_seqlens
+    with pytest.raises(cc.DTypeError) as ei:
+        cc.masked_whiten(np.array([["a", "b"]]))
+    assert isinstance(ei.value, TypeError)
+
+
+# --------------------------------------------------------------------------- #
+# Thread-count invariance (the parallel path: >= 32768 positions)
+# --------------------------------------------------------------------------- #
+
+
+def big_batches() -> list[dict[str, Any]]:
+    rng = np.random.default_rng(3)
+    b, t = 300, 700
+    lengths = rng.integers(0, t + 1, size=b)
+    lengths[:3] = [t, 0, 1]
+    valid = np.arange(t)[None, :] < lengths[:, None]
+    x = rng.normal(loc=2.0, scale=3.0, size=(b, t))
+    x[~valid] = np.nan  # junk where masked
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    flat = np.concatenate([x[i, : lengths[i]] for i in range(b)])
+    return [
+        {"x": x, "mask": valid},
+        {"x": x.astype(np.float32), "mask": valid.astype(np.uint8)},
+        {"x": np.nan_to_num(x, nan=0.5)},
+        {"x": flat, "cu_seqlens": cu},
+        {"x": np.where(rng.random(flat.size) < 0.1, np.nan, flat), "cu_seqlens": cu, "mask": None},
+    ]
+
+
+def test_thread_count_invariance(restore_threads: int) -> None:
+    cases = big_batches()
+    cases[-1]["mask"] = np.isfinite(cases[-1]["x"])
+    results: dict[int, list[bytes]] = {}
+    for n in THREADS:
+        cc.set_num_threads(n)
+        assert cc.get_num_threads() == n
+        outs = []
+        for kw in cases:
+            for shift_mean in (True, False):
+                outs.append(cc.masked_whiten(**kw, shift_mean=shift_mean).tobytes())
+        results[n] = outs
+    for n in THREADS[1:]:
+        assert results[n] == results[THREADS[0]], f"masked_whiten differs between 1 and {n} threads"
+
+
+def test_big_batch_matches_reference(restore_threads: int) -> None:
+    cc.set_num_threads(3)
+    for kw in big_batches()[:1] + big_batches()[3:4]:
+        got = cc.masked_whiten(**kw)
+        want = reference.masked_whiten(**kw)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
