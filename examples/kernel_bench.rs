@@ -145,6 +145,13 @@ fn main() {
             tw.push(t0.elapsed().as_secs_f64());
         }
         println!("  masked_whiten {:.2} ms", median(tw) * 1e3);
+        let mut tm = vec![];
+        for _ in 0..rounds {
+            let t0 = Instant::now();
+            std::hint::black_box(_core::whiten::batch_moments(&layout, &r, &&mask[..], "x").unwrap());
+            tm.push(t0.elapsed().as_secs_f64());
+        }
+        println!("  batch_moments {:.2} ms", median(tm) * 1e3);
         std::hint::black_box((&a, &ret, &o1, &o2, &pa, &pret, &po1, &po2));
     }
 }

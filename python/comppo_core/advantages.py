@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import _core
+from ._torch import tensor_io
 from ._arrays import Outputs, as_numpy, check_choice, check_unit, flat_float, float_dtypes, layout_of, per_row
 
 __all__ = ["GAEResult", "gae", "td_targets"]
@@ -31,6 +32,7 @@ class GAEResult(NamedTuple):
     returns: np.ndarray
 
 
+@tensor_io("rewards", "values", "mask", "cu_seqlens", "gates", "last_values")
 def gae(
     rewards: Any,
     values: Any,
@@ -97,6 +99,7 @@ def gae(
     return GAEResult(adv, ret)
 
 
+@tensor_io("rewards", "values", "mask", "cu_seqlens", "gates", "last_values")
 def td_targets(
     rewards: Any,
     values: Any,

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._torch import tensor_io
 from ._arrays import as_numpy, float_dtypes, layout_of
 from .errors import NonFiniteError
 
@@ -72,6 +73,7 @@ def _with(g: np.ndarray, valid: _Valid, new_values: np.ndarray) -> np.ndarray:
     return out
 
 
+@tensor_io("gates", "mask", "cu_seqlens")
 def shuffle(gates: Any, *, mask: Any = None, cu_seqlens: Any = None, seed: int = 0) -> np.ndarray:
     """Each row's valid gates, permuted among its valid positions (seeded)."""
     g, v = _valid_tokens(gates, mask, cu_seqlens)
@@ -80,6 +82,7 @@ def shuffle(gates: Any, *, mask: Any = None, cu_seqlens: Any = None, seed: int =
     return _with(g, v, v.values[order])
 
 
+@tensor_io("gates", "mask", "cu_seqlens")
 def by_position(gates: Any, *, mask: Any = None, cu_seqlens: Any = None) -> np.ndarray:
     """Each valid gate replaced by the batch mean gate at its valid-position index."""
     g, v = _valid_tokens(gates, mask, cu_seqlens)
@@ -92,6 +95,7 @@ def by_position(gates: Any, *, mask: Any = None, cu_seqlens: Any = None) -> np.n
     return _with(g, v, means[k])
 
 
+@tensor_io("gates", "mask", "cu_seqlens")
 def constant(gates: Any, *, mask: Any = None, cu_seqlens: Any = None) -> np.ndarray:
     """Every valid gate replaced by the batch mean of the valid gates."""
     g, v = _valid_tokens(gates, mask, cu_seqlens)

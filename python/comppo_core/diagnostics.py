@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _core
+from ._torch import tensor_io
 from ._arrays import as_numpy, flat_float, float_dtypes, layout_of
 
 __all__ = ["STAT_KEYS", "credit_stats"]
@@ -21,6 +22,7 @@ __all__ = ["STAT_KEYS", "credit_stats"]
 STAT_KEYS = ("mean", "std", "min", "max", "frac_positive", "gini", "effective_token_ratio")
 
 
+@tensor_io("x", "mask", "cu_seqlens")
 def credit_stats(x: Any, *, mask: Any = None, cu_seqlens: Any = None) -> dict[str, float]:
     """Diagnostics of ``x`` over its valid tokens, as a dict of plain floats (keys
     :data:`STAT_KEYS`). At least one valid token is required."""

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import _core
+from ._torch import tensor_io
 from ._arrays import Outputs, as_numpy, check_choice, check_finite, flat_float, float_dtypes, layout_of
 
 __all__ = ["GATE_STD_EPS", "gates_from_concentration"]
@@ -28,6 +29,7 @@ __all__ = ["GATE_STD_EPS", "gates_from_concentration"]
 GATE_STD_EPS = 1e-8
 
 
+@tensor_io("conc", "mask", "cu_seqlens")
 def gates_from_concentration(
     conc: Any,
     *,

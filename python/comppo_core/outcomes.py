@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import _core
+from ._torch import tensor_io
 from ._arrays import (
     Layout,
     Outputs,
@@ -52,6 +53,7 @@ def _group_ids(groups: Any, n: int) -> np.ndarray:
     raise DTypeError(f"groups: expected integer ids (or string labels), got dtype {g.dtype}")
 
 
+@tensor_io("scores", "groups")
 def group_advantages(
     scores: Any,
     groups: Any,
@@ -91,6 +93,7 @@ def group_advantages(
     return out
 
 
+@tensor_io("per_sequence", "mask", "cu_seqlens")
 def broadcast(per_sequence: Any, *, mask: Any = None, cu_seqlens: Any = None) -> np.ndarray:
     """Per-sequence values to per-token: ``x[b, i] = a[b]`` at valid positions, 0 elsewhere.
 

@@ -16,12 +16,14 @@ from typing import Any
 import numpy as np
 
 from . import _core
+from ._torch import tensor_io
 from ._arrays import Outputs, as_numpy, check_finite, flat_float, float_dtypes, layout_of
 from .errors import ParameterError
 
 __all__ = ["masked_whiten"]
 
 
+@tensor_io("x", "mask", "cu_seqlens")
 def masked_whiten(
     x: Any, *, mask: Any = None, cu_seqlens: Any = None, shift_mean: bool = True, eps: float = 1e-8
 ) -> np.ndarray:
