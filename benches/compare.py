@@ -364,6 +364,50 @@ def report_outcomes(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- verl drop-in
+def verl_gae_and_whiten(token_level_rewards, values, response_mask, gamma, lam):
+    """verl's compute_gae_advantage_return as published: the loop, then masked_whiten."""
+    advantages, returns = verl_torch_loop(token_level_rewards, values, response_mask, gamma, lam)
+    return torch_whiten(advantages, response_mask), returns
+
+
+def run_dropins(rounds: int) -> list[dict]:
+    from comppo_core.integrations import verl as verl_dropin
+
+    w = make_padded("W1", 512, 4096, 1)
+    tr, tv = torch.from_numpy(w.rewards), torch.from_numpy(w.values)
+    tm = torch.from_numpy(w.mask.astype(np.float32))
+
+    def numpy_path():
+        adv, ret = cc.gae(w.rewards, w.values, mask=w.mask, gamma=GAMMA, lam=LAM, masked_rewards="drop")
+        return cc.masked_whiten(adv, mask=w.mask), ret
+
+    fns: dict[str, Callable[[], object]] = {
+        "drop-in (torch CPU)": lambda: verl_dropin.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM),
+        "numpy path": numpy_path,
+    }
+    t = measure(fns, rounds)
+    t["verl loop"] = measure({"verl loop": lambda: verl_gae_and_whiten(tr, tv, tm, GAMMA, LAM)}, max(1, rounds // 10))[
+        "verl loop"
+    ]
+    a, _ = verl_dropin.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)
+    b, _ = verl_gae_and_whiten(tr, tv, tm, GAMMA, LAM)
+    valid = tm.bool()
+    assert torch.allclose(a[valid], b[valid], atol=1e-3), float((a[valid] - b[valid]).abs().max())
+    return [{"workload": "verl GAE W1", **t}]
+
+
+def report_dropins(rows: list[dict]) -> str:
+    lines = ["verl drop-in (compute_gae_advantage_return on CPU tensors): ms per call and ratios"]
+    cols = ["drop-in (torch CPU)", "numpy path", "verl loop"]
+    lines.append(f"{'workload':<14}" + "".join(f"{c:>21}" for c in cols) + f"{'verl/drop-in':>14}{'drop-in/numpy':>15}")
+    for r in rows:
+        cells = "".join(f"{r[c] * 1e3:>21.2f}" for c in cols)
+        d = r["drop-in (torch CPU)"]
+        lines.append(f"{r['workload']:<14}{cells}{r['verl loop'] / d:>14.1f}{d / r['numpy path']:>15.2f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", default="W1,W2,W3,W4")
@@ -372,14 +416,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ref-tokens", type=int, default=100_000, help="elements the reference is timed on")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--only", choices=["gae", "outcomes"], default=None, help="run one table only")
+    p.add_argument("--only", choices=["gae", "outcomes", "dropins"], default=None, help="run one table only")
     a = p.parse_args(argv)
     if a.threads:
         cc.set_num_threads(a.threads)
         if numba is not None:
             numba.set_num_threads(a.threads)
     rounds = 8 if a.quick else a.rounds
-    want = a.workloads.split(",") if a.only != "outcomes" else []
+    want = a.workloads.split(",") if a.only in (None, "gae") else []
     w1 = make_padded("W1 padded 512x4096", 512, 4096, 1) if {"W1", "W4"} & set(want) else None
     all_w = {
         "W1": lambda: w1,
@@ -390,12 +434,15 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [all_w[k]() for k in want]
     print(f"comppo-core {cc.__version__}, threads={cc.get_num_threads()}, numba={'yes' if numba else 'no'}, "
           f"torch={'yes' if torch is not None and not a.no_torch else 'no'}, python {sys.version.split()[0]}")
-    if a.only != "outcomes":
+    if a.only in (None, "gae"):
         rows = run(workloads, rounds, a.ref_tokens, not a.no_torch)
         print(report(rows))
-    if a.only != "gae":
+    if a.only in (None, "outcomes"):
         print()
         print(report_outcomes(run_outcomes(rounds, not a.no_torch)))
+    if a.only in (None, "dropins") and torch is not None and not a.no_torch:
+        print()
+        print(report_dropins(run_dropins(rounds)))
     return 0
 
 

@@ -40,12 +40,17 @@ struct Group {
     n: u32,
     equal: bool,
     first: f64,
+    amax: f64,
+    /// Power-of-two scale of the group's sums: 1, or the power of two that brings its
+    /// largest |score| into [0.5, 1] when scores are so large that sums could overflow
+    /// or so small that squares underflow (exact, so ordinary groups are unaffected).
+    k: f64,
     sum: f64,
     sq_dev: f64,
 }
 
 impl Group {
-    const EMPTY: Group = Group { n: 0, equal: true, first: 0.0, sum: 0.0, sq_dev: 0.0 };
+    const EMPTY: Group = Group { n: 0, equal: true, first: 0.0, amax: 0.0, k: 1.0, sum: 0.0, sq_dev: 0.0 };
 }
 
 /// A multiplicative hash for integer keys (group ids are not adversarial; SipHash
@@ -134,20 +139,38 @@ pub fn group_advantages(
         }
         gr.n += 1;
         gr.sum += s;
+        gr.amax = gr.amax.max(s.abs());
         gr.equal &= s == gr.first;
+    }
+    // Groups whose scores are all beyond 2^±500 are summed again scaled by a power of
+    // two, so that neither their sums overflow nor their squared deviations underflow.
+    let extreme = |gr: &Group| gr.amax > 1e150 || (gr.amax > 0.0 && gr.amax < 1e-150);
+    if g.iter().any(extreme) {
+        for gr in g.iter_mut().filter(|gr| extreme(gr)) {
+            gr.k = (-(gr.amax.log2().ceil())).exp2();
+            gr.sum = 0.0;
+        }
+        for (&s, &id) in scores.iter().zip(&ids) {
+            let gr = &mut g[id as usize];
+            if gr.k != 1.0 {
+                gr.sum += s * gr.k;
+            }
+        }
     }
     if method == Method::Grpo {
         for (&s, &id) in scores.iter().zip(&ids) {
             let gr = &mut g[id as usize];
-            let d = s - gr.sum / gr.n as f64;
+            let d = s * gr.k - gr.sum / gr.n as f64;
             gr.sq_dev += d * d;
         }
     }
     // per group: a = (s − center) / scale, or a constant
     #[derive(Clone, Copy)]
     enum Rule {
-        Affine { center: f64, scale: f64 },
-        Rloo { total: f64, others: f64 },
+        /// a = (s·k − center) / scale
+        Affine { k: f64, center: f64, scale: f64 },
+        /// a = (s·k − (total − s·k)/others) / k
+        Rloo { k: f64, total: f64, others: f64 },
         Const(f64),
         Raw,
     }
@@ -165,20 +188,29 @@ pub fn group_advantages(
             } else {
                 let mean = gr.sum / k;
                 match method {
-                    Method::Grpo => Rule::Affine { center: mean, scale: (gr.sq_dev / (k - 1.0)).sqrt() + eps },
-                    Method::DrGrpo | Method::ReinforceBaseline => Rule::Affine { center: mean, scale: 1.0 },
-                    Method::Rloo => Rule::Rloo { total: gr.sum, others: k - 1.0 },
+                    Method::Grpo => {
+                        Rule::Affine { k: gr.k, center: mean, scale: (gr.sq_dev / (k - 1.0)).sqrt() + eps * gr.k }
+                    }
+                    Method::DrGrpo | Method::ReinforceBaseline => Rule::Affine { k: gr.k, center: mean, scale: gr.k },
+                    Method::Rloo => Rule::Rloo { k: gr.k, total: gr.sum, others: k - 1.0 },
                 }
             }
         })
         .collect();
     for ((o, &s), &id) in out.iter_mut().zip(scores).zip(&ids) {
         *o = match rules[id as usize] {
-            Rule::Affine { center, scale } => (s - center) / scale,
-            Rule::Rloo { total, others } => s - (total - s) / others,
+            Rule::Affine { k, center, scale } => (s * k - center) / scale,
+            Rule::Rloo { k, total, others } => (s * k - (total - s * k) / others) / k,
             Rule::Const(c) => c,
             Rule::Raw => s,
         };
+    }
+    if let Some(i) = out.iter().position(|a| !a.is_finite()) {
+        return Err(KernelError::Parameter {
+            arg: "scores",
+            expected: "advantages representable in float64".into(),
+            got: format!("an overflow at index {i} (scores up to {:e})", scores.iter().fold(0.0f64, |m, s| m.max(s.abs()))),
+        });
     }
     Ok(())
 }
@@ -202,6 +234,19 @@ mod tests {
         assert_eq!(run(&s, &g, Method::DrGrpo, Singleton::Zero), [1.0, 0.0, -1.0, 0.0, 0.0, 0.0]);
         assert_eq!(run(&s, &g, Method::ReinforceBaseline, Singleton::Raw), [1.0, 0.0, -1.0, 4.0, 0.0, 0.0]);
         assert_eq!(run(&s, &g, Method::Rloo, Singleton::Zero), [1.5, 0.0, -1.5, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn huge_scores_do_not_overflow() {
+        let (s, g) = ([1e308, 1e308, -1e308], [0, 0, 0]);
+        let a = run(&s, &g, Method::DrGrpo, Singleton::Zero);
+        assert!(a.iter().all(|x| x.is_finite()), "{a:?}");
+        assert!((a[2] - (-1e308 - 1e308 / 3.0)).abs() / 1e308 < 1e-12);
+        let a = run(&[1e308, -1e308], &[0, 0], Method::Grpo, Singleton::Zero);
+        assert!((a[0] - std::f64::consts::FRAC_1_SQRT_2).abs() < 1e-12, "{a:?}");
+        let mut out = [0.0; 2];
+        group_advantages(&[1e-300, 2e-300], &[0, 0], Method::Grpo, 0.0, Singleton::Zero, &mut out).unwrap();
+        assert!((out[1] - std::f64::consts::FRAC_1_SQRT_2).abs() < 1e-12, "{out:?}");
     }
 
     #[test]

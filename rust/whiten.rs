@@ -47,49 +47,54 @@ impl Moments {
 /// dependent additions would run at the adder's latency instead).
 const ACC: usize = 8;
 
+/// `x` where valid, else +0.0, without a branch: an AND with an all-ones or all-zeros
+/// bit mask, which vectorizes (and keeps a NaN at a masked position out).
+#[inline(always)]
+fn keep(x: f64, valid: bool) -> f64 {
+    f64::from_bits(x.to_bits() & (valid as u64).wrapping_neg())
+}
+
 /// Moments of the valid values of one row: two passes over the row (it sits in cache
 /// for the second), each summing into `ACC` partial sums combined in a fixed order.
 pub fn row_moments<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<usize>) -> Moments {
-    let (start, len) = (range.start, range.len());
     debug_assert!(range.end <= x.len());
-    let valid_x = |i: usize| {
-        // SAFETY: i lies inside the validated layout (and so inside `x`); unchecked
-        // indexing lets the loops below vectorize.
-        let (ok, v) = unsafe { (mask.valid(i), x.get_unchecked(i).to_f64()) };
-        (ok, if ok { v } else { 0.0 })
-    };
-    let (mut n, mut sum) = ([0usize; ACC], [0.0f64; ACC]);
+    let xs = &x[range.clone()];
+    // SAFETY (both closures): k < xs.len(), so range.start + k lies inside the
+    // validated layout.
+    let at = |k: usize| unsafe { (mask.valid(range.start + k), xs.get_unchecked(k).to_f64()) };
+    let len = xs.len();
     let body = len - len % ACC;
+    // counts as f64 (exact below 2^53) so that the whole loop stays in vector registers
+    let (mut n, mut sum) = ([0.0f64; ACC], [0.0f64; ACC]);
     for c in (0..body).step_by(ACC) {
         for k in 0..ACC {
-            let (ok, v) = valid_x(start + c + k);
-            n[k] += ok as usize;
-            sum[k] += v;
+            let (ok, v) = at(c + k);
+            n[k] += keep(1.0, ok);
+            sum[k] += keep(v, ok);
         }
     }
     for j in body..len {
-        let (ok, v) = valid_x(start + j);
-        n[0] += ok as usize;
-        sum[0] += v;
+        let (ok, v) = at(j);
+        n[0] += keep(1.0, ok);
+        sum[0] += keep(v, ok);
     }
-    let n: usize = n.iter().sum();
+    let n = n.iter().sum::<f64>() as usize;
     if n == 0 {
         return Moments::EMPTY;
     }
     let mean = sum.iter().sum::<f64>() / n as f64;
-    let sq = |i: usize| {
-        let (ok, v) = valid_x(i);
-        let d = if ok { v - mean } else { 0.0 };
-        d * d
-    };
     let mut m2 = [0.0f64; ACC];
     for c in (0..body).step_by(ACC) {
         for (k, acc) in m2.iter_mut().enumerate() {
-            *acc += sq(start + c + k);
+            let (ok, v) = at(c + k);
+            let d = keep(v - mean, ok);
+            *acc += d * d;
         }
     }
     for j in body..len {
-        m2[0] += sq(start + j);
+        let (ok, v) = at(j);
+        let d = keep(v - mean, ok);
+        m2[0] += d * d;
     }
     Moments { n, mean, m2: m2.iter().sum() }
 }
@@ -142,7 +147,9 @@ pub fn masked_whiten<F: Float, M: Mask>(
             got: format!("{} valid token{}", m.n, if m.n == 1 { "" } else { "s" }),
         });
     }
-    let inv = 1.0 / (m.m2 / (m.n - 1) as f64 + eps).sqrt();
+    // zero spread with eps = 0: every valid token whitens to 0 (not 0·inf = NaN)
+    let var = m.m2 / (m.n - 1) as f64 + eps;
+    let inv = if var > 0.0 { 1.0 / var.sqrt() } else { 0.0 };
     let (mean, add) = (m.mean, if shift_mean { 0.0 } else { m.mean });
     let tasks = layout.tasks(task_size(n, pool::num_threads()));
     let pieces = split_by_tasks(out, &tasks);
@@ -152,8 +159,7 @@ pub fn masked_whiten<F: Float, M: Mask>(
         for (j, (o, xi)) in piece.iter_mut().zip(&x[task.span.clone()]).enumerate() {
             // SAFETY: base + j lies inside the validated layout.
             let valid = unsafe { mask.valid(base + j) };
-            let w = (xi.to_f64() - mean) * inv + add;
-            *o = F::from_f64(if valid { w } else { 0.0 });
+            *o = F::from_f64(keep((xi.to_f64() - mean) * inv + add, valid));
         }
     });
     Ok(())

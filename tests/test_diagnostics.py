@@ -94,7 +94,7 @@ def stats_tol(vals: np.ndarray, dtype: np.dtype) -> tuple[float, float]:
     return 1e-9, 1e-12 * scale
 
 
-@given(batch=batches())
+@given(batch=st.one_of(batches(), batches(b_max=3, t_max=40)))
 def test_matches_reference_and_formulas_both_layouts(batch: Batch) -> None:
     x = batch.values  # junk (NaN, ±inf) at masked positions sometimes
     vals = x[batch.valid].astype(np.float64)
@@ -116,7 +116,7 @@ def test_matches_reference_and_formulas_both_layouts(batch: Batch) -> None:
     rtol, atol = stats_tol(vals, batch.dtype)
     for k in KEYS:
         assert math.isclose(d[k], want[k], rel_tol=rtol, abs_tol=atol), (k, d[k], want[k])
-        assert math.isclose(dp[k], d[k], rel_tol=1e-14, abs_tol=1e-14 * (1.0 + abs(d[k]))), (k, dp[k], d[k])
+        assert math.isclose(dp[k], d[k], rel_tol=rtol, abs_tol=atol), (k, dp[k], d[k])
     # the DESIGN formulas, brute force
     assert math.isclose(d["gini"], brute_gini(vals), rel_tol=1e-9, abs_tol=1e-12)
     assert math.isclose(d["effective_token_ratio"], brute_ratio(vals), rel_tol=1e-9, abs_tol=1e-12)
@@ -124,7 +124,7 @@ def test_matches_reference_and_formulas_both_layouts(batch: Batch) -> None:
     assert d["frac_positive"] == np.count_nonzero(vals > 0) / vals.size
     assert math.isclose(d["mean"], vals.mean(), rel_tol=1e-9, abs_tol=atol)
     assert math.isclose(d["std"], vals.std(), rel_tol=1e-9, abs_tol=atol)  # population std
-    assert 0.0 <= d["gini"] <= 1.0 - 1.0 / vals.size + 1e-12
+    assert -1e-12 <= d["gini"] <= 1.0 - 1.0 / vals.size + 1e-12  # rounding noise around 0
     assert 1.0 / vals.size - 1e-12 <= d["effective_token_ratio"] <= 1.0 + 1e-12
     assert_unchanged(before, batch.copies())
 
@@ -160,6 +160,19 @@ def test_input_dtypes(dtype: Any) -> None:
     want = reference.credit_stats(x, mask=m)
     for k in KEYS:
         assert math.isclose(d[k], want[k], rel_tol=1e-6, abs_tol=1e-6), (k, d[k], want[k])
+
+
+def test_non_contiguous_inputs() -> None:
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(10, 14))[::2, ::2]
+    m = (rng.random((10, 14)) < 0.7)[::2, ::2]
+    d = cc.credit_stats(x, mask=m)
+    assert d == cc.credit_stats(np.ascontiguousarray(x), mask=np.ascontiguousarray(m))
+    want = reference.credit_stats(x, mask=m)
+    for k in KEYS:
+        assert math.isclose(d[k], want[k], rel_tol=1e-9, abs_tol=1e-12), k
+    xf = np.asfortranarray(rng.normal(size=(4, 9)))
+    assert cc.credit_stats(xf) == cc.credit_stats(np.ascontiguousarray(xf))
 
 
 def test_errors() -> None:

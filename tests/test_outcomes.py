@@ -295,11 +295,15 @@ def test_matches_reference_grid(
 ) -> None:
     scores, groups = data
     scores = (scores * 8).astype(dtype) if np.dtype(dtype).kind == "i" else scores.astype(dtype)
-    before = [scores.copy(), groups.copy()]
+    before: list[np.ndarray | None] = [scores.copy(), groups.copy()]
     got = cc.group_advantages(scores, groups, method=method, eps=eps, singleton=singleton)
     want = reference.group_advantages(scores, groups, method=method, eps=eps, singleton=singleton)
-    assert got.dtype == np.float64 and got.shape == scores.shape
+    # computed in float64, returned in the scores' float dtype (float64 for integers)
+    want_dtype = scores.dtype if scores.dtype.kind == "f" else np.dtype(np.float64)
+    assert got.dtype == want_dtype and got.shape == scores.shape
     assert np.isfinite(got).all()
+    got = got.astype(np.float64)
+    want = want.astype(want_dtype).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     assert_unchanged(before, [scores, groups])
 
@@ -425,10 +429,24 @@ def test_empty_python_lists() -> None:
     assert out.shape == (0,) and out.dtype == np.float64
 
 
+def test_non_contiguous_inputs() -> None:
+    rng = np.random.default_rng(9)
+    s = rng.normal(size=40)
+    g = rng.integers(-3, 3, size=40)
+    for method in METHODS:
+        got = cc.group_advantages(s[::2], g[::2], method=method)
+        np.testing.assert_array_equal(got, cc.group_advantages(s[::2].copy(), g[::2].copy(), method=method))
+    a = rng.normal(size=12)[::3]
+    m = np.asfortranarray(rng.random((4, 6)) < 0.5)
+    np.testing.assert_array_equal(cc.broadcast(a, mask=m), reference.broadcast(a, mask=m))
+    m2 = (rng.random((8, 6)) < 0.5)[::2]
+    np.testing.assert_array_equal(cc.broadcast(a, mask=m2), reference.broadcast(a, mask=m2))
+
+
 def test_accepts_lists_and_any_real_score_dtype() -> None:
     want = cc.group_advantages(S, G)
     np.testing.assert_array_equal(cc.group_advantages(S.tolist(), G.tolist()), want)
-    np.testing.assert_array_equal(cc.group_advantages(S.astype(np.float32), G), want)
+    np.testing.assert_array_equal(cc.group_advantages(S.astype(np.float32), G), want.astype(np.float32))
     np.testing.assert_array_equal(cc.group_advantages(S.astype(np.int32), G), want)
     b = cc.group_advantages(np.array([True, False, True, True]), np.array([0, 0, 1, 1]), method="drgrpo")
     np.testing.assert_array_equal(b, [0.5, -0.5, 0.0, 0.0])
@@ -450,6 +468,28 @@ def test_non_finite_score_names_index(bad: float, method: str) -> None:
     # even when the score is alone in its group
     with pytest.raises(cc.NonFiniteError, match=r"index 0\b"):
         cc.group_advantages(np.array([bad, 1.0]), [0, 1], method=method, singleton="raw")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_huge_finite_scores_never_give_silent_nan_or_inf(method: str) -> None:
+    """Finite scores whose group sum overflows: a clear ComppoError (as masked_whiten
+    raises for values too large to square) or finite advantages, never NaN/±inf
+    (DESIGN §8). GRPO is scale-free, so finite answers must be the right ones."""
+    for s, g in (
+        ([1e308, 1e308, -1e308], [0, 0, 0]),
+        ([1e308, -1e308], [5, 5]),
+        ([1.7e308, 1.7e308, 1.0, 2.0], [1, 1, 2, 2]),
+    ):
+        try:
+            out = cc.group_advantages(np.array(s), np.array(g), method=method)
+        except cc.ComppoError:
+            continue
+        assert np.isfinite(out).all(), (method, s, out)
+        if method == "grpo":
+            want = cc.group_advantages(np.array(s) / 1e300, np.array(g), method=method, eps=0.0)
+            # eps = 1e-6 in `out` still matters for the ordinary-scale group [1, 2]
+            # (σ ≈ 0.71): a relative effect of 1.4e-6
+            np.testing.assert_allclose(out, want, rtol=1e-5)
 
 
 def test_option_errors() -> None:
@@ -511,8 +551,8 @@ def test_broadcast_matches_reference_both_layouts(lay: Any, dtype: Any, seed: in
     b, t = valid.shape
     rng = np.random.default_rng(seed)
     a = (rng.normal(size=b) * 10).astype(dtype)
-    mask = _mask_values(data.draw, np.dtype(mask_dtype or np.bool_), valid)
-    before = [a.copy(), mask.copy()]
+    mask = _mask_values(data.draw, np.dtype(mask_dtype or np.bool_), valid)  # type: ignore[arg-type]
+    before: list[np.ndarray | None] = [a.copy(), mask.copy()]
     out_dtype = np.dtype(dtype) if np.dtype(dtype).kind == "f" else np.dtype(np.float64)
 
     got = cc.broadcast(a, mask=mask)

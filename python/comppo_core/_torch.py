@@ -32,6 +32,9 @@ __all__ = ["is_tensor", "tensor_io"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: Byte alignment of each array inside the packed transfer buffers.
+_ALIGN = 64
+
 
 def is_tensor(x: Any) -> bool:
     """Whether ``x`` is a torch tensor (without importing torch)."""
@@ -90,6 +93,10 @@ class _CudaTransfer:
             parts.append(t.view(-1).view(torch.uint8))
             self.layout.append((name, offset, nbytes, t.dtype, tuple(t.shape)))
             offset += nbytes
+            pad = -offset % _ALIGN  # every part starts aligned for its dtype view
+            if pad:
+                parts.append(torch.zeros(pad, dtype=torch.uint8, device=device))
+                offset += pad
         packed = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
         self.host = torch.empty(packed.numel(), dtype=torch.uint8, pin_memory=True)
         self.host.copy_(packed, non_blocking=True)
@@ -105,14 +112,14 @@ class _CudaTransfer:
     def back(self, results: list[np.ndarray], like: Any) -> list[Any]:
         import torch
 
-        total = sum(r.nbytes for r in results)
+        total = sum(r.nbytes + -r.nbytes % _ALIGN for r in results)
         host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
         hv = host.numpy()
         spans, offset = [], 0
         for r in results:
             hv[offset : offset + r.nbytes] = np.ascontiguousarray(r).view(np.uint8).reshape(-1)
             spans.append((offset, r.nbytes, r.dtype, r.shape))
-            offset += r.nbytes
+            offset += r.nbytes + -r.nbytes % _ALIGN
         dev = host.to(self.device, non_blocking=True)
         outs = []
         for offset, nbytes, dtype, shape in spans:

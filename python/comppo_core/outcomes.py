@@ -44,6 +44,8 @@ def _group_ids(groups: Any, n: int) -> np.ndarray:
     g = as_numpy(groups, "groups") if not isinstance(groups, (list, tuple)) else np.asarray(groups)
     if g.ndim != 1 or g.shape[0] != n:
         raise ShapeError(f"groups: expected shape ({n},), one id per score, got {g.shape}")
+    if g.size == 0:
+        return np.zeros(0, dtype=np.int64)
     if g.dtype.kind in "iub":
         if g.dtype.kind == "u" and g.size and int(g.max()) > np.iinfo(np.int64).max:
             return np.unique(g, return_inverse=True)[1].astype(np.int64)
@@ -73,7 +75,8 @@ def group_advantages(
       singleton: ``"zero"`` (default) or ``"raw"`` for groups of one sequence.
 
     Returns:
-      ``[B]`` float64 advantages. verl's REINFORCE++-baseline then whitens the
+      ``[B]`` advantages, computed in float64 and returned in the dtype of float
+      ``scores`` (float64 for integer scores). verl's REINFORCE++-baseline then whitens the
       token-level result: ``masked_whiten(broadcast(a, mask=m), mask=m)``.
     """
     s = as_numpy(scores, "scores")
@@ -90,7 +93,8 @@ def group_advantages(
         raise ParameterError(f"eps: expected a number >= 0, got {eps_}")
     out = np.empty(s.shape[0], dtype=np.float64)
     _core.group_advantages(s64, ids, out, method=method, eps=eps_, singleton=singleton)
-    return out
+    _, output = float_dtypes(s, "scores")
+    return out if output == out.dtype else out.astype(output)
 
 
 @tensor_io("per_sequence", "mask", "cu_seqlens")

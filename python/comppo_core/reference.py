@@ -692,7 +692,9 @@ def masked_whiten(
     vals = x_flat[positions].astype(np.float64)
     mean = vals.sum() / n
     var = ((vals - mean) ** 2).sum() / (n - 1)
-    w = (vals - mean) * (1.0 / math.sqrt(var + float(eps)))  # verl: * rsqrt(var + eps)
+    # verl: * rsqrt(var + eps); zero spread with eps = 0 whitens to 0, not NaN
+    scale = 1.0 / math.sqrt(var + float(eps)) if var + float(eps) > 0 else 0.0
+    w = (vals - mean) * scale
     if not shift_mean:
         w = w + mean
     out = np.zeros(x_flat.shape, dtype=np.float64)

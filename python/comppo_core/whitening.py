@@ -6,7 +6,8 @@
     w  = (x − μ) · 1/sqrt(σ² + eps)
     w  = w + μ                                      if shift_mean is False
 
-Masked positions get 0. Fewer than two valid tokens is an error (no unbiased variance).
+Masked positions get 0. Fewer than two valid tokens is an error (no unbiased variance);
+zero spread with ``eps=0`` whitens every valid token to 0 (plus μ without shift_mean).
 """
 
 from __future__ import annotations

@@ -78,6 +78,7 @@ def compute_comp_gae_advantage(
     (``config.gamma``, ``config.lam``; default 1.0), values and gates from the call or
     from :func:`set_inputs`."""
     pending = getattr(_pending, "inputs", None) or {}
+    _pending.inputs = None  # one call only: stale values must not leak into the next step
     values = pending.get("values") if values is None else values
     gates = pending.get("gates") if gates is None else gates
     if values is None:

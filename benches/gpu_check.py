@@ -1,0 +1,370 @@
+"""GPU check: comppo-core's CUDA path against verl's GAE loop on the same GPU tensors.
+
+Run on a CUDA machine with the built wheel (and torch with CUDA) installed:
+
+    python benches/gpu_check.py                        # W1 512×4096 and L 8×32768
+    python benches/gpu_check.py --device cpu --small   # dry run anywhere (tiny sizes)
+
+Workloads (float32, each row's response length uniform in [T/2, T] (right padding),
+dense rewards on valid tokens, values ~ N(0, 1), gates uniform in [0.5, 1], γ = 1,
+λ = 0.95, as in benches/compare.py):
+
+    W1  512 × 4096          L  8 × 32768         (--small: 64 × 256 and 4 × 2048)
+
+For each workload two variants are timed, both with the inputs and outputs on the
+device:
+
+    GAE        verl's compute_gae_advantage_return (its Python loop over tokens on the
+               GPU tensors + verl's masked_whiten) vs
+               comppo_core.integrations.verl.compute_gae_advantage_return
+    Comp-GAE   the same with gates (verl's loop with γ replaced by γ·g_t at step t) vs
+               the drop-in with gates=
+
+comppo-core's times include every copy (device → pinned host → kernel → device);
+torch.cuda.synchronize() brackets each timed call. The "host" column is the same
+drop-in on NumPy copies of the inputs (the kernels alone, no transfers), for scale.
+Results are compared on valid positions (max abs difference of the whitened
+advantages and of the returns; float32 allclose with rtol = atol = 1e-4: the GPU loop
+rounds once per step in float32, comppo-core accumulates in float64).
+
+Then every public function and both drop-ins run once on small device tensors
+(float32/float64/bfloat16/float16 data, bool/int64/float32 masks, a 4×8 and an odd 3×5
+batch, packed layout with int32/int64 cu_seqlens) and must give exactly the CPU path's
+results, as tensors of the first argument's dtype on the device.
+
+Exit status: 0 when every comparison agrees, 1 when one disagrees, 2 when CUDA was
+asked for and is not available. The ≥ 20× target at W1 is reported; with --strict a
+miss exits 3. Runs in well under 5 minutes on one GPU (the 32768-step loop is timed
+with 1 warm-up + 2 calls; see --reps / --long-reps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+GAMMA, LAM = 1.0, 0.95
+TARGET = 20.0
+RTOL = ATOL = 1e-4
+
+
+@dataclass
+class Workload:
+    name: str
+    b: int
+    t: int
+    reps: int  # timed calls (after one warm-up call)
+
+
+def make_inputs(b: int, t: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(t // 2, t + 1, size=b)
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    return {
+        "rewards": (rng.standard_normal((b, t)) * mask).astype(np.float32),
+        "values": rng.standard_normal((b, t)).astype(np.float32),
+        "gates": rng.uniform(0.5, 1.0, (b, t)).astype(np.float32),
+        "mask": mask.astype(np.float32),  # verl's response_mask is numeric (its loop uses 1 - mask)
+    }
+
+
+# --------------------------------------------------------------------------- verl
+def verl_masked_mean(values: Any, mask: Any) -> Any:
+    return (values * mask).sum() / mask.sum()
+
+
+def verl_masked_whiten(values: Any, mask: Any) -> Any:
+    """verl.utils.torch_functional.masked_whiten (unbiased variance, shift_mean=True)."""
+    import torch
+
+    mean = verl_masked_mean(values, mask)
+    mask_sum = mask.sum()
+    var = verl_masked_mean((values - mean) ** 2, mask) * (mask_sum / (mask_sum - 1))
+    return (values - mean) * torch.rsqrt(var + 1e-8)
+
+
+def verl_compute_gae_advantage_return(token_level_rewards: Any, values: Any, response_mask: Any, gamma: float,
+                                      lam: float, gates: Any = None) -> tuple[Any, Any]:
+    """verl.trainer.ppo.core_algos.compute_gae_advantage_return; ``gates`` (not in verl)
+    replaces γ by γ·g_t at step t."""
+    import torch
+
+    with torch.no_grad():
+        nextvalues = 0
+        lastgaelam = 0
+        advantages_reversed = []
+        gen_len = token_level_rewards.shape[-1]
+        for t in reversed(range(gen_len)):
+            g = gamma if gates is None else gamma * gates[:, t]
+            delta = token_level_rewards[:, t] + g * nextvalues - values[:, t]
+            lastgaelam_ = delta + g * lam * lastgaelam
+            nextvalues = values[:, t] * response_mask[:, t] + (1 - response_mask[:, t]) * nextvalues
+            lastgaelam = lastgaelam_ * response_mask[:, t] + (1 - response_mask[:, t]) * lastgaelam
+            advantages_reversed.append(lastgaelam)
+        advantages = torch.stack(advantages_reversed[::-1], dim=1)
+        returns = advantages + values
+        advantages = verl_masked_whiten(advantages, response_mask)
+    return advantages, returns
+
+
+# --------------------------------------------------------------------------- path checks
+def path_checks(device: Any) -> tuple[int, list[str]]:
+    """Every public function and both drop-ins on small device tensors of every dtype,
+    mask dtype and an odd size (3×5: a bool mask of 15 bytes in the packed transfer
+    buffer), against the same call on CPU tensors: same numbers (the kernels run on the
+    host either way), dtype of the first argument, on ``device``. Returns (number of
+    calls, failures)."""
+    import torch
+
+    import comppo_core as cc
+    from comppo_core.integrations import openrlhf as cc_openrlhf
+    from comppo_core.integrations import verl as cc_verl
+
+    def same(got: Any, want: Any, dtype: Any) -> str | None:
+        if isinstance(want, dict):
+            return None if got == want else f"{got} != {want}"
+        got_parts = list(got) if isinstance(got, tuple) else [got]
+        want_parts = list(want) if isinstance(want, tuple) else [want]
+        for g, w in zip(got_parts, want_parts):
+            if not isinstance(g, torch.Tensor):
+                return f"expected a tensor, got {type(g).__name__}"
+            if g.device != device:
+                return f"on {g.device}, expected {device}"
+            if g.dtype != w.dtype:
+                return f"dtype {g.dtype}, CPU path gave {w.dtype}"
+            if dtype is not None and g.dtype != dtype:
+                return f"dtype {g.dtype}, expected {dtype} (the first argument's)"
+            if not torch.equal(g.cpu(), w):
+                return f"differs from the CPU path by {(g.cpu().double() - w.double()).abs().max().item():.3g}"
+        return None
+
+    rng = np.random.default_rng(0)
+    calls = 0
+    failures: list[str] = []
+    for shape in ((4, 8), (3, 5)):
+        b = shape[0]
+        mask_np = rng.random(shape) < 0.8
+        mask_np[:, 0] = True
+        base = {
+            "r": rng.standard_normal(shape) * mask_np, "v": rng.standard_normal(shape),
+            "g": rng.uniform(0.5, 1.0, shape), "x": rng.standard_normal(shape), "lv": rng.standard_normal(b),
+            "s": rng.standard_normal(2 * b), "a": rng.standard_normal(b),
+        }
+        lengths = mask_np.sum(axis=1)
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            for mask_dtype in (torch.bool, torch.int64, torch.float32):
+                cpu = {k: torch.from_numpy(a).to(dtype) for k, a in base.items()}
+                cpu["m"] = torch.from_numpy(mask_np).to(mask_dtype)
+                cpu["groups"] = torch.arange(2 * b) // 2
+                cpu["packed_r"], cpu["packed_v"] = cpu["r"][torch.from_numpy(mask_np)], cpu["v"][torch.from_numpy(mask_np)]
+                cpu["cu32"] = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+                cpu["cu64"] = cpu["cu32"].long()
+                fns: dict[str, tuple[Callable[[dict], Any], Any]] = {
+                    "gae": (lambda t: cc.gae(t["r"], t["v"], mask=t["m"], gates=t["g"], last_values=t["lv"],
+                                             gamma=0.99, lam=0.9), dtype),
+                    "gae packed int32": (lambda t: cc.gae(t["packed_r"], t["packed_v"], cu_seqlens=t["cu32"],
+                                                          gamma=0.99, lam=0.9), dtype),
+                    "gae packed int64": (lambda t: cc.gae(t["packed_r"], t["packed_v"], cu_seqlens=t["cu64"],
+                                                          gamma=0.99, lam=0.9), dtype),
+                    "td_targets": (lambda t: cc.td_targets(t["r"], t["v"], mask=t["m"], gates=t["g"], gamma=0.99), dtype),
+                    "gates_from_concentration": (lambda t: cc.gates_from_concentration(t["x"], mask=t["m"]), dtype),
+                    "controls.shuffle": (lambda t: cc.controls.shuffle(t["g"], mask=t["m"], seed=1), dtype),
+                    "controls.by_position": (lambda t: cc.controls.by_position(t["g"], mask=t["m"]), dtype),
+                    "controls.constant": (lambda t: cc.controls.constant(t["g"], mask=t["m"]), dtype),
+                    "group_advantages": (lambda t: cc.group_advantages(t["s"], t["groups"]), None),
+                    "broadcast": (lambda t: cc.broadcast(t["a"], mask=t["m"]), dtype),
+                    "masked_whiten": (lambda t: cc.masked_whiten(t["x"], mask=t["m"]), dtype),
+                    "credit_stats": (lambda t: cc.credit_stats(t["x"], mask=t["m"]), None),
+                    "verl drop-in": (lambda t: cc_verl.compute_gae_advantage_return(t["r"], t["v"], t["m"], 1.0, 0.95,
+                                                                                    gates=t["g"]), dtype),
+                    # OpenRLHF multiplies by the mask first (float32 mask × bf16 values is
+                    # float32 in torch, as in OpenRLHF itself): dtype as the CPU path only
+                    "openrlhf drop-in": (lambda t: cc_openrlhf.get_advantages_and_returns(t["v"], t["r"], t["m"], 1.0,
+                                                                                          0.95, gates=t["g"]), None),
+                }
+                dev = {k: t.to(device) for k, t in cpu.items()}
+                for name, (fn, want_dtype) in fns.items():
+                    label = f"{name} {tuple(shape)} {str(dtype)[6:]} mask={str(mask_dtype)[6:]}"
+                    calls += 1
+                    try:
+                        want = fn(cpu)
+                        problem = same(fn(dev), want, want_dtype)
+                    except Exception as e:  # noqa: BLE001 - every failure is reported
+                        problem = f"{type(e).__name__}: {str(e)[:160]}"
+                    if problem:
+                        failures.append(f"{label}: {problem}")
+    return calls, failures
+
+
+# --------------------------------------------------------------------------- timing
+def timed(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> tuple[float, Any]:
+    """Median seconds of ``reps`` calls after one warm-up call, and the last result."""
+    out = fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        out = fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def count_copies(fn: Callable[[], Any], sync: Callable[[], None]) -> str:
+    """Device↔host memcpy operations of one call, from the torch profiler (informational)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            sync()
+        names = [e.name for e in prof.events()]
+        d2h = sum("DtoH" in n for n in names)
+        h2d = sum("HtoD" in n for n in names)
+        return f"{d2h} DtoH + {h2d} HtoD"
+    except Exception as e:  # noqa: BLE001 - the profiler is optional here
+        return f"n/a ({type(e).__name__})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cuda (default; exits 2 without CUDA) or cpu for a dry run of the script")
+    p.add_argument("--small", action="store_true", help="tiny sizes (64×256 and 4×2048) for a quick dry run")
+    p.add_argument("--reps", type=int, default=5, help="timed calls at W1 after one warm-up (default 5)")
+    p.add_argument("--long-reps", type=int, default=2, help="timed calls at 8×32768 after one warm-up (default 2)")
+    p.add_argument("--strict", action="store_true", help=f"exit 3 if the W1 speedup is below {TARGET:g}×")
+    args = p.parse_args(argv)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # keep the table and the progress lines in order
+
+    try:
+        import torch
+    except ImportError:
+        print("gpu_check: torch is not installed", file=sys.stderr)
+        return 2
+    import comppo_core
+    from comppo_core.integrations import verl as cc_verl
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: CUDA is not available (torch.cuda.is_available() is False); "
+              "use --device cpu for a dry run", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        def sync() -> None:
+            torch.cuda.synchronize(device)
+        where = f"{torch.cuda.get_device_name(device)}, torch {torch.__version__} (CUDA {torch.version.cuda})"
+    else:
+        def sync() -> None:
+            pass
+        where = f"CPU dry run, torch {torch.__version__}"
+    print(f"gpu_check: comppo-core {comppo_core.__version__}, {where}, "
+          f"{comppo_core.get_num_threads()} kernel threads; γ={GAMMA}, λ={LAM}, float32")
+
+    if args.small:
+        workloads = [Workload("W1 (small)", 64, 256, args.reps), Workload("L (small)", 4, 2048, args.long_reps)]
+    else:
+        workloads = [Workload("W1", 512, 4096, args.reps), Workload("L", 8, 32768, args.long_reps)]
+
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
+    start = time.perf_counter()
+    for w in workloads:
+        host = make_inputs(w.b, w.t, seed=w.b * 7919 + w.t)
+        dev = {k: torch.from_numpy(v).to(device) for k, v in host.items()}
+        valid = host["mask"] != 0
+        for variant, with_gates in (("GAE", False), ("Comp-GAE", True)):
+            g_dev = dev["gates"] if with_gates else None
+            g_host = host["gates"] if with_gates else None
+
+            def run_verl() -> Any:
+                return verl_compute_gae_advantage_return(dev["rewards"], dev["values"], dev["mask"], GAMMA, LAM, g_dev)
+
+            def run_comppo() -> Any:
+                return cc_verl.compute_gae_advantage_return(dev["rewards"], dev["values"], dev["mask"], GAMMA, LAM,
+                                                            gates=g_dev)
+
+            def run_host() -> Any:
+                return cc_verl.compute_gae_advantage_return(host["rewards"], host["values"], host["mask"], GAMMA, LAM,
+                                                            gates=g_host)
+
+            t_verl, (v_adv, v_ret) = timed(run_verl, w.reps, sync)
+            t_cc, (c_adv, c_ret) = timed(run_comppo, max(w.reps, 3), sync)
+            t_host, _ = timed(run_host, max(w.reps, 3), lambda: None)
+
+            problems = []
+            for name, out in (("advantages", c_adv), ("returns", c_ret)):
+                if not isinstance(out, torch.Tensor) or out.device != dev["rewards"].device or out.dtype != torch.float32:
+                    problems.append(f"{name}: expected a float32 tensor on {device}, got {type(out).__name__} "
+                                    f"{getattr(out, 'dtype', '')} on {getattr(out, 'device', '')}")
+            ca, cr = c_adv.float().cpu().numpy(), c_ret.float().cpu().numpy()
+            va, vr = v_adv.float().cpu().numpy(), v_ret.float().cpu().numpy()
+            d_adv = float(np.abs(ca[valid] - va[valid]).max())
+            d_ret = float(np.abs(cr[valid] - vr[valid]).max())
+            for name, got, want in (("advantages", ca, va), ("returns", cr, vr)):
+                if not np.allclose(got[valid], want[valid], rtol=RTOL, atol=ATOL):
+                    problems.append(f"{name} disagree with verl's loop beyond rtol=atol={RTOL:g}")
+            if ca[~valid].any() or cr[~valid].any():
+                problems.append("nonzero outputs at masked positions")
+            copies = count_copies(run_comppo, sync) if device.type == "cuda" and w is workloads[0] else ""
+            ok = not problems
+            if not ok:
+                failures.extend(f"{w.name} {variant}: {msg}" for msg in problems)
+            rows.append({
+                "workload": f"{w.name} {w.b}×{w.t}", "variant": variant, "verl": t_verl, "comppo": t_cc,
+                "host": t_host, "speedup": t_verl / t_cc, "d_adv": d_adv, "d_ret": d_ret, "ok": ok,
+                "copies": copies, "w1": w is workloads[0],
+            })
+            print(f"  done {w.name} {variant} ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
+
+    n_calls, path_failures = path_checks(device)
+    print(f"  path checks: {n_calls} calls, {len(path_failures)} failed ({time.perf_counter() - start:.1f} s)",
+          file=sys.stderr, flush=True)
+    failures.extend(f"CUDA path: {f}" if device.type == "cuda" else f"path: {f}" for f in path_failures)
+
+    head = (f"{'workload':<20}{'variant':<10}{'verl loop ms':>14}{'comppo ms':>11}{'host ms':>9}"
+            f"{'speedup':>9}{'max|Δadv|':>11}{'max|Δret|':>11}{'agree':>7}")
+    print()
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['workload']:<20}{r['variant']:<10}{r['verl'] * 1e3:>14.2f}{r['comppo'] * 1e3:>11.2f}"
+              f"{r['host'] * 1e3:>9.2f}{r['speedup']:>8.1f}×{r['d_adv']:>11.2e}{r['d_ret']:>11.2e}"
+              f"{'yes' if r['ok'] else 'NO':>7}")
+    print()
+    print("comppo ms: the drop-in on the device tensors, copies included; host ms: the same on NumPy "
+          "arrays (kernels only)")
+    for r in rows:
+        if r["copies"]:
+            print(f"copies per drop-in call ({r['workload']} {r['variant']}): {r['copies']} "
+                  "(the drop-in calls gae and masked_whiten: one round trip each)")
+    w1 = [r for r in rows if r["w1"]]
+    worst = min(r["speedup"] for r in w1)
+    met = worst >= TARGET
+    label = "W1" if not args.small else "W1 (small sizes: not the target workload)"
+    print(f"target ≥ {TARGET:g}× at {label}: {'met' if met else 'NOT met'} (lowest {worst:.1f}×)")
+    print(f"path checks on {device}: {n_calls - len(path_failures)}/{n_calls} calls agree with the CPU path")
+    print(f"total {time.perf_counter() - start:.1f} s")
+    if failures:
+        print(f"\nFAILED ({len(failures)}):", file=sys.stderr)
+        for f in failures[:40]:
+            print(f"  {f}", file=sys.stderr)
+        if len(failures) > 40:
+            print(f"  ... and {len(failures) - 40} more", file=sys.stderr)
+        return 1
+    if args.strict and not met:
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
