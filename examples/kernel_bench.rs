@@ -40,8 +40,36 @@ fn simple_rows(t: usize, r: &[f32], v: &[f32], g: &[f32], m: &[bool], a: &mut [f
     });
 }
 
+fn bench_groups(rounds: usize) {
+    let n = 65536;
+    let mut s = 3u64;
+    let scores: Vec<f64> = (0..n).map(|_| lcg(&mut s) as f64).collect();
+    let mut groups: Vec<i64> = (0..n).map(|i| (i / 16) as i64 * 7 + 3).collect();
+    for i in (1..n).rev() {
+        let j = (lcg(&mut s) * i as f32) as usize;
+        groups.swap(i, j);
+    }
+    let mut out = vec![0.0; n];
+    let mut t = vec![];
+    for _ in 0..rounds {
+        let t0 = Instant::now();
+        _core::outcome::group_advantages(
+            &scores,
+            &groups,
+            _core::outcome::Method::Grpo,
+            1e-6,
+            _core::outcome::Singleton::Zero,
+            &mut out,
+        )
+        .unwrap();
+        t.push(t0.elapsed().as_secs_f64());
+    }
+    println!("group_advantages 65536/16: {:.3} ms", median(t) * 1e3);
+}
+
 fn main() {
     let rounds = 30;
+    bench_groups(rounds);
     for (name, b, t) in [("W1 512x4096", 512usize, 4096usize), ("W2 64x16384", 64, 16384), ("W3 4096x512", 4096, 512)] {
         let n = b * t;
         let mut s = 1u64;

@@ -168,9 +168,17 @@ pub fn group_advantages(
     #[derive(Clone, Copy)]
     enum Rule {
         /// a = (s·k − center) / scale
-        Affine { k: f64, center: f64, scale: f64 },
+        Affine {
+            k: f64,
+            center: f64,
+            scale: f64,
+        },
         /// a = (s·k − (total − s·k)/others) / k
-        Rloo { k: f64, total: f64, others: f64 },
+        Rloo {
+            k: f64,
+            total: f64,
+            others: f64,
+        },
         Const(f64),
         Raw,
     }
@@ -209,7 +217,10 @@ pub fn group_advantages(
         return Err(KernelError::Parameter {
             arg: "scores",
             expected: "advantages representable in float64".into(),
-            got: format!("an overflow at index {i} (scores up to {:e})", scores.iter().fold(0.0f64, |m, s| m.max(s.abs()))),
+            got: format!(
+                "an overflow at index {i} (scores up to {:e})",
+                scores.iter().fold(0.0f64, |m, s| m.max(s.abs()))
+            ),
         });
     }
     Ok(())

@@ -47,42 +47,60 @@ impl Moments {
 /// dependent additions would run at the adder's latency instead).
 const ACC: usize = 8;
 
-/// `x` where valid, else +0.0, without a branch: an AND with an all-ones or all-zeros
-/// bit mask, which vectorizes (and keeps a NaN at a masked position out).
-#[inline(always)]
-fn keep(x: f64, valid: bool) -> f64 {
-    f64::from_bits(x.to_bits() & (valid as u64).wrapping_neg())
-}
-
 /// Moments of the valid values of one row: two passes over the row (it sits in cache
 /// for the second), each summing into `ACC` partial sums combined in a fixed order.
+///
+/// The fast form multiplies by the validity (0 or 1), which vectorizes; a NaN or ±inf
+/// at a *masked* position would poison it (0·NaN is NaN), so a non-finite result is
+/// recomputed with selects, which give the exact answer whatever masked positions hold.
 pub fn row_moments<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<usize>) -> Moments {
+    row_moments_flagged(x, mask, range).0
+}
+
+/// [`row_moments`], and whether the row needed the select form (a non-finite value,
+/// masked or not).
+fn row_moments_flagged<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<usize>) -> (Moments, bool) {
+    let (fast, finite) = row_moments_with(x, mask, range.clone(), |v, ok| v * (ok as u8 as f64));
+    if finite {
+        (fast, false)
+    } else {
+        (row_moments_with(x, mask, range, |v, ok| if ok { v } else { 0.0 }).0, true)
+    }
+}
+
+#[inline(always)]
+fn row_moments_with<F: Float, M: Mask>(
+    x: &[F],
+    mask: &M,
+    range: std::ops::Range<usize>,
+    keep: impl Fn(f64, bool) -> f64,
+) -> (Moments, bool) {
     debug_assert!(range.end <= x.len());
     let xs = &x[range.clone()];
-    // SAFETY (both closures): k < xs.len(), so range.start + k lies inside the
-    // validated layout.
+    // SAFETY: k < xs.len(), so range.start + k lies inside the validated layout.
     let at = |k: usize| unsafe { (mask.valid(range.start + k), xs.get_unchecked(k).to_f64()) };
     let len = xs.len();
     let body = len - len % ACC;
-    // counts as f64 (exact below 2^53) so that the whole loop stays in vector registers
+    // counts as f64 (exact below 2^53) so that the loop stays in vector registers
     let (mut n, mut sum) = ([0.0f64; ACC], [0.0f64; ACC]);
     for c in (0..body).step_by(ACC) {
         for k in 0..ACC {
             let (ok, v) = at(c + k);
-            n[k] += keep(1.0, ok);
+            n[k] += ok as u8 as f64;
             sum[k] += keep(v, ok);
         }
     }
     for j in body..len {
         let (ok, v) = at(j);
-        n[0] += keep(1.0, ok);
+        n[0] += ok as u8 as f64;
         sum[0] += keep(v, ok);
     }
     let n = n.iter().sum::<f64>() as usize;
+    let total: f64 = sum.iter().sum();
     if n == 0 {
-        return Moments::EMPTY;
+        return (Moments::EMPTY, total.is_finite());
     }
-    let mean = sum.iter().sum::<f64>() / n as f64;
+    let mean = total / n as f64;
     let mut m2 = [0.0f64; ACC];
     for c in (0..body).step_by(ACC) {
         for (k, acc) in m2.iter_mut().enumerate() {
@@ -96,16 +114,28 @@ pub fn row_moments<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<
         let d = keep(v - mean, ok);
         m2[0] += d * d;
     }
-    Moments { n, mean, m2: m2.iter().sum() }
+    let m = Moments { n, mean, m2: m2.iter().sum() };
+    (m, mean.is_finite() && m.m2.is_finite())
 }
 
 /// The batch moments of the valid values of `x`, merged in row order; a non-finite
 /// valid value is an error naming its position.
 pub fn batch_moments<F: Float, M: Mask>(layout: &Layout, x: &[F], mask: &M, arg: &'static str) -> Result<Moments> {
+    Ok(batch_moments_flagged(layout, x, mask, arg)?.0)
+}
+
+/// [`batch_moments`], and whether some masked position holds a non-finite value.
+fn batch_moments_flagged<F: Float, M: Mask>(
+    layout: &Layout,
+    x: &[F],
+    mask: &M,
+    arg: &'static str,
+) -> Result<(Moments, bool)> {
     let rows = pool::map((0..layout.rows()).collect(), layout.len() >= pool::PARALLEL_MIN, |b| {
-        row_moments(x, mask, layout.row(b))
+        row_moments_flagged(x, mask, layout.row(b))
     });
-    let total = rows.into_iter().fold(Moments::EMPTY, Moments::merge);
+    let masked_nonfinite = rows.iter().any(|r| r.1);
+    let total = rows.into_iter().map(|r| r.0).fold(Moments::EMPTY, Moments::merge);
     if !(total.mean.is_finite() && total.m2.is_finite()) {
         let e = first_offender(layout, mask, |i, valid| {
             let v = x[i].to_f64();
@@ -117,7 +147,7 @@ pub fn batch_moments<F: Float, M: Mask>(layout: &Layout, x: &[F], mask: &M, arg:
             got: "values too large to square".into(),
         }));
     }
-    Ok(total)
+    Ok((total, masked_nonfinite))
 }
 
 pub fn masked_whiten<F: Float, M: Mask>(
@@ -139,7 +169,7 @@ pub fn masked_whiten<F: Float, M: Mask>(
             got: format!("{eps}"),
         });
     }
-    let m = batch_moments(layout, x, &mask, "x")?;
+    let (m, masked_nonfinite) = batch_moments_flagged(layout, x, &mask, "x")?;
     if m.n < 2 {
         return Err(KernelError::Parameter {
             arg: "mask",
@@ -156,10 +186,22 @@ pub fn masked_whiten<F: Float, M: Mask>(
     let work: Vec<_> = tasks.iter().zip(pieces).collect();
     pool::map(work, n >= pool::PARALLEL_MIN, |(task, piece)| {
         let base = task.span.start;
-        for (j, (o, xi)) in piece.iter_mut().zip(&x[task.span.clone()]).enumerate() {
-            // SAFETY: base + j lies inside the validated layout.
-            let valid = unsafe { mask.valid(base + j) };
-            *o = F::from_f64(keep((xi.to_f64() - mean) * inv + add, valid));
+        let xs = &x[task.span.clone()];
+        if masked_nonfinite {
+            for (j, (o, xi)) in piece.iter_mut().zip(xs).enumerate() {
+                // SAFETY: base + j lies inside the validated layout.
+                let valid = unsafe { mask.valid(base + j) };
+                let w = (xi.to_f64() - mean) * inv + add;
+                *o = F::from_f64(if valid { w } else { 0.0 });
+            }
+        } else {
+            // every value finite: multiplying by the validity is exact and vectorizes
+            // (`+ 0.0` turns the −0.0 of a negative value times 0 into +0.0)
+            for (j, (o, xi)) in piece.iter_mut().zip(xs).enumerate() {
+                // SAFETY: base + j lies inside the validated layout.
+                let valid = unsafe { mask.valid(base + j) } as u8 as f64;
+                *o = F::from_f64(((xi.to_f64() - mean) * inv + add) * valid + 0.0);
+            }
         }
     });
     Ok(())
