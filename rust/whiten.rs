@@ -60,6 +60,28 @@ pub fn row_moments<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<
 /// [`row_moments`], and whether the row needed the select form (a non-finite value,
 /// masked or not).
 fn row_moments_flagged<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<usize>) -> (Moments, bool) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { row_moments_flagged_avx2(x, mask, range) };
+    }
+    row_moments_flagged_body(x, mask, range)
+}
+
+/// The same code compiled for AVX2: widening bools and f32s to f64 lanes is one
+/// instruction there, a shuffle cascade on the SSE2 baseline.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn row_moments_flagged_avx2<F: Float, M: Mask>(
+    x: &[F],
+    mask: &M,
+    range: std::ops::Range<usize>,
+) -> (Moments, bool) {
+    row_moments_flagged_body(x, mask, range)
+}
+
+#[inline(always)]
+fn row_moments_flagged_body<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<usize>) -> (Moments, bool) {
     let (fast, finite) = row_moments_with(x, mask, range.clone(), |v, ok| v * (ok as u8 as f64));
     if finite {
         (fast, false)
@@ -184,27 +206,61 @@ pub fn masked_whiten<F: Float, M: Mask>(
     let tasks = layout.tasks(task_size(n, pool::num_threads()));
     let pieces = split_by_tasks(out, &tasks);
     let work: Vec<_> = tasks.iter().zip(pieces).collect();
+    let (mean, inv, add) = (mean, inv, add);
     pool::map(work, n >= pool::PARALLEL_MIN, |(task, piece)| {
-        let base = task.span.start;
-        let xs = &x[task.span.clone()];
-        if masked_nonfinite {
-            for (j, (o, xi)) in piece.iter_mut().zip(xs).enumerate() {
+        let w = Whiten { x: &x[task.span.clone()], mask: &mask, base: task.span.start, mean, inv, add, masked_nonfinite };
+        w.write(piece)
+    });
+    Ok(())
+}
+
+/// The write pass of one task: `out[j] = (x[j] − mean)·inv + add` at valid positions.
+struct Whiten<'a, F, M> {
+    x: &'a [F],
+    mask: &'a M,
+    base: usize,
+    mean: f64,
+    inv: f64,
+    add: f64,
+    masked_nonfinite: bool,
+}
+
+impl<F: Float, M: Mask> Whiten<'_, F, M> {
+    fn write(&self, out: &mut [F]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { self.write_avx2(out) };
+        }
+        self.write_body(out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn write_avx2(&self, out: &mut [F]) {
+        self.write_body(out)
+    }
+
+    #[inline(always)]
+    fn write_body(&self, out: &mut [F]) {
+        let (mean, inv, add, base) = (self.mean, self.inv, self.add, self.base);
+        if self.masked_nonfinite {
+            for (j, (o, xi)) in out.iter_mut().zip(self.x).enumerate() {
                 // SAFETY: base + j lies inside the validated layout.
-                let valid = unsafe { mask.valid(base + j) };
+                let valid = unsafe { self.mask.valid(base + j) };
                 let w = (xi.to_f64() - mean) * inv + add;
                 *o = F::from_f64(if valid { w } else { 0.0 });
             }
         } else {
             // every value finite: multiplying by the validity is exact and vectorizes
             // (`+ 0.0` turns the −0.0 of a negative value times 0 into +0.0)
-            for (j, (o, xi)) in piece.iter_mut().zip(xs).enumerate() {
+            for (j, (o, xi)) in out.iter_mut().zip(self.x).enumerate() {
                 // SAFETY: base + j lies inside the validated layout.
-                let valid = unsafe { mask.valid(base + j) } as u8 as f64;
+                let valid = unsafe { self.mask.valid(base + j) } as u8 as f64;
                 *o = F::from_f64(((xi.to_f64() - mean) * inv + add) * valid + 0.0);
             }
         }
-    });
-    Ok(())
+    }
 }
 
 #[cfg(test)]
