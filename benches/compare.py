@@ -378,9 +378,11 @@ def run_dropins(rounds: int) -> list[dict]:
     tr, tv = torch.from_numpy(w.rewards), torch.from_numpy(w.values)
     tm = torch.from_numpy(w.mask.astype(np.float32))
 
+    m32 = tm.numpy()  # the same float32 mask the tensors carry: same work, only the wrapper differs
+
     def numpy_path():
-        adv, ret = cc.gae(w.rewards, w.values, mask=w.mask, gamma=GAMMA, lam=LAM, masked_rewards="drop")
-        return cc.masked_whiten(adv, mask=w.mask), ret
+        adv, ret = cc.gae(w.rewards, w.values, mask=m32, gamma=GAMMA, lam=LAM, masked_rewards="drop")
+        return cc.masked_whiten(adv, mask=m32), ret
 
     fns: dict[str, Callable[[], object]] = {
         "drop-in (torch CPU)": lambda: verl_dropin.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM),
