@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _core
 from ._torch import tensor_io
-from ._arrays import Outputs, as_numpy, check_choice, check_unit, flat_float, float_dtypes, layout_of, per_row
+from ._arrays import Layout, Outputs, as_numpy, check_choice, check_unit, flat_float, float_dtypes, layout_of, per_row
 
 __all__ = ["GAEResult", "gae", "td_targets"]
 
@@ -30,6 +30,40 @@ class GAEResult(NamedTuple):
 
     advantages: np.ndarray
     returns: np.ndarray
+
+
+class _Inputs(NamedTuple):
+    """The arrays of a GAE-family call, prepared for the kernels."""
+
+    rewards: np.ndarray  # as given (NumPy view)
+    values: np.ndarray  # as given (NumPy view)
+    compute: np.dtype
+    output: np.dtype
+    layout: Layout
+    r_flat: np.ndarray
+    v_flat: np.ndarray
+    g_flat: np.ndarray | None
+    last_values: np.ndarray | None
+    gamma: float
+
+
+def _prepare(rewards: Any, values: Any, mask: Any, cu_seqlens: Any, gates: Any, last_values: Any, gamma: Any) -> _Inputs:
+    r = as_numpy(rewards, "rewards")
+    v = as_numpy(values, "values")
+    compute, output = float_dtypes(r, "rewards")
+    lay = layout_of(r, "rewards", mask, cu_seqlens)
+    return _Inputs(
+        rewards=r,
+        values=v,
+        compute=compute,
+        output=output,
+        layout=lay,
+        r_flat=flat_float(r, "rewards", lay.shape, compute),
+        v_flat=flat_float(v, "values", lay.shape, compute),
+        g_flat=None if gates is None else flat_float(gates, "gates", lay.shape, compute),
+        last_values=per_row(last_values, "last_values", lay.rows),
+        gamma=check_unit("gamma", gamma),
+    )
 
 
 @tensor_io("rewards", "values", "mask", "cu_seqlens", "gates", "last_values")
@@ -70,30 +104,23 @@ def gae(
       ``GAEResult(advantages, returns)`` shaped like ``rewards``, in its dtype (float16
       is computed in float32; accumulation is float64 whatever the dtype).
     """
-    r = as_numpy(rewards, "rewards")
-    compute, output = float_dtypes(r, "rewards")
-    lay = layout_of(r, "rewards", mask, cu_seqlens)
-    r_flat = flat_float(r, "rewards", lay.shape, compute)
-    v_flat = flat_float(values, "values", lay.shape, compute)
-    g_flat = None if gates is None else flat_float(gates, "gates", lay.shape, compute)
-    gamma_ = check_unit("gamma", gamma)
+    x = _prepare(rewards, values, mask, cu_seqlens, gates, last_values, gamma)
     lam_ = check_unit("lam", lam)
     lam_c = lam_ if lam_critic is None else check_unit("lam_critic", lam_critic)
     drop = check_choice("masked_rewards", masked_rewards, ("error", "drop")) == "drop"
-    lv = per_row(last_values, "last_values", lay.rows)
-    inputs = (r, as_numpy(values, "values"), r_flat, v_flat, g_flat, lay.mask, lv)
-    outs = Outputs(("advantages", "returns"), lay.shape, compute, output, out, inputs)
+    inputs = (x.rewards, x.values, x.r_flat, x.v_flat, x.g_flat, x.layout.mask, x.last_values)
+    outs = Outputs(("advantages", "returns"), x.layout.shape, x.compute, x.output, out, inputs)
     _core.gae(
-        r_flat,
-        v_flat,
+        x.r_flat,
+        x.v_flat,
         *outs.kernel,
-        gates=g_flat,
-        gamma=gamma_,
+        gates=x.g_flat,
+        gamma=x.gamma,
         lam=lam_,
         lam_critic=lam_c,
-        last_values=lv,
+        last_values=x.last_values,
         drop_masked_rewards=drop,
-        **lay.kernel_args(),
+        **x.layout.kernel_args(),
     )
     adv, ret = outs.finish()
     return GAEResult(adv, ret)
@@ -116,14 +143,9 @@ def td_targets(
     ``last_values[b]`` (default 0) after its last one. Masked positions get 0. Shapes,
     layouts and dtypes as :func:`gae`.
     """
-    r = as_numpy(rewards, "rewards")
-    compute, output = float_dtypes(r, "rewards")
-    lay = layout_of(r, "rewards", mask, cu_seqlens)
-    r_flat = flat_float(r, "rewards", lay.shape, compute)
-    v_flat = flat_float(values, "values", lay.shape, compute)
-    g_flat = None if gates is None else flat_float(gates, "gates", lay.shape, compute)
-    gamma_ = check_unit("gamma", gamma)
-    lv = per_row(last_values, "last_values", lay.rows)
-    outs = Outputs(("targets",), lay.shape, compute, output, None, ())
-    _core.td_targets(r_flat, v_flat, *outs.kernel, gates=g_flat, gamma=gamma_, last_values=lv, **lay.kernel_args())
+    x = _prepare(rewards, values, mask, cu_seqlens, gates, last_values, gamma)
+    outs = Outputs(("targets",), x.layout.shape, x.compute, x.output, None, ())
+    _core.td_targets(
+        x.r_flat, x.v_flat, *outs.kernel, gates=x.g_flat, gamma=x.gamma, last_values=x.last_values, **x.layout.kernel_args()
+    )
     return outs.finish()[0]
