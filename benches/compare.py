@@ -389,7 +389,7 @@ def run_dropins(rounds: int) -> list[dict]:
         "numpy path": numpy_path,
     }
     t = measure(fns, rounds)
-    t["verl loop"] = measure({"verl loop": lambda: verl_gae_and_whiten(tr, tv, tm, GAMMA, LAM)}, max(1, rounds // 10))[
+    t["verl loop"] = measure({"verl loop": lambda: verl_gae_and_whiten(tr, tv, tm, GAMMA, LAM)}, max(3, rounds // 4))[
         "verl loop"
     ]
     a, _ = verl_dropin.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)
