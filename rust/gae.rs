@@ -158,8 +158,8 @@ impl<F: Float, M: Mask, G: Gates> Kernel<'_, F, M, G> {
     /// end of every row costs a prefetcher restart per row).
     fn task<const DUAL: bool>(&self, task: &Task, adv: &mut [F], ret: &mut [F]) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2.
+        if crate::cpu::avx2() {
+            // SAFETY: cpu::avx2() checked that the CPU has AVX2.
             return unsafe { self.task_avx2::<DUAL>(task, adv, ret) };
         }
         self.task_body::<DUAL>(task, adv, ret)

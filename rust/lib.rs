@@ -7,6 +7,7 @@
 
 pub mod broadcast;
 pub mod checks;
+pub mod cpu;
 pub mod element;
 pub mod error;
 pub mod gae;

@@ -61,7 +61,7 @@ pub fn row_moments<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<
 /// masked or not).
 fn row_moments_flagged<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<usize>) -> (Moments, bool) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
+    if crate::cpu::avx2() {
         // SAFETY: the CPU has AVX2.
         return unsafe { row_moments_flagged_avx2(x, mask, range) };
     }
@@ -208,7 +208,8 @@ pub fn masked_whiten<F: Float, M: Mask>(
     let work: Vec<_> = tasks.iter().zip(pieces).collect();
     let (mean, inv, add) = (mean, inv, add);
     pool::map(work, n >= pool::PARALLEL_MIN, |(task, piece)| {
-        let w = Whiten { x: &x[task.span.clone()], mask: &mask, base: task.span.start, mean, inv, add, masked_nonfinite };
+        let w =
+            Whiten { x: &x[task.span.clone()], mask: &mask, base: task.span.start, mean, inv, add, masked_nonfinite };
         w.write(piece)
     });
     Ok(())
@@ -228,7 +229,7 @@ struct Whiten<'a, F, M> {
 impl<F: Float, M: Mask> Whiten<'_, F, M> {
     fn write(&self, out: &mut [F]) {
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") {
+        if crate::cpu::avx2() {
             // SAFETY: the CPU has AVX2.
             return unsafe { self.write_avx2(out) };
         }
