@@ -327,9 +327,9 @@ mod tests {
             let (mut a, mut ret) = (vec![9.0; n], vec![9.0; n]);
             let p = GaeParams { gamma: 0.9, lam: 0.8, lam_critic: 0.8, drop_masked_rewards: false };
             gae(&layout, &r, &v, &m[..], &g[..], Some(&lv), &p, &mut a, &mut ret).unwrap();
-            for b in 0..lens.len() {
+            for (b, &last) in lv.iter().enumerate() {
                 let rg = layout.row(b);
-                let want = naive(&r[rg.clone()], &v[rg.clone()], &m[rg.clone()], &g[rg.clone()], 0.9, 0.8, lv[b]);
+                let want = naive(&r[rg.clone()], &v[rg.clone()], &m[rg.clone()], &g[rg.clone()], 0.9, 0.8, last);
                 assert_eq!(&a[rg.clone()], &want[..], "row {b}");
                 for (k, i) in rg.enumerate() {
                     let want_ret = if m[i] { want[k] + v[i] } else { 0.0 };
