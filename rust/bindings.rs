@@ -104,6 +104,25 @@ fn contiguous<'a, T: Element>(py: Python<'_>, arg: &str, a: &'a PyReadonlyArray1
     a.as_slice().map_err(|_| raise(py, "ShapeError", format!("{arg}: expected a C-contiguous array")))
 }
 
+/// An optional contiguous 1-D argument as a slice.
+fn optional<'a, T: Element>(
+    py: Python<'_>,
+    arg: &str,
+    a: &'a Option<PyReadonlyArray1<'_, T>>,
+) -> PyResult<Option<&'a [T]>> {
+    a.as_ref().map(|a| contiguous(py, arg, a)).transpose()
+}
+
+/// Calls the generic `$f::<F>(args)` with `F` the float type of the array `$on`.
+macro_rules! by_dtype {
+    ($on:expr, $f:ident($($arg:expr),*)) => {
+        match $on {
+            Floats::F32(_) => $f::<f32>($($arg),*),
+            Floats::F64(_) => $f::<f64>($($arg),*),
+        }
+    };
+}
+
 fn typed<'a, F: FloatDtype>(py: Python<'_>, arg: &str, a: &'a Floats<'_>) -> PyResult<&'a [F]> {
     match F::of(a) {
         Some(x) => contiguous(py, arg, x),
@@ -236,8 +255,8 @@ fn gae<'py>(
     last_values: Option<PyReadonlyArray1<'py, f64>>,
     drop_masked_rewards: bool,
 ) -> PyResult<()> {
-    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
-    let lv = last_values.as_ref().map(|a| contiguous(py, "last_values", a)).transpose()?;
+    let cu = optional(py, "cu_seqlens", &cu_seqlens)?;
+    let lv = optional(py, "last_values", &last_values)?;
     let params = GaeParams { gamma, lam, lam_critic, drop_masked_rewards };
     let is_f32 = matches!(rewards, Floats::F32(_));
     let call =
@@ -291,12 +310,9 @@ fn td_targets<'py>(
     gamma: f64,
     last_values: Option<PyReadonlyArray1<'py, f64>>,
 ) -> PyResult<()> {
-    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
-    let lv = last_values.as_ref().map(|a| contiguous(py, "last_values", a)).transpose()?;
-    match rewards {
-        Floats::F32(_) => td_typed::<f32>(py, &rewards, &values, &mut out, &mask, &gates, cu, shape, gamma, lv),
-        Floats::F64(_) => td_typed::<f64>(py, &rewards, &values, &mut out, &mask, &gates, cu, shape, gamma, lv),
-    }
+    let cu = optional(py, "cu_seqlens", &cu_seqlens)?;
+    let lv = optional(py, "last_values", &last_values)?;
+    by_dtype!(rewards, td_typed(py, &rewards, &values, &mut out, &mask, &gates, cu, shape, gamma, lv))
 }
 
 fn gates_typed<F: FloatDtype>(
@@ -348,11 +364,8 @@ fn gates_from_concentration<'py>(
         }
     };
     let params = GateParams { low, high, sharpness, normalize, invert };
-    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
-    match concentration {
-        Floats::F32(_) => gates_typed::<f32>(py, &concentration, &mut out, &mask, cu, shape, &params),
-        Floats::F64(_) => gates_typed::<f64>(py, &concentration, &mut out, &mask, cu, shape, &params),
-    }
+    let cu = optional(py, "cu_seqlens", &cu_seqlens)?;
+    by_dtype!(concentration, gates_typed(py, &concentration, &mut out, &mask, cu, shape, &params))
 }
 
 /// Group-relative outcome advantages into a preallocated float64 `out`.
@@ -420,11 +433,8 @@ fn broadcast<'py>(
     cu_seqlens: Option<PyReadonlyArray1<'py, i64>>,
     shape: (usize, usize),
 ) -> PyResult<()> {
-    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
-    match per_sequence {
-        Floats::F32(_) => broadcast_typed::<f32>(py, &per_sequence, &mut out, &mask, cu, shape),
-        Floats::F64(_) => broadcast_typed::<f64>(py, &per_sequence, &mut out, &mask, cu, shape),
-    }
+    let cu = optional(py, "cu_seqlens", &cu_seqlens)?;
+    by_dtype!(per_sequence, broadcast_typed(py, &per_sequence, &mut out, &mask, cu, shape))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -459,11 +469,8 @@ fn masked_whiten<'py>(
     shift_mean: bool,
     eps: f64,
 ) -> PyResult<()> {
-    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
-    match x {
-        Floats::F32(_) => whiten_typed::<f32>(py, &x, &mut out, &mask, cu, shape, shift_mean, eps),
-        Floats::F64(_) => whiten_typed::<f64>(py, &x, &mut out, &mask, cu, shape, shift_mean, eps),
-    }
+    let cu = optional(py, "cu_seqlens", &cu_seqlens)?;
+    by_dtype!(x, whiten_typed(py, &x, &mut out, &mask, cu, shape, shift_mean, eps))
 }
 
 fn stats_typed<'py, F: FloatDtype>(
@@ -498,11 +505,8 @@ fn credit_stats<'py>(
     cu_seqlens: Option<PyReadonlyArray1<'py, i64>>,
     shape: (usize, usize),
 ) -> PyResult<Bound<'py, PyDict>> {
-    let cu = cu_seqlens.as_ref().map(|a| contiguous(py, "cu_seqlens", a)).transpose()?;
-    match x {
-        Floats::F32(_) => stats_typed::<f32>(py, &x, &mask, cu, shape),
-        Floats::F64(_) => stats_typed::<f64>(py, &x, &mask, cu, shape),
-    }
+    let cu = optional(py, "cu_seqlens", &cu_seqlens)?;
+    by_dtype!(x, stats_typed(py, &x, &mask, cu, shape))
 }
 
 /// Sets the number of threads the kernels use (>= 1).
