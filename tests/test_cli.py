@@ -11,6 +11,7 @@ import pytest
 
 import comppo_core
 from comppo_core import cli
+from comppo_core.commands import synthetic
 
 HEADER = re.compile(r"^\s*position\s+reward\s+value\s+concentration\s+gate\s+GAE adv\s+Comp-GAE adv\s*$")
 
@@ -32,7 +33,7 @@ def _table_rows(out: str) -> np.ndarray:
 
 
 def test_synthetic_batch_is_well_formed() -> None:
-    data = cli.synthetic_batch(3, 16, 50)
+    data = synthetic.synthetic_batch(3, 16, 50)
     rewards, values, mask, conc, lengths = data
     assert rewards.shape == values.shape == mask.shape == conc.shape == (16, 50)
     assert mask.dtype == np.bool_
@@ -52,16 +53,16 @@ def test_synthetic_batch_is_well_formed() -> None:
 
 
 def test_synthetic_batch_is_deterministic() -> None:
-    a = cli.synthetic_batch(7, 5, 40)
-    b = cli.synthetic_batch(7, 5, 40)
-    c = cli.synthetic_batch(8, 5, 40)
+    a = synthetic.synthetic_batch(7, 5, 40)
+    b = synthetic.synthetic_batch(7, 5, 40)
+    c = synthetic.synthetic_batch(8, 5, 40)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
     assert not np.array_equal(a.values, c.values)
 
 
 def test_synthetic_batch_tiny() -> None:
-    rewards, _, mask, _, lengths = cli.synthetic_batch(0, 3, 1)
+    rewards, _, mask, _, lengths = synthetic.synthetic_batch(0, 3, 1)
     np.testing.assert_array_equal(lengths, [1, 1, 1])
     assert mask.all()
     assert np.all(np.abs(rewards) == 1)
@@ -73,7 +74,7 @@ def test_demo_table_matches_library(capsys: pytest.CaptureFixture[str]) -> None:
     table = _table_rows(out)
     assert table.shape == (5, 7)
 
-    rewards, values, mask, conc, lengths = cli.synthetic_batch(0, 8, 64)
+    rewards, values, mask, conc, lengths = synthetic.synthetic_batch(0, 8, 64)
     n0 = int(lengths[0])
     assert f"length {n0} of 64" in out
     pos = table[:, 0].astype(int)
@@ -112,7 +113,7 @@ def test_demo_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     table = _table_rows(out)
-    lengths = cli.synthetic_batch(5, 3, 20).lengths
+    lengths = synthetic.synthetic_batch(5, 3, 20).lengths
     assert table.shape == (int(lengths[2]), 7)  # --tokens larger than the response: all of it
     assert np.all((table[:, 4] >= 0.2 - 1e-4) & (table[:, 4] <= 0.3 + 1e-4))
 
