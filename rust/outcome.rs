@@ -33,24 +33,32 @@ pub enum Singleton {
     Raw,
 }
 
-/// Per-group running sums: count, sum, the first score and whether all scores so far
-/// equal it, and (GRPO) the squared deviations from the mean.
+/// Per-group running sums of the first pass: count, sum, and the smallest and largest
+/// score (all equal ⇔ `min == max`; the largest magnitude is `max(|min|, |max|)`).
+/// 32 bytes, so a group's state sits in one cache line.
 #[derive(Clone, Copy)]
 struct Group {
-    n: u32,
-    equal: bool,
-    first: f64,
-    amax: f64,
-    /// Power-of-two scale of the group's sums: 1, or the power of two that brings its
-    /// largest |score| into [0.5, 1] when scores are so large that sums could overflow
-    /// or so small that squares underflow (exact, so ordinary groups are unaffected).
-    k: f64,
+    n: u64,
     sum: f64,
-    sq_dev: f64,
+    min: f64,
+    max: f64,
 }
 
 impl Group {
-    const EMPTY: Group = Group { n: 0, equal: true, first: 0.0, amax: 0.0, k: 1.0, sum: 0.0, sq_dev: 0.0 };
+    const EMPTY: Group = Group { n: 0, sum: 0.0, min: f64::INFINITY, max: f64::NEG_INFINITY };
+
+    #[inline(always)]
+    fn add(&mut self, s: f64) {
+        self.n += 1;
+        self.sum += s;
+        // scores are finite here, so plain comparisons (one minsd/maxsd) suffice
+        self.min = if s < self.min { s } else { self.min };
+        self.max = if s > self.max { s } else { self.max };
+    }
+
+    fn amax(&self) -> f64 {
+        self.min.abs().max(self.max.abs())
+    }
 }
 
 /// A multiplicative hash for integer keys (group ids are not adversarial; SipHash
@@ -72,33 +80,73 @@ impl Hasher for IdHasher {
     }
 }
 
-/// The dense group index (0..groups) of every sequence, in order of first appearance.
-fn dense_ids(groups: &[i64]) -> (Vec<u32>, usize) {
-    let mut ids = Vec::with_capacity(groups.len());
+/// Writes the dense group index of every sequence (0..groups, in order of first
+/// appearance) into `ids` and returns the number of groups.
+///
+/// `ids` is the caller's output buffer, used as scratch: each index is stored as the
+/// bit pattern of an `f64` (read back with [`id_at`]) and overwritten with the
+/// advantage in the last pass, which saves allocating (and page-faulting) an index
+/// array per call.
+fn dense_ids(groups: &[i64], ids: &mut [f64]) -> usize {
     let (lo, hi) = groups.iter().fold((i64::MAX, i64::MIN), |(lo, hi), &g| (lo.min(g), hi.max(g)));
     let span = (hi as i128 - lo as i128) as u128;
     if !groups.is_empty() && span < (4 * groups.len() as u128 + 1024) {
         // ids in a compact range: a direct table
         let mut table = vec![u32::MAX; span as usize + 1];
         let mut next = 0u32;
-        for &g in groups {
+        for (&g, id) in groups.iter().zip(ids.iter_mut()) {
+            // branch-free: first appearances are too irregular to predict
             let slot = &mut table[(g - lo) as usize];
-            if *slot == u32::MAX {
-                *slot = next;
-                next += 1;
-            }
-            ids.push(*slot);
+            let fresh = *slot == u32::MAX;
+            *slot = if fresh { next } else { *slot };
+            next += fresh as u32;
+            *id = f64::from_bits(*slot as u64);
         }
-        (ids, next as usize)
+        next as usize
     } else {
         let mut map: HashMap<i64, u32, BuildHasherDefault<IdHasher>> = HashMap::default();
-        for &g in groups {
+        for (&g, id) in groups.iter().zip(ids.iter_mut()) {
             let next = map.len() as u32;
-            ids.push(*map.entry(g).or_insert(next));
+            *id = f64::from_bits(*map.entry(g).or_insert(next) as u64);
         }
-        let n = map.len();
-        (ids, n)
+        map.len()
     }
+}
+
+/// The group index [`dense_ids`] stored at one position.
+#[inline(always)]
+fn id_at(slot: &f64) -> usize {
+    slot.to_bits() as usize
+}
+
+/// First pass: the dense group index of every sequence (into `ids`) and each group's
+/// running sums.
+fn index_and_sum(scores: &[f64], groups: &[i64], ids: &mut [f64]) -> Vec<Group> {
+    let n_groups = dense_ids(groups, ids);
+    let mut sums = vec![Group::EMPTY; n_groups];
+    for (&s, id) in scores.iter().zip(ids.iter()) {
+        sums[id_at(id)].add(s);
+    }
+    sums
+}
+
+/// A group's advantages as one affine map of its scores, `a = (s·k − center) / scale`,
+/// bit-equal to the formulas of the module docs:
+///
+/// * `k` is 1, or the power of two that rescales an extreme group (exact);
+/// * a constant 0 (singleton or all-equal group) is `k = 0, center = −0.0, scale = 1`,
+///   which gives `+0.0` for every finite score;
+/// * a singleton passed through raw is `k = 1, center = 0, scale = 1`.
+#[derive(Clone, Copy)]
+struct Affine {
+    k: f64,
+    center: f64,
+    scale: f64,
+}
+
+impl Affine {
+    const ZERO: Affine = Affine { k: 0.0, center: -0.0, scale: 1.0 };
+    const RAW: Affine = Affine { k: 1.0, center: 0.0, scale: 1.0 };
 }
 
 /// Group-relative advantages of `scores` grouped by `groups`, written into `out`.
@@ -127,93 +175,99 @@ pub fn group_advantages(
             got: format!("{eps}"),
         });
     }
-    if let Some(i) = scores.iter().position(|s| !s.is_finite()) {
+    if !scores.iter().fold(true, |ok, s| ok & s.is_finite()) {
+        let i = scores.iter().position(|s| !s.is_finite()).unwrap_or(0);
         return Err(KernelError::NonFiniteIndex { arg: "scores", index: i, value: scores[i] });
     }
-    let (ids, n_groups) = dense_ids(groups);
-    let mut g = vec![Group::EMPTY; n_groups];
-    for (&s, &id) in scores.iter().zip(&ids) {
-        let gr = &mut g[id as usize];
-        if gr.n == 0 {
-            gr.first = s;
-        }
-        gr.n += 1;
-        gr.sum += s;
-        gr.amax = gr.amax.max(s.abs());
-        gr.equal &= s == gr.first;
-    }
+    let mut sums = index_and_sum(scores, groups, out);
     // Groups whose scores are all beyond 2^±500 are summed again scaled by a power of
     // two, so that neither their sums overflow nor their squared deviations underflow.
-    let extreme = |gr: &Group| gr.amax > 1e150 || (gr.amax > 0.0 && gr.amax < 1e-150);
-    if g.iter().any(extreme) {
-        for gr in g.iter_mut().filter(|gr| extreme(gr)) {
-            gr.k = (-(gr.amax.log2().ceil())).exp2();
-            gr.sum = 0.0;
+    let extreme = |gr: &Group| {
+        let amax = gr.amax();
+        amax > 1e150 || (amax > 0.0 && amax < 1e-150)
+    };
+    let mut k = vec![1.0f64; sums.len()];
+    let any_extreme = sums.iter().any(extreme);
+    if any_extreme {
+        for (gr, k) in sums.iter_mut().zip(k.iter_mut()) {
+            if extreme(gr) {
+                *k = (-(gr.amax().log2().ceil())).exp2();
+                gr.sum = 0.0;
+            }
         }
-        for (&s, &id) in scores.iter().zip(&ids) {
-            let gr = &mut g[id as usize];
-            if gr.k != 1.0 {
-                gr.sum += s * gr.k;
+        for (&s, id) in scores.iter().zip(out.iter()) {
+            let id = id_at(id);
+            if k[id] != 1.0 {
+                sums[id].sum += s * k[id];
             }
         }
     }
+    let means: Vec<f64> = sums.iter().map(|gr| gr.sum / gr.n as f64).collect();
+    // Second pass (GRPO): squared deviations from the (scaled) group mean.
+    let mut sq_dev = vec![0.0f64; if method == Method::Grpo { sums.len() } else { 0 }];
     if method == Method::Grpo {
-        for (&s, &id) in scores.iter().zip(&ids) {
-            let gr = &mut g[id as usize];
-            let d = s * gr.k - gr.sum / gr.n as f64;
-            gr.sq_dev += d * d;
+        if any_extreme {
+            for (&s, id) in scores.iter().zip(out.iter()) {
+                let id = id_at(id);
+                let d = s * k[id] - means[id];
+                sq_dev[id] += d * d;
+            }
+        } else {
+            // k ≡ 1: the same sums without the multiplications by one
+            for (&s, id) in scores.iter().zip(out.iter()) {
+                let id = id_at(id);
+                let d = s - means[id];
+                sq_dev[id] += d * d;
+            }
         }
     }
-    // per group: a = (s − center) / scale, or a constant
-    #[derive(Clone, Copy)]
-    enum Rule {
-        /// a = (s·k − center) / scale
-        Affine {
-            k: f64,
-            center: f64,
-            scale: f64,
-        },
-        /// a = (s·k − (total − s·k)/others) / k
-        Rloo {
-            k: f64,
-            total: f64,
-            others: f64,
-        },
-        Const(f64),
-        Raw,
-    }
-    let rules: Vec<Rule> = g
-        .iter()
-        .map(|gr| {
-            let k = gr.n as f64;
-            if gr.n == 1 {
-                match singleton {
-                    Singleton::Zero => Rule::Const(0.0),
-                    Singleton::Raw => Rule::Raw,
+    let constant = |gr: &Group| gr.n == 1 || gr.min == gr.max;
+    let singleton_rule = match singleton {
+        Singleton::Zero => Affine::ZERO,
+        Singleton::Raw => Affine::RAW,
+    };
+    if method == Method::Rloo {
+        // a = (s·k − (total − s·k)/(n − 1)) / k: not affine in one division, so its own loop.
+        let rules: Vec<Option<(f64, f64, f64)>> = sums
+            .iter()
+            .zip(&k)
+            .map(|(gr, &k)| if constant(gr) { None } else { Some((k, gr.sum, gr.n as f64 - 1.0)) })
+            .collect();
+        for (o, &s) in out.iter_mut().zip(scores) {
+            let id = id_at(o);
+            let gr = &sums[id];
+            *o = match rules[id] {
+                Some((k, total, others)) => (s * k - (total - s * k) / others) / k,
+                None if gr.n == 1 => (s * singleton_rule.k - singleton_rule.center) / singleton_rule.scale,
+                None => 0.0,
+            };
+        }
+    } else {
+        let rules: Vec<Affine> = sums
+            .iter()
+            .enumerate()
+            .map(|(g, gr)| {
+                if gr.n == 1 {
+                    singleton_rule
+                } else if gr.min == gr.max {
+                    Affine::ZERO
+                } else {
+                    let (k, mean) = (k[g], means[g]);
+                    let scale = match method {
+                        Method::Grpo => (sq_dev[g] / (gr.n as f64 - 1.0)).sqrt() + eps * k,
+                        _ => k,
+                    };
+                    Affine { k, center: mean, scale }
                 }
-            } else if gr.equal {
-                Rule::Const(0.0)
-            } else {
-                let mean = gr.sum / k;
-                match method {
-                    Method::Grpo => {
-                        Rule::Affine { k: gr.k, center: mean, scale: (gr.sq_dev / (k - 1.0)).sqrt() + eps * gr.k }
-                    }
-                    Method::DrGrpo | Method::ReinforceBaseline => Rule::Affine { k: gr.k, center: mean, scale: gr.k },
-                    Method::Rloo => Rule::Rloo { k: gr.k, total: gr.sum, others: k - 1.0 },
-                }
-            }
-        })
-        .collect();
-    for ((o, &s), &id) in out.iter_mut().zip(scores).zip(&ids) {
-        *o = match rules[id as usize] {
-            Rule::Affine { k, center, scale } => (s * k - center) / scale,
-            Rule::Rloo { k, total, others } => (s * k - (total - s * k) / others) / k,
-            Rule::Const(c) => c,
-            Rule::Raw => s,
-        };
+            })
+            .collect();
+        for (o, &s) in out.iter_mut().zip(scores) {
+            let r = rules[id_at(o)];
+            *o = (s * r.k - r.center) / r.scale;
+        }
     }
-    if let Some(i) = out.iter().position(|a| !a.is_finite()) {
+    if !out.iter().fold(true, |ok, a| ok & a.is_finite()) {
+        let i = out.iter().position(|a| !a.is_finite()).unwrap_or(0);
         return Err(KernelError::Parameter {
             arg: "scores",
             expected: "advantages representable in float64".into(),
