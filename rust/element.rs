@@ -8,6 +8,11 @@
 pub trait Float: Copy + Send + Sync + 'static {
     fn to_f64(self) -> f64;
     fn from_f64(x: f64) -> Self;
+    /// The slice as `f32`s when `Self` is `f32` (lets a kernel take a hand-vectorized path).
+    #[inline(always)]
+    fn as_f32s(_x: &[Self]) -> Option<&[f32]> {
+        None
+    }
 }
 
 impl Float for f32 {
@@ -18,6 +23,10 @@ impl Float for f32 {
     #[inline(always)]
     fn from_f64(x: f64) -> Self {
         x as f32
+    }
+    #[inline(always)]
+    fn as_f32s(x: &[Self]) -> Option<&[f32]> {
+        Some(x)
     }
 }
 
@@ -35,6 +44,11 @@ impl Float for f64 {
 /// An element of a validity mask: nonzero means "valid token".
 pub trait MaskElem: Copy + Send + Sync + 'static {
     fn is_valid(self) -> bool;
+    /// The slice as `bool`s when `Self` is `bool` (one byte, 0 or 1, per position).
+    #[inline(always)]
+    fn as_bools(_m: &[Self]) -> Option<&[bool]> {
+        None
+    }
 }
 
 macro_rules! int_mask {
@@ -51,6 +65,10 @@ impl MaskElem for bool {
     #[inline(always)]
     fn is_valid(self) -> bool {
         self
+    }
+    #[inline(always)]
+    fn as_bools(m: &[Self]) -> Option<&[bool]> {
+        Some(m)
     }
 }
 
@@ -86,6 +104,11 @@ pub trait Mask: Sync + Send + Copy {
     fn elem_size(&self) -> usize {
         1
     }
+    /// The mask as `bool`s when it is an array of `bool` (for hand-vectorized paths).
+    #[inline(always)]
+    fn as_bools(&self) -> Option<&[bool]> {
+        None
+    }
 }
 
 /// No mask given: every position is valid.
@@ -117,6 +140,10 @@ impl<M: MaskElem> Mask for &[M] {
     #[inline(always)]
     fn prefetch_before(&self, i: usize, len: usize, bytes: usize) {
         prefetch_before(self, i, len, bytes);
+    }
+    #[inline(always)]
+    fn as_bools(&self) -> Option<&[bool]> {
+        M::as_bools(self)
     }
 }
 

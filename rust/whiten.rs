@@ -7,8 +7,9 @@
 //! ```
 //!
 //! Masked positions get 0. Each row's count, mean and squared deviations are computed
-//! on its own (two passes over a row that sits in cache) and merged in row order
-//! (Chan et al.), so the result does not depend on the thread count.
+//! on its own (one pass of sums and sums of squares, with a second, two-pass-formula
+//! pass over the cached row when the first would cancel more than three bits) and
+//! merged in row order (Chan et al.), so the result does not depend on the thread count.
 
 use crate::checks::{check_len, first_offender, KernelErrorAt};
 use crate::element::{Float, Mask};
@@ -45,10 +46,11 @@ impl Moments {
 
 /// Partial sums kept side by side so the loops vectorize (one long chain of
 /// dependent additions would run at the adder's latency instead).
-const ACC: usize = 8;
+const ACC: usize = 16;
 
-/// Moments of the valid values of one row: two passes over the row (it sits in cache
-/// for the second), each summing into `ACC` partial sums combined in a fixed order.
+/// Moments of the valid values of one row: one pass summing `x` and `x²` into `ACC`
+/// partial sums combined in a fixed order, then [`finish_row`] (which may take a second
+/// pass over the row, still in cache, when the one-pass variance would cancel).
 ///
 /// The fast form multiplies by the validity (0 or 1), which vectorizes; a NaN or ±inf
 /// at a *masked* position would poison it (0·NaN is NaN), so a non-finite result is
@@ -62,10 +64,120 @@ pub fn row_moments<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<
 fn row_moments_flagged<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<usize>) -> (Moments, bool) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::avx2() {
+        if let (Some(xs), Some(ms)) = (F::as_f32s(x), mask.as_bools()) {
+            // float32 values and a bool mask, the common case: the same arithmetic in
+            // the same order, written with AVX2 intrinsics (the auto-vectorizer
+            // scalarizes the byte-to-f64 widening).
+            // SAFETY: the CPU has AVX2; the caller validated range against both slices.
+            let (m, finite) = unsafe { avx2::row_moments_f32_bool(xs, ms, range.clone()) };
+            if finite {
+                return (m, false);
+            }
+            return (row_moments_with(x, mask, range, |v, ok| if ok { v } else { 0.0 }).0, true);
+        }
         // SAFETY: the CPU has AVX2.
         return unsafe { row_moments_flagged_avx2(x, mask, range) };
     }
     row_moments_flagged_body(x, mask, range)
+}
+
+/// Hand-vectorized forms of [`row_moments_with`]'s fast path. Lane `k` of the four
+/// 4-lane accumulators is partial sum `k` of the portable code, and the partial sums
+/// are combined in the same order, so results are bit-identical to it.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{finish_row, Moments, ACC};
+    use std::arch::x86_64::*;
+
+    const _: () = assert!(ACC == 16, "four vectors of four f64 lanes");
+
+    /// Validity bytes `m[i..i + 16]` as four vectors of 0.0/1.0.
+    #[inline(always)]
+    unsafe fn validity(m: *const bool, i: usize) -> [__m256d; 4] {
+        let bytes = _mm_loadu_si128(m.add(i) as *const __m128i);
+        [
+            _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(bytes)),
+            _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_srli_si128::<4>(bytes))),
+            _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_srli_si128::<8>(bytes))),
+            _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_srli_si128::<12>(bytes))),
+        ]
+    }
+
+    /// The number of valid bytes in `m[i..i + 16]`, as two 64-bit lanes.
+    #[inline(always)]
+    unsafe fn count(m: *const bool, i: usize) -> __m128i {
+        _mm_sad_epu8(_mm_loadu_si128(m.add(i) as *const __m128i), _mm_setzero_si128())
+    }
+
+    /// `x[i..i + 16]` widened to four vectors of f64.
+    #[inline(always)]
+    unsafe fn values(x: *const f32, i: usize) -> [__m256d; 4] {
+        [
+            _mm256_cvtps_pd(_mm_loadu_ps(x.add(i))),
+            _mm256_cvtps_pd(_mm_loadu_ps(x.add(i + 4))),
+            _mm256_cvtps_pd(_mm_loadu_ps(x.add(i + 8))),
+            _mm256_cvtps_pd(_mm_loadu_ps(x.add(i + 12))),
+        ]
+    }
+
+    #[inline(always)]
+    unsafe fn lanes(acc: [__m256d; 4]) -> [f64; ACC] {
+        let mut out = [0.0f64; ACC];
+        for (q, v) in acc.iter().enumerate() {
+            _mm256_storeu_pd(out.as_mut_ptr().add(4 * q), *v);
+        }
+        out
+    }
+
+    /// Row moments of `x[range]` over `m[range]`, and whether they are finite.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `range` lies inside both `x` and `m`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn row_moments_f32_bool(x: &[f32], m: &[bool], range: std::ops::Range<usize>) -> (Moments, bool) {
+        debug_assert!(range.end <= x.len() && range.end <= m.len());
+        let (xp, mp) = (x.as_ptr().add(range.start), m.as_ptr().add(range.start));
+        let len = range.len();
+        let body = len - len % ACC;
+        let (mut sum, mut sq) = ([_mm256_setzero_pd(); 4], [_mm256_setzero_pd(); 4]);
+        let mut valid = _mm_setzero_si128();
+        for b in (0..body).step_by(ACC) {
+            let (ok, v) = (validity(mp, b), values(xp, b));
+            valid = _mm_add_epi64(valid, count(mp, b));
+            for q in 0..4 {
+                let d = _mm256_mul_pd(v[q], ok[q]);
+                sum[q] = _mm256_add_pd(sum[q], d);
+                sq[q] = _mm256_add_pd(sq[q], _mm256_mul_pd(d, d));
+            }
+        }
+        let (mut sum, mut sq) = (lanes(sum), lanes(sq));
+        let mut n = (_mm_cvtsi128_si64(valid) + _mm_extract_epi64::<1>(valid)) as usize;
+        for j in body..len {
+            let ok = *mp.add(j);
+            n += ok as usize;
+            let d = (*xp.add(j) as f64) * (ok as u8 as f64);
+            sum[0] += d;
+            sq[0] += d * d;
+        }
+        finish_row(n, sum.iter().sum(), sq.iter().sum(), |mean| {
+            let mean_v = _mm256_set1_pd(mean);
+            let mut sq = [_mm256_setzero_pd(); 4];
+            for b in (0..body).step_by(ACC) {
+                let (ok, v) = (validity(mp, b), values(xp, b));
+                for q in 0..4 {
+                    let d = _mm256_mul_pd(_mm256_sub_pd(v[q], mean_v), ok[q]);
+                    sq[q] = _mm256_add_pd(sq[q], _mm256_mul_pd(d, d));
+                }
+            }
+            let mut m2 = lanes(sq);
+            for j in body..len {
+                let ok = *mp.add(j) as u8 as f64;
+                let d = (*xp.add(j) as f64 - mean) * ok;
+                m2[0] += d * d;
+            }
+            m2.iter().sum()
+        })
+    }
 }
 
 /// The same code compiled for AVX2: widening bools and f32s to f64 lanes is one
@@ -104,40 +216,58 @@ fn row_moments_with<F: Float, M: Mask>(
     let len = xs.len();
     let body = len - len % ACC;
     // counts as f64 (exact below 2^53) so that the loop stays in vector registers
-    let (mut n, mut sum) = ([0.0f64; ACC], [0.0f64; ACC]);
+    let (mut n, mut sum, mut sq) = ([0.0f64; ACC], [0.0f64; ACC], [0.0f64; ACC]);
     for c in (0..body).step_by(ACC) {
         for k in 0..ACC {
             let (ok, v) = at(c + k);
+            let d = keep(v, ok);
             n[k] += ok as u8 as f64;
-            sum[k] += keep(v, ok);
+            sum[k] += d;
+            sq[k] += d * d;
         }
     }
     for j in body..len {
         let (ok, v) = at(j);
+        let d = keep(v, ok);
         n[0] += ok as u8 as f64;
-        sum[0] += keep(v, ok);
+        sum[0] += d;
+        sq[0] += d * d;
     }
     let n = n.iter().sum::<f64>() as usize;
-    let total: f64 = sum.iter().sum();
+    finish_row(n, sum.iter().sum(), sq.iter().sum(), |mean| {
+        let mut m2 = [0.0f64; ACC];
+        for c in (0..body).step_by(ACC) {
+            for (k, acc) in m2.iter_mut().enumerate() {
+                let (ok, v) = at(c + k);
+                let d = keep(v - mean, ok);
+                *acc += d * d;
+            }
+        }
+        for j in body..len {
+            let (ok, v) = at(j);
+            let d = keep(v - mean, ok);
+            m2[0] += d * d;
+        }
+        m2.iter().sum()
+    })
+}
+
+/// A row's moments from its count `n`, sum `S = Σ x` and sum of squares `Q = Σ x²`
+/// (valid values only): `mean = S/n` and `m2 = Q − S·mean`.
+///
+/// The subtraction cancels `log2(Q/m2)` bits, few when the mean is small next to the
+/// spread (advantages, the usual input). When more than three bits would go, or `Q`
+/// overflowed, `two_pass(mean)` sums the squared deviations from the mean instead
+/// (the textbook two-pass formula). Returns the moments and whether they are finite.
+#[inline(always)]
+fn finish_row(n: usize, total: f64, squares: f64, two_pass: impl FnOnce(f64) -> f64) -> (Moments, bool) {
     if n == 0 {
-        return (Moments::EMPTY, total.is_finite());
+        return (Moments::EMPTY, total.is_finite() && squares.is_finite());
     }
     let mean = total / n as f64;
-    let mut m2 = [0.0f64; ACC];
-    for c in (0..body).step_by(ACC) {
-        for (k, acc) in m2.iter_mut().enumerate() {
-            let (ok, v) = at(c + k);
-            let d = keep(v - mean, ok);
-            *acc += d * d;
-        }
-    }
-    for j in body..len {
-        let (ok, v) = at(j);
-        let d = keep(v - mean, ok);
-        m2[0] += d * d;
-    }
-    let m = Moments { n, mean, m2: m2.iter().sum() };
-    (m, mean.is_finite() && m.m2.is_finite())
+    let m2 = squares - total * mean;
+    let m2 = if squares.is_finite() && m2 * 8.0 >= squares { m2 } else { two_pass(mean) };
+    (Moments { n, mean, m2 }, mean.is_finite() && m2.is_finite())
 }
 
 /// The batch moments of the valid values of `x`, merged in row order; a non-finite
@@ -267,6 +397,37 @@ impl<F: Float, M: Mask> Whiten<'_, F, M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_row_moments_match_the_portable_loop() {
+        if !crate::cpu::avx2() {
+            return;
+        }
+        let mut s = 7u64;
+        let mut next = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (s >> 40) as f64 / (1u64 << 24) as f64
+        };
+        // lengths around the 16-wide blocks; offsets that make the one-pass form cancel
+        // (two-pass fallback), all-equal rows, empty and all-masked rows
+        for len in [0usize, 1, 2, 15, 16, 17, 31, 33, 100, 257] {
+            for offset in [0.0f32, 0.25, 300.0, -1e6] {
+                for p_valid in [0.0, 0.5, 1.0] {
+                    let x: Vec<f32> = (0..len).map(|_| offset + (next() as f32 - 0.5)).collect();
+                    let m: Vec<bool> = (0..len).map(|_| next() < p_valid).collect();
+                    let flat: Vec<f32> = vec![offset; len];
+                    for xs in [&x, &flat] {
+                        let portable = row_moments_with(&xs[..], &&m[..], 0..len, |v, ok| v * (ok as u8 as f64));
+                        // SAFETY: AVX2 checked above; the range is the whole slices.
+                        let fast = unsafe { avx2::row_moments_f32_bool(xs, &m, 0..len) };
+                        let bits = |(r, ok): (Moments, bool)| (r.n, r.mean.to_bits(), r.m2.to_bits(), ok);
+                        assert_eq!(bits(portable), bits(fast), "len {len} offset {offset} p {p_valid}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn by_hand() {

@@ -181,11 +181,14 @@ def test_avx2_and_baseline_builds_are_bit_identical() -> None:
         "g = rng.uniform(0.5, 1, (64, 700)).astype(np.float32)\n"
         "a, ret = cc.gae(r, v, mask=m, gates=g, gamma=0.99, lam=0.95, lam_critic=1.0)\n"
         "w = cc.masked_whiten(a, mask=m)\n"
-        "sys.stdout.buffer.write(a.tobytes() + ret.tobytes() + w.tobytes())\n"
+        # mean far from the spread: rows take the two-pass fallback of the moments
+        "w2 = cc.masked_whiten(a + np.float32(300.0), mask=m)\n"
+        "s = np.array(list(cc.credit_stats(a, mask=m).values()), dtype=np.float64)\n"
+        "sys.stdout.buffer.write(a.tobytes() + ret.tobytes() + w.tobytes() + w2.tobytes() + s.tobytes())\n"
     )
     outs = []
     for disable in ("0", "1"):
         env = {**__import__("os").environ, "COMPPO_DISABLE_AVX2": disable}
         outs.append(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, check=True).stdout)
-    assert len(outs[0]) == 3 * 64 * 700 * 4
+    assert len(outs[0]) == 4 * 64 * 700 * 4 + 8 * 7
     assert outs[0] == outs[1]
