@@ -29,7 +29,8 @@ A second table times the outcome path:
                        vectorised NumPy version (np.unique + bincount) and the same in torch
     masked_whiten      W1's advantages and mask, against verl's formula in NumPy and in
                        torch, and a floor streaming the same bytes (x and mask read, one
-                       output written)
+                       output written into a preallocated buffer); "comppo out=" writes
+                       into a preallocated buffer too (out=), like the floor
 """
 
 from __future__ import annotations
@@ -334,8 +335,10 @@ def run_outcomes(rounds: int, with_torch: bool) -> list[dict]:
     w = make_padded("W1", 512, 4096, 1)
     x = cc.gae(w.rewards, w.values, mask=w.mask, gates=w.gates, gamma=GAMMA, lam=LAM).advantages
     m = w.mask
+    wout = np.empty_like(x)
     fns = {
         "comppo": lambda: cc.masked_whiten(x, mask=m),
+        "comppo out=": lambda: cc.masked_whiten(x, mask=m, out=wout),
         "numpy": lambda: numpy_whiten(x, m),
     }
     if numba is not None:
@@ -352,14 +355,14 @@ def run_outcomes(rounds: int, with_torch: bool) -> list[dict]:
 
 def report_outcomes(rows: list[dict]) -> str:
     lines = ["outcome path: time per call, ms (median of interleaved rounds) and ratios"]
-    cols = ["comppo", "numpy", "torch", "floor"]
-    lines.append(f"{'workload':<26}" + "".join(f"{c:>10}" for c in cols) + f"{'numpy/comppo':>14}{'torch/comppo':>14}{'comppo/floor':>14}")
+    cols = ["comppo", "comppo out=", "numpy", "torch", "floor"]
+    pairs = [("numpy", "comppo"), ("torch", "comppo"), ("comppo", "floor"), ("comppo out=", "floor")]
+    lines.append(
+        f"{'workload':<26}" + "".join(f"{c:>12}" for c in cols) + "".join(f"{a + '/' + b:>19}" for a, b in pairs)
+    )
     for r in rows:
-        cells = "".join(f"{r[c] * 1e3:>10.2f}" if c in r else f"{'-':>10}" for c in cols)
-        ratios = "".join(
-            f"{r[a] / r[b]:>14.2f}" if a in r and b in r else f"{'-':>14}"
-            for a, b in [("numpy", "comppo"), ("torch", "comppo"), ("comppo", "floor")]
-        )
+        cells = "".join(f"{r[c] * 1e3:>12.2f}" if c in r else f"{'-':>12}" for c in cols)
+        ratios = "".join(f"{r[a] / r[b]:>19.2f}" if a in r and b in r else f"{'-':>19}" for a, b in pairs)
         lines.append(f"{r['workload']:<26}{cells}{ratios}")
     return "\n".join(lines)
 

@@ -13,6 +13,11 @@ pub trait Float: Copy + Send + Sync + 'static {
     fn as_f32s(_x: &[Self]) -> Option<&[f32]> {
         None
     }
+    /// The mutable slice as `f32`s when `Self` is `f32`.
+    #[inline(always)]
+    fn as_f32s_mut(_x: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
 }
 
 impl Float for f32 {
@@ -26,6 +31,10 @@ impl Float for f32 {
     }
     #[inline(always)]
     fn as_f32s(x: &[Self]) -> Option<&[f32]> {
+        Some(x)
+    }
+    #[inline(always)]
+    fn as_f32s_mut(x: &mut [Self]) -> Option<&mut [f32]> {
         Some(x)
     }
 }

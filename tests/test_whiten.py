@@ -337,3 +337,38 @@ def test_big_batch_matches_reference(restore_threads: int) -> None:
         got = cc.masked_whiten(**kw)
         want = reference.masked_whiten(**kw)
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_out_buffer_is_filled_and_returned(dtype: Any) -> None:
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((5, 40)).astype(dtype)
+    m = rng.random((5, 40)) < 0.7
+    want = cc.masked_whiten(x, mask=m)
+    out = np.full((5, 40), 7.0, dtype=dtype)
+    got = cc.masked_whiten(x, mask=m, out=out)
+    assert got is out
+    np.testing.assert_array_equal(out, want)
+    # packed layout, reused buffer
+    lengths = m.sum(axis=1)
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    flat = x[m]
+    out_p = np.full(flat.shape, 7.0, dtype=dtype)
+    assert cc.masked_whiten(flat, cu_seqlens=cu, out=out_p) is out_p
+    np.testing.assert_array_equal(out_p, want[m])
+
+
+def test_out_buffer_errors() -> None:
+    x = np.ones((2, 3), dtype=np.float32)
+    x[0, 0] = 2.0
+    with pytest.raises(cc.ShapeError, match=r"out \(whitened\): expected shape \(2, 3\)"):
+        cc.masked_whiten(x, out=np.empty((3, 2), np.float32))
+    with pytest.raises(cc.DTypeError, match=r"out \(whitened\): expected dtype float32"):
+        cc.masked_whiten(x, out=np.empty((2, 3), np.float64))
+    with pytest.raises(cc.ShapeError, match="shares memory"):
+        cc.masked_whiten(x, out=x)
+    with pytest.raises(cc.ShapeError, match="C-contiguous"):
+        cc.masked_whiten(x, out=np.empty((3, 2), np.float32).T)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(cc.DTypeError, match="NumPy arrays only"):
+        cc.masked_whiten(torch.from_numpy(x), out=torch.empty(2, 3))

@@ -26,7 +26,13 @@ __all__ = ["masked_whiten"]
 
 @tensor_io("x", "mask", "cu_seqlens")
 def masked_whiten(
-    x: Any, *, mask: Any = None, cu_seqlens: Any = None, shift_mean: bool = True, eps: float = 1e-8
+    x: Any,
+    *,
+    mask: Any = None,
+    cu_seqlens: Any = None,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Whitens ``x`` with the mean and unbiased variance of its valid tokens.
 
@@ -35,6 +41,9 @@ def masked_whiten(
       mask: optional validity mask shaped like ``x``.
       shift_mean: False adds the mean back after scaling (verl's option).
       eps: added to the variance.
+      out: optional preallocated NumPy array shaped like ``x``, of the output dtype,
+        C-contiguous and not overlapping ``x`` or ``mask``; the result is written there
+        and returned (saves allocating, and page-faulting, a fresh array per call).
 
     Returns:
       shaped like ``x``, in its dtype (float16 via float32; integers give float64).
@@ -46,6 +55,6 @@ def masked_whiten(
     eps_ = check_finite("eps", eps)
     if eps_ < 0:
         raise ParameterError(f"eps: expected a number >= 0, got {eps_}")
-    outs = Outputs(("whitened",), lay.shape, compute, output, None, ())
+    outs = Outputs(("whitened",), lay.shape, compute, output, out, (arr, x_flat, lay.mask))
     _core.masked_whiten(x_flat, *outs.kernel, shift_mean=bool(shift_mean), eps=eps_, **lay.kernel_args())
     return outs.finish()[0]
