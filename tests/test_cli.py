@@ -17,7 +17,7 @@ HEADER = re.compile(r"^\s*position\s+reward\s+value\s+concentration\s+gate\s+GAE
 
 
 def _table_rows(out: str) -> np.ndarray:
-    """The demo table's data rows as a float array [n, 7]."""
+    """The synthetic command's table data rows as a float array [n, 7]."""
     lines = out.splitlines()
     starts = [i for i, line in enumerate(lines) if HEADER.match(line)]
     assert len(starts) == 1, out
@@ -68,8 +68,8 @@ def test_synthetic_batch_tiny() -> None:
     assert np.all(np.abs(rewards) == 1)
 
 
-def test_demo_table_matches_library(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["demo", "--batch", "8", "--length", "64", "--tokens", "5"]) == 0
+def test_synthetic_table_matches_library(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["synthetic", "--batch", "8", "--length", "64", "--tokens", "5"]) == 0
     out = capsys.readouterr().out
     table = _table_rows(out)
     assert table.shape == (5, 7)
@@ -107,8 +107,8 @@ def test_demo_table_matches_library(capsys: pytest.CaptureFixture[str]) -> None:
     assert f"get_num_threads() = {comppo_core.get_num_threads()}" in out
 
 
-def test_demo_options(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["demo", "--batch", "3", "--length", "20", "--row", "2", "--tokens", "100"]
+def test_synthetic_options(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["synthetic", "--batch", "3", "--length", "20", "--row", "2", "--tokens", "100"]
     argv += ["--gamma", "0.9", "--lam", "1", "--low", "0.2", "--high", "0.3", "--seed", "5", "--repeats", "1"]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
@@ -127,18 +127,18 @@ def test_no_subcommand_prints_help_and_returns_2(capsys: pytest.CaptureFixture[s
 def test_help_returns_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--help"]) == 0
     assert "demo" in capsys.readouterr().out
-    assert cli.main(["demo", "--help"]) == 0
+    assert cli.main(["synthetic", "--help"]) == 0
     assert "--batch" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
     "argv",
     [
-        ["demo", "--batch", "0"],
-        ["demo", "--batch", "4", "--row", "4"],
-        ["demo", "--gamma", "1.5"],
-        ["demo", "--lam", "nan"],
-        ["demo", "--low", "0.9", "--high", "0.5"],
+        ["synthetic", "--batch", "0"],
+        ["synthetic", "--batch", "4", "--row", "4"],
+        ["synthetic", "--gamma", "1.5"],
+        ["synthetic", "--lam", "nan"],
+        ["synthetic", "--low", "0.9", "--high", "0.5"],
         ["bogus"],
     ],
 )
@@ -149,7 +149,7 @@ def test_bad_arguments_return_2(argv: list[str], capsys: pytest.CaptureFixture[s
 
 def test_module_runs_as_script() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "comppo_core.cli", "demo", "--batch", "4", "--length", "32"],
+        [sys.executable, "-m", "comppo_core.cli", "synthetic", "--batch", "4", "--length", "32"],
         capture_output=True,
         text=True,
         timeout=120,

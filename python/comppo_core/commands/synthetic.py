@@ -125,7 +125,6 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     """Register the ``synthetic`` command on the ``comppo-core`` parser."""
     cmd = subparsers.add_parser(
         "synthetic",
-        aliases=["demo"],
         help="GAE vs Comp-GAE on a synthetic batch, and a speed check against the NumPy reference (NumPy only)",
         description=(
             "Build a deterministic synthetic batch (sparse +1/-1 outcome reward on each "

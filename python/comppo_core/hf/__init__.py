@@ -1,0 +1,45 @@
+"""Hugging Face integration: attention concentration and CompPO end to end (DESIGN §7, §9).
+
+Needs the ``[hf]`` extra (torch and transformers >= 5); ``import comppo_core`` alone does
+not import torch.
+
+* :class:`ConcentrationProbe`: a context manager that records the policy's attention
+  concentration ``[B, T]`` during any forward pass run with gradients disabled.
+* :func:`logprobs_and_concentration`: ``[B, T−1]`` token log-probs and concentration
+  from one forward pass; column j scores token j+1 from query position j.
+* :func:`comp_gae_batch`: forward with the probe → response log-probs and concentration
+  → gates → Comp-GAE (and plain GAE) advantages and returns, with the paper's controls.
+"""
+
+from __future__ import annotations
+
+from .pipeline import CONTROLS, CompPOBatch, comp_gae_batch
+from .probe import (
+    IMPLEMENTATION,
+    ConcentrationProbe,
+    LogprobsAndConcentration,
+    ProbeError,
+    UnsupportedModelError,
+    default_position_ids,
+    logprobs_and_concentration,
+    token_logprobs,
+)
+from .statistics import DEFAULT_QUERY_CHUNK, METHODS, STATISTICS, head_mean_concentration
+
+__all__ = [
+    "CONTROLS",
+    "DEFAULT_QUERY_CHUNK",
+    "IMPLEMENTATION",
+    "METHODS",
+    "STATISTICS",
+    "CompPOBatch",
+    "ConcentrationProbe",
+    "LogprobsAndConcentration",
+    "ProbeError",
+    "UnsupportedModelError",
+    "comp_gae_batch",
+    "default_position_ids",
+    "head_mean_concentration",
+    "logprobs_and_concentration",
+    "token_logprobs",
+]

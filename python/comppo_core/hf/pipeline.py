@@ -1,0 +1,218 @@
+"""CompPO credit assignment in one call: probe → gates → Comp-GAE (DESIGN §3, §4, §7).
+
+:func:`comp_gae_batch` runs, for a batch of prompt+response sequences::
+
+    logprobs, c  = logprobs_and_concentration(model, input_ids, attention_mask)   [B, T−1]
+    m            = response_mask[:, 1:] ∧ attention_mask[:, 1:] ∧ attention_mask[:, :-1]
+    g            = gates_from_concentration(c, mask=m, low, high, sharpness, normalize, ...)
+    g            = control(g)          "none" | "shuffle" | "by_position" | "constant"
+    A, R         = gae(r, V, mask=m, gates=g, γ, λ)                 Comp-GAE
+    A⁰, R⁰       = gae(r, V, mask=m, γ, λ)                          plain GAE, for comparison
+
+Every per-token array is in *column* coordinates ``[B, T−1]``: column j is token
+``input_ids[:, j+1]``, scored by the logits of query position j, whose attention gives
+its concentration (so the gate of a token comes from the position that generated it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Union
+
+import torch
+
+from .. import controls as _controls
+from ..advantages import gae
+from ..errors import MaskedRewardError, ParameterError, ShapeError
+from ..gating import gates_from_concentration
+from .probe import _check_ids, logprobs_and_concentration
+from .statistics import DEFAULT_QUERY_CHUNK
+
+__all__ = ["CONTROLS", "CompPOBatch", "comp_gae_batch"]
+
+#: Gate controls (DESIGN §4): none, or the paper's checks that gains come from
+#: trajectory-specific gates.
+CONTROLS = ("none", "shuffle", "by_position", "constant")
+
+
+@dataclass(frozen=True)
+class CompPOBatch:
+    """The pipeline's outputs, each ``[B, T−1]`` in column coordinates (column j = token j+1).
+
+    Attributes:
+      logprobs: ``log π(token j+1 | tokens ≤ j)``, float32 (0 where the column is padding).
+      concentration: the probe's statistic at query position j, float32.
+      gates: retention gates after the control; 1 outside ``mask``.
+      advantages, returns: Comp-GAE advantages and λ-returns (gates ``gates``).
+      gae_advantages, gae_returns: plain GAE with the same rewards, values, γ and λ.
+      rewards, values: the per-token rewards and values used (column coordinates).
+      mask: bool, the columns that are response tokens.
+    """
+
+    logprobs: torch.Tensor
+    concentration: torch.Tensor
+    gates: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    gae_advantages: torch.Tensor
+    gae_returns: torch.Tensor
+    rewards: torch.Tensor
+    values: torch.Tensor
+    mask: torch.Tensor
+
+
+def _per_token(x: Any, name: str, b: int, t: int, device: torch.device, mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` (token coordinates) or ``[B, T−1]`` (column coordinates) → float32 ``[B, T−1]``."""
+    x = torch.as_tensor(x, device=device)
+    if not (x.is_floating_point() or x.dtype in (torch.int32, torch.int64, torch.bool)):
+        raise ShapeError(f"{name}: expected a numeric tensor, got {x.dtype}")
+    x = x.to(torch.float32)
+    if x.shape == (b, t):
+        if name == "rewards" and bool((x[:, 0] != 0).any()):
+            row = int(torch.nonzero(x[:, 0] != 0)[0, 0])
+            raise MaskedRewardError(
+                f"rewards: token 0 has no log-prob column and cannot be a response token, "
+                f"got reward {float(x[row, 0])} at (row {row}, position 0)"
+            )
+        return x[:, 1:].contiguous()
+    if x.shape == (b, t - 1):
+        return x.contiguous()
+    raise ShapeError(
+        f"{name}: expected [B] (per sequence), [B, T] = [{b}, {t}] (per token) or [B, T-1] = [{b}, {t - 1}] "
+        f"(per log-prob column), got {tuple(x.shape)}"
+        if name == "rewards"
+        else f"{name}: expected [B, T] = [{b}, {t}] or [B, T-1] = [{b}, {t - 1}], got {tuple(x.shape)}"
+    )
+
+
+def _outcome_on_last(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` outcome scores placed on each row's last response column."""
+    b, cols = mask.shape
+    out = torch.zeros(b, cols, dtype=torch.float32, device=mask.device)
+    has = mask.any(dim=1)
+    bad = (~has) & (scores != 0)
+    if bool(bad.any()):
+        row = int(torch.nonzero(bad)[0, 0])
+        raise MaskedRewardError(
+            f"rewards: row {row} has outcome {float(scores[row])} but no response token to carry it "
+            "(response_mask ∧ attention_mask is empty on that row)"
+        )
+    last = cols - 1 - torch.flip(mask, dims=[1]).to(torch.int64).argmax(dim=1)
+    rows = torch.nonzero(has).flatten()
+    out[rows, last[rows]] = scores[rows].to(torch.float32)
+    return out
+
+
+def comp_gae_batch(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    response_mask: torch.Tensor,
+    rewards: Any,
+    values: Any = None,
+    *,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    lam_critic: Optional[float] = None,
+    last_values: Any = None,
+    statistic: str = "entropy",
+    layers: Union[None, int, slice, Iterable[int]] = None,
+    low: float = 0.9,
+    high: float = 1.0,
+    sharpness: float = 1.0,
+    normalize: str = "sequence",
+    center: float = 0.0,
+    scale: float = 1.0,
+    invert: bool = False,
+    control: str = "none",
+    seed: int = 0,
+    position_ids: Optional[torch.Tensor] = None,
+    method: str = "auto",
+    query_chunk: int = DEFAULT_QUERY_CHUNK,
+    precision: str = "float32",
+    masked_rewards: str = "error",
+) -> CompPOBatch:
+    """Forward with the probe → log-probs and concentration → gates → Comp-GAE, in one call.
+
+    Args:
+      model: a causal LM supported by :class:`~comppo_core.hf.ConcentrationProbe`.
+      input_ids: ``[B, T]`` prompt + response token ids.
+      attention_mask: ``[B, T]`` (nonzero = real token) or ``None``.
+      response_mask: ``[B, T]``, nonzero on the response tokens (the policy's actions);
+        token 0 cannot be one (nothing scores it).
+      rewards: ``[B]`` outcome per sequence, placed on the last response token; or
+        per-token ``[B, T]`` (aligned with ``input_ids``) or ``[B, T−1]`` (columns).
+      values: critic values ``[B, T]`` or ``[B, T−1]``; ``None`` = 0 (no critic).
+      gamma, lam, lam_critic, last_values, masked_rewards: as :func:`comppo_core.gae`.
+      statistic, layers, method, query_chunk, precision, position_ids: as
+        :func:`~comppo_core.hf.logprobs_and_concentration`.
+      low, high, sharpness, normalize, center, scale, invert: the gate mapping of
+        :func:`comppo_core.gates_from_concentration`, over the response columns.
+        ``low == high`` is a constant gate (Comp-GAE = GAE(γ·low, λ)).
+      control: ``"none"``, ``"shuffle"`` (each row's gates permuted, seeded by ``seed``),
+        ``"by_position"`` (batch mean gate at each response-position index) or
+        ``"constant"`` (batch mean gate), as :mod:`comppo_core.controls`.
+
+    Returns:
+      :class:`CompPOBatch`, every field ``[B, T−1]`` on the model's device.
+    """
+    if not isinstance(control, str) or control not in CONTROLS:
+        raise ParameterError(f"control: expected one of {', '.join(map(repr, CONTROLS))}, got {control!r}")
+    ids, am = _check_ids(input_ids, attention_mask)
+    b, t = ids.shape
+    if not isinstance(response_mask, torch.Tensor) or tuple(response_mask.shape) != (b, t):
+        got = tuple(response_mask.shape) if isinstance(response_mask, torch.Tensor) else type(response_mask).__name__
+        raise ShapeError(f"response_mask: expected a tensor shaped like input_ids {(b, t)}, got {got}")
+    rm = response_mask.to(device=ids.device) != 0
+    if bool(rm[:, 0].any()):
+        row = int(torch.nonzero(rm[:, 0])[0, 0])
+        raise ShapeError(
+            f"response_mask: token 0 cannot be a response token (no position scores it), got one at (row {row}, position 0)"
+        )
+
+    lp, conc = logprobs_and_concentration(
+        model, ids, attention_mask, statistic=statistic, layers=layers, position_ids=position_ids, method=method,
+        query_chunk=query_chunk, precision=precision,
+    )
+    device = lp.device
+    mask = rm[:, 1:].to(device)
+    if am is not None:
+        am_d = am.to(device)
+        mask = mask & am_d[:, 1:] & am_d[:, :-1]
+
+    r_in = torch.as_tensor(rewards, device=device)
+    if r_in.dim() == 1:
+        if r_in.shape[0] != b:
+            raise ShapeError(f"rewards: expected [B] = [{b}] outcome scores, got {tuple(r_in.shape)}")
+        r = _outcome_on_last(r_in.to(torch.float32), mask)
+    else:
+        r = _per_token(r_in, "rewards", b, t, device, mask)
+    v = torch.zeros_like(lp) if values is None else _per_token(values, "values", b, t, device, mask)
+
+    gates: Any = gates_from_concentration(
+        conc, mask=mask, low=low, high=high, sharpness=sharpness, normalize=normalize, center=center, scale=scale, invert=invert
+    )
+    if control == "shuffle":
+        gates = _controls.shuffle(gates, mask=mask, seed=seed)
+    elif control == "by_position":
+        gates = _controls.by_position(gates, mask=mask)
+    elif control == "constant":
+        gates = _controls.constant(gates, mask=mask)
+
+    lv = None if last_values is None else torch.as_tensor(last_values, device=device, dtype=torch.float32)
+    comp: Any = gae(
+        r, v, mask=mask, gates=gates, gamma=gamma, lam=lam, lam_critic=lam_critic, last_values=lv, masked_rewards=masked_rewards
+    )
+    plain: Any = gae(r, v, mask=mask, gamma=gamma, lam=lam, lam_critic=lam_critic, last_values=lv, masked_rewards=masked_rewards)
+    return CompPOBatch(
+        logprobs=lp,
+        concentration=conc,
+        gates=gates,
+        advantages=comp.advantages,
+        returns=comp.returns,
+        gae_advantages=plain.advantages,
+        gae_returns=plain.returns,
+        rewards=r,
+        values=v,
+        mask=mask,
+    )

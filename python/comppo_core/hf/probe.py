@@ -1,0 +1,532 @@
+"""Pull attention concentration off a Hugging Face model during a forward pass (DESIGN §7).
+
+How it hooks in (transformers ≥ 5): this module registers one attention function under
+the name :data:`IMPLEMENTATION` with ``transformers.AttentionInterface`` **and**
+transformers' own ``sdpa_mask`` under the same name with ``AttentionMaskInterface``, so
+the model builds exactly the boolean masks it builds for ``"sdpa"`` (causal ∩ padding
+∩ sliding window). While a :class:`ConcentrationProbe` is active, the model's attention
+implementation is set to :data:`IMPLEMENTATION`; the function runs transformers'
+``sdpa_attention_forward`` unchanged (so the model's outputs are those of its SDPA
+path, bit for bit) and, for the selected layers and only with gradients disabled, adds
+the layer's head-mean statistic (:func:`~comppo_core.hf.statistics.head_mean_concentration`)
+into a ``[B, T]`` float32 accumulator. On exit, also after an exception, every config's
+attention implementation is put back as it was.
+
+Policies:
+
+* **Gradients**: passes run with gradients enabled are not recorded (the statistic is a
+  detached quantity of the behaviour policy; computing it on a training pass would cost
+  time and memory for nothing). Reading :attr:`ConcentrationProbe.concentration` when no
+  pass was recorded raises :class:`ProbeError`, saying how many attention calls ran with
+  gradients enabled.
+* **Cached decoding** (``generate`` steps, where the queries are fewer than the keys) is
+  not recorded either: a probe records full-sequence passes (``use_cache=False`` or a
+  prefill with an empty cache).
+* **Several passes**: the probe keeps the last complete pass; :attr:`passes` counts them.
+* **Nesting**: probes may be nested on one model (for instance one per statistic); each
+  records independently from the same forward pass. The first to enter saves the
+  model's attention implementation, the last to exit restores it, in any exit order.
+  One probe object cannot be entered twice at once.
+* The probe computes attention through SDPA whatever the model was set to (``"eager"``,
+  flash, ...): outputs then equal the model's SDPA outputs, which differ from eager ones
+  by kernel rounding only.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
+
+import torch
+
+from ..errors import ComppoError, DTypeError, ParameterError, ShapeError
+from ._memory import STATISTIC_RANGE
+from .statistics import DEFAULT_QUERY_CHUNK, check_method, check_precision, check_statistic, head_mean_concentration
+
+try:
+    from transformers import PreTrainedModel
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+except ImportError as exc:  # pragma: no cover - depends on the installed transformers
+    raise ImportError(
+        "comppo_core.hf needs transformers >= 5 (AttentionInterface, AttentionMaskInterface, "
+        f"sdpa_attention_forward): pip install 'comppo-core[hf]' ({exc})"
+    ) from exc
+
+__all__ = [
+    "IMPLEMENTATION",
+    "ConcentrationProbe",
+    "LogprobsAndConcentration",
+    "ProbeError",
+    "UnsupportedModelError",
+    "default_position_ids",
+    "logprobs_and_concentration",
+    "token_logprobs",
+]
+
+#: The attention implementation name a probed model runs under.
+IMPLEMENTATION = "comppo_probe_sdpa"
+
+#: Positions of the vocabulary axis processed at once by :func:`token_logprobs`.
+_LOGPROB_CHUNK = 1024
+
+
+class ProbeError(ComppoError):
+    """A probe used in a way that cannot give a result (nothing recorded, re-entered, ...)."""
+
+
+class UnsupportedModelError(DTypeError):
+    """A model the probe cannot attach to (no AttentionInterface/SDPA support, no layer index, ...)."""
+
+
+# --------------------------------------------------------------------------- #
+# Per-model state shared by the probes attached to it
+# --------------------------------------------------------------------------- #
+
+
+class _ModelState:
+    """The probes active on one model and the attention implementations to restore."""
+
+    def __init__(self, model: Any) -> None:
+        self.model_ref = weakref.ref(model)
+        self.saved: list[tuple[Any, Any]] = []  # (config, _attn_implementation_internal)
+        self.probes: list["ConcentrationProbe"] = []
+        self.modules: list[weakref.ReferenceType[Any]] = []
+
+    def observe(self, module: Any, query: torch.Tensor, key: torch.Tensor, mask: Any, kwargs: dict[str, Any]) -> None:
+        """Called by the attention function after the real attention ran."""
+        if not self.probes:
+            return
+        if torch.is_grad_enabled():
+            for p in self.probes:
+                p._grad_calls += 1
+            return
+        layer = getattr(module, "layer_idx", None)
+        if not isinstance(layer, int):
+            raise UnsupportedModelError(
+                f"model: attention module {type(module).__name__} has no integer layer_idx "
+                f"(got {layer!r}); the probe needs it to know which layer it is in"
+            )
+        wanted = [p for p in self.probes if layer in p._layer_set]
+        if not wanted:
+            return
+        if kwargs.get("position_bias") is not None:
+            raise UnsupportedModelError(
+                f"model: {type(module).__name__} adds a position bias to its attention scores; "
+                "the probe supports plain scaled-dot-product attention only"
+            )
+        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4):
+            raise UnsupportedModelError(
+                f"attention_mask: the probe reads transformers' 4-D boolean SDPA masks, got "
+                f"{type(mask).__name__}{'' if not isinstance(mask, torch.Tensor) else f' {mask.dtype} {tuple(mask.shape)}'}; "
+                "pass a 2-D padding mask to the model, not a prepared 4-D mask"
+            )
+        q_len = query.shape[2]
+        is_causal = kwargs.get("is_causal")
+        causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        causal = q_len > 1 and mask is None and causal
+        if causal and key.shape[2] > q_len:  # as sdpa_attention_forward: crop to the queries
+            key = key[:, :, :q_len]
+        if key.shape[2] != q_len:  # cached decoding: not recorded
+            for p in wanted:
+                p._skipped_calls += 1
+            return
+        valid = _query_validity(mask, query.shape[0], q_len, query.device)
+        scaling = kwargs.get("scaling")
+        done: dict[tuple[str, str, int, str], torch.Tensor] = {}
+        with torch.profiler.record_function(STATISTIC_RANGE):
+            for p in wanted:
+                cfg = (p.statistic, p.method, p.query_chunk, p.precision)
+                if cfg not in done:
+                    done[cfg] = head_mean_concentration(
+                        query.detach(),
+                        key.detach(),
+                        mask,
+                        scale=scaling,
+                        is_causal=causal,
+                        statistic=p.statistic,
+                        method=p.method,
+                        query_chunk=p.query_chunk,
+                        precision=p.precision,
+                    )
+                p._record(layer, done[cfg], valid)
+
+
+def _query_validity(mask: Optional[torch.Tensor], b: int, t: int, device: torch.device) -> torch.Tensor:
+    """``[B, T]`` bool: a query is a real token iff it may attend to itself (the mask's
+    diagonal is padding ∩ causal ∩ window at key = query, and the window holds the query)."""
+    if mask is None:
+        return torch.ones(b, t, dtype=torch.bool, device=device)
+    diag = torch.diagonal(mask[:, 0], dim1=-2, dim2=-1)  # [Bm, T]
+    return diag.expand(b, t)
+
+
+#: attention module → the state of the probed model that contains it
+_MODULE_STATE: "weakref.WeakKeyDictionary[Any, _ModelState]" = weakref.WeakKeyDictionary()
+#: probed model → its state
+_MODEL_STATE: "weakref.WeakKeyDictionary[Any, _ModelState]" = weakref.WeakKeyDictionary()
+
+
+def _probe_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any) -> Any:
+    """The registered attention function: SDPA, then the active probes' statistics."""
+    out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    state = _MODULE_STATE.get(module)
+    if state is not None:
+        state.observe(module, query, key, attention_mask, kwargs)
+    return out
+
+
+AttentionInterface.register(IMPLEMENTATION, _probe_attention)
+AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+
+
+def _configs(model: Any) -> list[Any]:
+    """The model's config, its sub-configs (any depth) and every sub-model's config, once each."""
+    seen: dict[int, Any] = {}
+    stack = [model.config]
+    stack += [m.config for m in model.modules() if isinstance(m, PreTrainedModel)]
+    while stack:
+        cfg = stack.pop()
+        if cfg is None or id(cfg) in seen:
+            continue
+        seen[id(cfg)] = cfg
+        for key in getattr(cfg, "sub_configs", {}) or {}:
+            stack.append(getattr(cfg, key, None))
+    return list(seen.values())
+
+
+def _num_layers(model: Any) -> int:
+    cfg = model.config
+    get_text = getattr(cfg, "get_text_config", None)
+    text = get_text() if callable(get_text) else cfg
+    n = getattr(text, "num_hidden_layers", None)
+    if not isinstance(n, int) or n < 1:
+        raise UnsupportedModelError(
+            f"model: expected a config with num_hidden_layers >= 1, got {n!r} on {type(cfg).__name__}"
+        )
+    return n
+
+
+def _attach(model: Any, probe: "ConcentrationProbe") -> None:
+    state = _MODEL_STATE.get(model)
+    if state is None:
+        for m in model.modules():
+            other = _MODULE_STATE.get(m)
+            if other is not None:
+                raise ProbeError(
+                    "model: a probe is already active on another model that shares its module "
+                    f"{type(m).__name__}; probe the outer model only"
+                )
+        state = _ModelState(model)
+        state.saved = [(cfg, getattr(cfg, "_attn_implementation_internal", None)) for cfg in _configs(model)]
+        try:
+            model.set_attn_implementation(IMPLEMENTATION)
+        except (ValueError, ImportError, KeyError) as exc:
+            _restore(state)
+            raise UnsupportedModelError(
+                f"model: {type(model).__name__} cannot run the probe's SDPA-based attention function ({exc})"
+            ) from exc
+        except BaseException:
+            _restore(state)
+            raise
+        if model.config._attn_implementation != IMPLEMENTATION:
+            _restore(state)
+            raise UnsupportedModelError(
+                f"model: {type(model).__name__} does not support setting its attention implementation "
+                "through transformers' AttentionInterface, so the probe cannot attach to it"
+            )
+        for m in model.modules():
+            _MODULE_STATE[m] = state
+            state.modules.append(weakref.ref(m))
+        _MODEL_STATE[model] = state
+    state.probes.append(probe)
+
+
+def _restore(state: _ModelState) -> None:
+    for cfg, impl in state.saved:
+        cfg._attn_implementation_internal = impl
+
+
+def _detach(model: Any, probe: "ConcentrationProbe") -> None:
+    state = _MODEL_STATE.get(model)
+    if state is None or probe not in state.probes:
+        return
+    state.probes.remove(probe)
+    if state.probes:
+        return
+    _restore(state)
+    for ref in state.modules:
+        m = ref()
+        if m is not None:
+            _MODULE_STATE.pop(m, None)
+    _MODEL_STATE.pop(model, None)
+
+
+def _normalize_layers(layers: Union[None, int, slice, Iterable[int]], n: int) -> tuple[int, ...]:
+    if layers is None:
+        return tuple(range(n))
+    if isinstance(layers, slice):
+        out = tuple(range(n)[layers])
+        if not out:
+            raise ParameterError(f"layers: the slice {layers} selects no layer of the model's {n}")
+        return out
+    if isinstance(layers, bool):
+        raise ParameterError(f"layers: expected None, a slice or layer indices, got {layers!r}")
+    items: Sequence[Any] = [layers] if isinstance(layers, int) else list(layers)
+    if not items:
+        raise ParameterError("layers: expected at least one layer index, got an empty selection")
+    out_list: list[int] = []
+    for x in items:
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise ParameterError(f"layers: expected integer layer indices, got {x!r}")
+        if not -n <= x < n:
+            raise ParameterError(f"layers: index {x} is out of range for a model with {n} layers (expected {-n} <= i < {n})")
+        i = x % n
+        if i in out_list:
+            raise ParameterError(f"layers: layer {i} is selected twice")
+        out_list.append(i)
+    return tuple(sorted(out_list))
+
+
+class ConcentrationProbe:
+    """Context manager that records attention concentration during a model's forward pass.
+
+    ::
+
+        with torch.no_grad(), hf.ConcentrationProbe(model, statistic="entropy") as probe:
+            model(input_ids=ids, attention_mask=am)
+        probe.concentration        # [B, T] float32 on the model's device
+
+    For query position t the statistic of each head's attention distribution over its
+    visible keys (see :mod:`comppo_core.hf.statistics`: ``"entropy"`` is
+    ``1 − H(p)/log n_t``, ``"max"`` is ``max p``, ``"l2"`` is ``Σ p²``) is averaged over the
+    heads, then over the selected layers. Padded query positions are 0.
+
+    Args:
+      model: a transformers ``PreTrainedModel`` whose attention goes through
+        ``AttentionInterface`` (Llama, Qwen2, Qwen3, Mistral, GPT-2, ...).
+      statistic: ``"entropy"`` (default), ``"max"`` or ``"l2"``.
+      layers: ``None`` (all layers), a slice, or layer indices (negative ones count from
+        the end).
+      method: ``"auto"``, ``"fused"`` or ``"chunked"`` (how each layer's statistic is
+        computed; all are exact, see :func:`~comppo_core.hf.statistics.head_mean_concentration`).
+      query_chunk: most query rows whose scores or mask bias exist at once.
+      precision: ``"float32"`` (default) or ``"model"``: the dtype of the fused kernel's
+        pass (see :func:`~comppo_core.hf.statistics.head_mean_concentration`).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        statistic: str = "entropy",
+        layers: Union[None, int, slice, Iterable[int]] = None,
+        *,
+        method: str = "auto",
+        query_chunk: int = DEFAULT_QUERY_CHUNK,
+        precision: str = "float32",
+    ) -> None:
+        if not isinstance(model, PreTrainedModel):
+            raise UnsupportedModelError(
+                f"model: expected a transformers PreTrainedModel, got {type(model).__module__}.{type(model).__name__}"
+            )
+        self.model = model
+        self.statistic = check_statistic(statistic)
+        self.method = check_method(method, self.statistic)
+        if isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1:
+            raise ParameterError(f"query_chunk: expected an integer >= 1, got {query_chunk!r}")
+        self.query_chunk = query_chunk
+        self.precision = check_precision(precision)
+        self.num_layers = _num_layers(model)
+        self.layers: tuple[int, ...] = _normalize_layers(layers, self.num_layers)
+        self._layer_set = frozenset(self.layers)
+        self._active = False
+        self.reset()
+
+    # ---- recording ------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget every recorded pass."""
+        self._sum: Optional[torch.Tensor] = None
+        self._valid: Optional[torch.Tensor] = None
+        self._seen: set[int] = set()
+        self._last: Optional[torch.Tensor] = None
+        self._passes = 0
+        self._grad_calls = 0
+        self._skipped_calls = 0
+
+    def _finish_pass(self) -> None:
+        if self._sum is not None and self._seen == self._layer_set:
+            assert self._valid is not None
+            conc = self._sum / float(len(self.layers))
+            self._last = torch.where(self._valid, conc, torch.zeros_like(conc))
+            self._passes += 1
+        self._sum, self._valid, self._seen = None, None, set()
+
+    def _record(self, layer: int, stat: torch.Tensor, valid: torch.Tensor) -> None:
+        if self._sum is not None and (layer in self._seen or self._sum.shape != stat.shape or self._sum.device != stat.device):
+            self._finish_pass()
+        if self._sum is None:
+            self._sum = torch.zeros_like(stat)
+            self._valid = valid.clone()
+        self._sum += stat
+        self._seen.add(layer)
+        if self._seen == self._layer_set:
+            self._finish_pass()
+
+    @property
+    def passes(self) -> int:
+        """Number of complete forward passes recorded."""
+        return self._passes
+
+    @property
+    def concentration(self) -> torch.Tensor:
+        """``[B, T]`` float32 concentration of the last recorded pass, per query position."""
+        if self._last is None:
+            why = []
+            if self._grad_calls:
+                why.append(
+                    f"{self._grad_calls} attention call(s) ran with gradients enabled (the probe records "
+                    "only under torch.no_grad() or torch.inference_mode())"
+                )
+            if self._skipped_calls:
+                why.append(
+                    f"{self._skipped_calls} attention call(s) were cached decoding steps (the probe records "
+                    "full-sequence passes; use use_cache=False)"
+                )
+            if self._seen:
+                why.append(
+                    f"a pass is incomplete: layers {sorted(self._seen)} of {list(self.layers)} were seen"
+                )
+            raise ProbeError(
+                "concentration: no forward pass was recorded"
+                + ("; " + "; ".join(why) if why else " (run the model inside the `with` block)")
+            )
+        return self._last
+
+    # ---- context manager ------------------------------------------------------
+
+    def __enter__(self) -> "ConcentrationProbe":
+        if self._active:
+            raise ProbeError("ConcentrationProbe: this probe is already active; create another probe to nest")
+        self.reset()
+        _attach(self.model, self)
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._active = False
+        _detach(self.model, self)
+        # A pass still in progress (an exception mid-forward) is dropped.
+        self._sum, self._valid, self._seen = None, None, set()
+
+    def __repr__(self) -> str:
+        return (
+            f"ConcentrationProbe(statistic={self.statistic!r}, layers={list(self.layers)}, "
+            f"method={self.method!r}, active={self._active}, passes={self._passes})"
+        )
+
+
+# --------------------------------------------------------------------------- #
+# Log-probs and concentration in one forward pass
+# --------------------------------------------------------------------------- #
+
+
+class LogprobsAndConcentration(NamedTuple):
+    """``[B, T−1]`` float32 each: column j scores token ``input_ids[:, j+1]`` from query position j."""
+
+    logprobs: torch.Tensor
+    concentration: torch.Tensor
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log softmax(logits)[..., targets]`` in float32, ``[B, L]`` from ``[B, L, V]`` logits.
+
+    Computed as ``logit[y] − logsumexp(logits)`` over chunks of positions, so no float32
+    copy of the whole ``[B, L, V]`` logits exists."""
+    b, length, _ = logits.shape
+    out = torch.empty(b, length, dtype=torch.float32, device=logits.device)
+    for i in range(0, length, _LOGPROB_CHUNK):
+        chunk = logits[:, i : i + _LOGPROB_CHUNK].float()
+        y = targets[:, i : i + _LOGPROB_CHUNK].unsqueeze(-1)
+        out[:, i : i + _LOGPROB_CHUNK] = chunk.gather(-1, y).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
+    return out
+
+
+def _check_ids(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
+        got = f"{input_ids.dtype} {tuple(input_ids.shape)}" if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ShapeError(f"input_ids: expected a 2-D integer tensor [B, T], got {got}")
+    if input_ids.shape[1] < 2:
+        raise ShapeError(f"input_ids: expected T >= 2 tokens per row (log-probs score tokens 1..T-1), got T={input_ids.shape[1]}")
+    if attention_mask is None:
+        return input_ids, None
+    if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
+        got_mask = str(tuple(attention_mask.shape)) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        raise ShapeError(f"attention_mask: expected a tensor shaped like input_ids {tuple(input_ids.shape)}, got {got_mask}")
+    return input_ids, attention_mask.to(device=input_ids.device) != 0
+
+
+def default_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only, as ``generate`` does: ``cumsum(mask) − 1``,
+    clamped at 0 (so a left-padded row's first real token has position 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
+
+
+def logprobs_and_concentration(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: Optional[torch.Tensor] = None,
+    *,
+    statistic: str = "entropy",
+    layers: Union[None, int, slice, Iterable[int]] = None,
+    position_ids: Optional[torch.Tensor] = None,
+    method: str = "auto",
+    query_chunk: int = DEFAULT_QUERY_CHUNK,
+    precision: str = "float32",
+) -> LogprobsAndConcentration:
+    """Token log-probs and attention concentration from one forward pass (no grad).
+
+    ::
+
+        logprobs[b, j]      = log π(input_ids[b, j+1] | input_ids[b, :j+1])
+        concentration[b, j] = the probe's statistic at query position j
+
+    Column j scores token j+1 and its concentration comes from query position j, the
+    position whose logits score that token (DESIGN §7: the off-by-one to avoid). Both
+    are 0 in a column whose query or target token is padding.
+
+    Args:
+      model: a causal LM (``...ForCausalLM``) supported by :class:`ConcentrationProbe`.
+      input_ids: ``[B, T]`` token ids, ``T >= 2``.
+      attention_mask: optional ``[B, T]`` (nonzero = real token); left, right or
+        both-ends padding.
+      statistic, layers, method, query_chunk, precision: as :class:`ConcentrationProbe`.
+      position_ids: optional ``[B, T]``; by default ``cumsum(attention_mask) − 1``
+        clamped at 0, the positions ``generate`` gives a left-padded prompt (no mask:
+        the model's default ``0..T−1``).
+
+    Returns:
+      ``LogprobsAndConcentration(logprobs, concentration)``, ``[B, T−1]`` float32 each,
+      on the model's device.
+    """
+    ids, mask = _check_ids(input_ids, attention_mask)
+    kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": False}
+    if mask is not None:
+        kwargs["attention_mask"] = mask.long()
+        kwargs["position_ids"] = default_position_ids(mask) if position_ids is None else position_ids
+    elif position_ids is not None:
+        kwargs["position_ids"] = position_ids
+    with torch.no_grad(), ConcentrationProbe(
+        model, statistic, layers, method=method, query_chunk=query_chunk, precision=precision
+    ) as probe:
+        out = model(**kwargs)
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        lp = token_logprobs(logits[:, :-1], ids[:, 1:])
+        del out, logits
+        conc = probe.concentration[:, :-1].clone()
+    if mask is not None:
+        cols = mask[:, :-1] & mask[:, 1:]
+        lp = torch.where(cols, lp, torch.zeros_like(lp))
+        conc = torch.where(cols, conc, torch.zeros_like(conc))
+    return LogprobsAndConcentration(lp, conc)

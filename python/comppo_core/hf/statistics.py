@@ -1,0 +1,407 @@
+"""Attention concentration of one attention layer, without an ``O(T²)`` tensor (DESIGN §7).
+
+For query t of sequence b and head h, with attention distribution ``p`` over the ``n_t``
+keys it may see (causal ∩ not padding ∩ sliding window, i.e. the layer's attention
+mask) and scores ``s_k = scale·⟨q_t, k_k⟩``::
+
+    LSE       = log Σ_k exp(s_k)                        (visible keys only)
+    p_k       = exp(s_k − LSE)
+    "entropy":  1 − H(p)/log(n_t),   H(p) = −Σ_k p_k log p_k = LSE − Σ_k p_k s_k
+                (n_t = 1 → 1: a single visible key is a fully concentrated head)
+    "max":      max_k p_k            = exp(max_k s_k − LSE)
+    "l2":       Σ_k p_k²             = exp(LSE₂ − 2·LSE),   LSE₂ = log Σ_k exp(2·s_k)
+
+:func:`head_mean_concentration` returns the mean over heads, ``[B, Tq]`` float32, and 0
+for a query that sees no key. Two exact methods:
+
+* ``"fused"`` (``"entropy"`` and ``"l2"``, CPU and CUDA): an attention kernel that
+  returns its log-sum-exp (``_scaled_dot_product_flash_attention_for_cpu`` on CPU;
+  ``_scaled_dot_product_efficient_attention`` on CUDA, or FlashAttention-2's
+  ``_scaled_dot_product_flash_attention`` for a half-precision pass without a mask).
+  Entropy uses one pass with values := centred keys::
+
+      o_t = Σ_k p_k (k_k − k̄) = Attn(Q, K, V := K − k̄)      (k̄: any fixed vector; the key mean)
+      H_t = LSE_t − scale·⟨q_t, o_t⟩ − scale·⟨q_t, k̄⟩
+
+  (centring shrinks the two terms whose difference is H, so less cancellation); ``l2``
+  uses two passes, at scale and at 2·scale. The kernels never materialise the scores.
+  ``precision="float32"`` (default, as DESIGN §7 asks) runs the pass on float32 copies
+  of Q and K whatever the model's dtype; ``precision="model"`` runs it in the model's
+  dtype (bfloat16: the GPU's fast kernels, at bfloat16 accuracy for ``o``). LSE and the
+  final combination are float32 either way.
+* ``"chunked"`` (every statistic, any device, always float32): queries in chunks of
+  ``C`` rows, the chunk's scores ``[B, H, C, hi − lo]``, where ``[lo, hi)`` ⊆ ``[0, Tk)``
+  is the smallest key range holding every key visible from the chunk (so a causal mask
+  halves the work and a sliding window bounds it by ``C + window``).
+
+``"auto"`` picks fused for entropy and l2 on CPU and CUDA, chunked otherwise (``"max"``
+has no log-sum-exp form; it is always chunked). If a fused kernel raises on a device
+(e.g. an unsupported GPU), ``"auto"`` warns once and uses chunked on that device.
+
+Memory: the query chunk ``C`` is at most ``query_chunk`` (default
+:data:`DEFAULT_QUERY_CHUNK`) whatever ``T``, so the transient memory is
+``O(B·H·C·T)`` (chunked) or ``O(B·C·T + B·H·T·d)`` (fused: a mask bias per chunk plus
+copies of Q and K), linear in ``T``: never a ``T × T`` tensor. With no mask (a causal
+batch without padding) the fused method runs one kernel call on the whole sequence.
+Visible-key counts ``n_t`` and key ranges are read from the boolean mask chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional
+
+import torch
+
+from ..errors import ParameterError
+
+__all__ = [
+    "DEFAULT_QUERY_CHUNK",
+    "METHODS",
+    "PRECISIONS",
+    "STATISTICS",
+    "check_method",
+    "check_precision",
+    "check_statistic",
+    "head_mean_concentration",
+]
+
+#: The statistics: ``"entropy"`` (default), ``"max"``, ``"l2"``.
+STATISTICS = ("entropy", "max", "l2")
+#: How a layer's statistic is computed: ``"auto"`` (fused where possible), ``"fused"``, ``"chunked"``.
+METHODS = ("auto", "fused", "chunked")
+#: Dtype of the fused kernel's pass: float32 copies of Q, K (default) or the model's own dtype.
+PRECISIONS = ("float32", "model")
+#: Largest number of query rows whose scores (chunked) or mask bias (fused) exist at once.
+DEFAULT_QUERY_CHUNK = 256
+#: Cap on the elements of one chunk's float32 score block ``[B, H, C, K]`` (chunked method):
+#: C shrinks below ``query_chunk`` when ``B·H·C·K`` would exceed it (at least one row).
+CHUNK_ELEMENTS = 1 << 25
+
+_FUSED_STATISTICS = ("entropy", "l2")
+# Devices whose fused kernel failed once (e.g. an unsupported GPU): chunked from then on.
+_FUSED_BROKEN: set[str] = set()
+
+
+def check_statistic(statistic: object) -> str:
+    """``statistic`` if it is one of :data:`STATISTICS`, else a :class:`ParameterError`."""
+    if not isinstance(statistic, str) or statistic not in STATISTICS:
+        raise ParameterError(f"statistic: expected one of {', '.join(map(repr, STATISTICS))}, got {statistic!r}")
+    return statistic
+
+
+def check_method(method: object, statistic: str) -> str:
+    """``method`` if it is one of :data:`METHODS` and can compute ``statistic``."""
+    if not isinstance(method, str) or method not in METHODS:
+        raise ParameterError(f"method: expected one of {', '.join(map(repr, METHODS))}, got {method!r}")
+    if method == "fused" and statistic not in _FUSED_STATISTICS:
+        raise ParameterError(
+            f"method: 'fused' computes {' and '.join(map(repr, _FUSED_STATISTICS))} only, got statistic={statistic!r}; "
+            "use method='chunked' or 'auto'"
+        )
+    return method
+
+
+def check_precision(precision: object) -> str:
+    """``precision`` if it is one of :data:`PRECISIONS`, else a :class:`ParameterError`."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ParameterError(f"precision: expected one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+    return precision
+
+
+def _check_chunk(query_chunk: object) -> int:
+    if isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1:
+        raise ParameterError(f"query_chunk: expected an integer >= 1, got {query_chunk!r}")
+    return query_chunk
+
+
+# --------------------------------------------------------------------------- #
+# Key ranges and visible-key counts, one query chunk at a time
+# --------------------------------------------------------------------------- #
+
+
+def _key_range(vis: Optional[torch.Tensor], q0: int, q1: int, tk: int, causal: bool) -> tuple[int, int]:
+    """Smallest ``[lo, hi)`` holding every key visible from queries ``q0..q1-1``."""
+    if vis is None:
+        return (0, min(q1, tk)) if causal else (0, tk)
+    cols = vis.any(dim=2).any(dim=1).any(dim=0)  # [K]
+    idx = torch.nonzero(cols).flatten()
+    if idx.numel() == 0:
+        return (0, 0)
+    return int(idx[0]), int(idx[-1]) + 1
+
+
+def _causal_block(q0: int, q1: int, lo: int, hi: int, device: torch.device) -> torch.Tensor:
+    """``[C, K]`` bool: key ``lo + j`` is visible from query ``q0 + i`` iff ``lo + j <= q0 + i``."""
+    qi = torch.arange(q0, q1, device=device)[:, None]
+    kj = torch.arange(lo, hi, device=device)[None, :]
+    return kj <= qi
+
+
+def _counts(vis: Optional[torch.Tensor], q0: int, q1: int, tk: int, causal: bool, device: torch.device) -> torch.Tensor:
+    """Visible keys per query of the chunk, float32, broadcastable to ``[B, H, C]``."""
+    if vis is None:
+        if causal:
+            return torch.arange(q0 + 1, q1 + 1, device=device, dtype=torch.float32).clamp_(max=tk)
+        return torch.full((q1 - q0,), float(tk), device=device, dtype=torch.float32)
+    return vis.sum(dim=-1, dtype=torch.float32)  # [Bm, Hm, C]
+
+
+def _normalize(stat: torch.Tensor, n: torch.Tensor, statistic: str) -> torch.Tensor:
+    """Per-head raw statistic (entropy in nats, max p, Σp²) → concentration in [0, 1]."""
+    n = torch.broadcast_to(n, stat.shape)
+    if statistic == "entropy":
+        log_n = torch.log(n.clamp(min=2.0))
+        conc = torch.where(n > 1.5, 1.0 - stat / log_n, torch.ones_like(stat))
+    else:
+        conc = stat
+    conc = torch.where(n > 0.5, conc, torch.zeros_like(conc))
+    return conc.nan_to_num_(nan=0.0).clamp_(0.0, 1.0)
+
+
+# --------------------------------------------------------------------------- #
+# Chunked: the chunk's scores in float32
+# --------------------------------------------------------------------------- #
+
+
+def _grouped_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """``scale·q kᵀ`` ``[B, H, C, K]`` for ``q`` ``[B, H, C, d]``, ``k`` ``[B, Hkv, K, d]``
+    (GQA: query heads ``g·r .. g·r + r − 1`` read key head g), without repeating K."""
+    b, h, c, d = q.shape
+    hkv = k.shape[1]
+    r = h // hkv
+    qg = q.reshape(b, hkv, r * c, d)
+    s = torch.matmul(qg, k.transpose(-1, -2))  # [B, Hkv, r·C, K]
+    s = s.view(b, h, c, k.shape[2])
+    return s.mul_(scale)
+
+
+def _chunk_statistic(s: torch.Tensor, statistic: str) -> torch.Tensor:
+    """Per-head raw statistic from masked float32 scores (−inf = not visible), ``[B, H, C]``.
+    ``s`` is overwritten."""
+    lse = torch.logsumexp(s, dim=-1)  # −inf on a row with no visible key
+    lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    if statistic == "max":
+        return torch.exp(s.amax(dim=-1) - lse)
+    if statistic == "l2":
+        lse2 = torch.logsumexp(s.mul_(2.0), dim=-1)
+        return torch.exp(lse2 - 2.0 * lse)
+    # entropy: H = −Σ p log p
+    logp = s.sub_(lse.unsqueeze(-1))  # log p, −inf where not visible
+    p = torch.exp(logp)
+    logp.nan_to_num_(nan=0.0, neginf=0.0, posinf=0.0)
+    return -(p.mul_(logp)).sum(dim=-1)
+
+
+def _chunked(
+    q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor], scale: float, causal: bool, statistic: str, query_chunk: int
+) -> torch.Tensor:
+    b, h, tq, _ = q.shape
+    tk = k.shape[2]
+    out = torch.zeros(b, tq, dtype=torch.float32, device=q.device)
+    rows = max(1, min(query_chunk, CHUNK_ELEMENTS // max(1, b * h * tk)))
+    k32 = k if k.dtype == torch.float32 else k.float()
+    for q0 in range(0, tq, rows):
+        q1 = min(tq, q0 + rows)
+        vis = None if mask is None else mask[:, :, q0:q1, :]
+        lo, hi = _key_range(vis, q0, q1, tk, causal)
+        if hi <= lo:
+            continue
+        vis_c = None if vis is None else vis[..., lo:hi]
+        s = _grouped_scores(q[:, :, q0:q1].float(), k32[:, :, lo:hi], scale)
+        if vis_c is not None:
+            s.masked_fill_(~vis_c, -math.inf)
+        elif causal:
+            s.masked_fill_(~_causal_block(q0, q1, lo, hi, q.device), -math.inf)
+        raw = _chunk_statistic(s, statistic)
+        del s
+        n = _counts(vis_c, q0, q1, tk, causal, q.device)
+        out[:, q0:q1] = _normalize(raw, n, statistic).mean(dim=1)
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# Fused: an attention kernel that returns its log-sum-exp
+# --------------------------------------------------------------------------- #
+
+
+def _lse_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Attn(q, k, v), LSE)`` with an additive float bias or an upper-left causal mask.
+
+    LSE is float32 ``[B, H, Tq]`` (natural log of the scaled scores' exp-sum)."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=bias, scale=scale
+        )
+        return out, lse
+    if q.device.type == "cuda":
+        if bias is None and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256:
+            try:  # FlashAttention-2: half precision, causal or full, no bias
+                res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
+                return res[0], res[1]
+            except RuntimeError:
+                pass  # e.g. an older GPU: the memory-efficient kernel below
+        out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, bias, True, 0.0, causal, scale=scale
+        )
+        return out, lse[..., : q.shape[2]]  # the kernel pads LSE's length to a multiple of 32
+    raise RuntimeError(f"no fused attention kernel with log-sum-exp on {q.device.type}")
+
+
+def _bias_chunk(vis: torch.Tensor, b: int, h: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive bias ``[B, H, C, K]`` (a broadcast view; 0 visible, −inf not) from a bool
+    mask chunk. Stored with its last dimension padded to a multiple of 16 (the alignment
+    CUDA's memory-efficient kernel wants), then sliced."""
+    bm, hm, c, kk = vis.shape
+    padded = -(-kk // 16) * 16
+    store = torch.empty(bm, hm, c, padded, dtype=dtype, device=vis.device)
+    bias = store[..., :kk]
+    bias.zero_().masked_fill_(~vis, -math.inf)
+    return bias.expand(b, h, c, kk)
+
+
+def _repeat_heads(k: torch.Tensor, h: int) -> torch.Tensor:
+    b, hkv, t, d = k.shape
+    if hkv == h:
+        return k
+    return k[:, :, None].expand(b, hkv, h // hkv, t, d).reshape(b, h, t, d)
+
+
+def _fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    scale: float,
+    causal: bool,
+    statistic: str,
+    query_chunk: int,
+    precision: str,
+) -> torch.Tensor:
+    b, h, tq, _ = q.shape
+    tk = k.shape[2]
+    dtype = torch.float32 if precision == "float32" else q.dtype
+    k32 = k.float()
+    center = k32.mean(dim=2, keepdim=True)  # [B, Hkv, 1, d]: k̄, per key head
+    qk = q.to(dtype).contiguous()
+    kk = _repeat_heads(k.to(dtype), h).contiguous()
+    vv = _repeat_heads((k32 - center).to(dtype), h).contiguous() if statistic == "entropy" else kk
+    del k32
+    q_center = (q.float() * _repeat_heads(center, h)).sum(dim=-1)  # ⟨q_t, k̄⟩, [B, H, Tq]
+
+    def raw_statistic(
+        qc: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, bias: Optional[torch.Tensor], qcen: torch.Tensor, is_causal: bool
+    ) -> torch.Tensor:
+        o, lse = _lse_attention(qc, kc, vc, bias, is_causal, scale)
+        lse = lse.float()
+        if statistic == "entropy":
+            # H = LSE − scale·⟨q, o + k̄⟩ with o = Attn(Q, K, K − k̄)
+            return lse - scale * (torch.einsum("bhcd,bhcd->bhc", qc.float(), o.float()) + qcen)
+        _, lse2 = _lse_attention(qc, kc, vc, bias, is_causal, 2.0 * scale)
+        return torch.exp(lse2.float() - 2.0 * lse)  # Σ p² = exp(LSE₂ − 2·LSE)
+
+    if mask is None:
+        raw = raw_statistic(qk, kk, vv, None, q_center, causal and tq > 1)
+        n = _counts(None, 0, tq, tk, causal, q.device)
+        return _normalize(raw, n, statistic).mean(dim=1)
+
+    out = torch.zeros(b, tq, dtype=torch.float32, device=q.device)
+    rows = max(1, min(query_chunk, CHUNK_ELEMENTS // max(1, b * tk)))
+    for q0 in range(0, tq, rows):
+        q1 = min(tq, q0 + rows)
+        vis = mask[:, :, q0:q1, :]
+        lo, hi = _key_range(vis, q0, q1, tk, causal)
+        if hi <= lo:
+            continue
+        vis_c = vis[..., lo:hi]
+        bias = _bias_chunk(vis_c, b, h, dtype)
+        raw = raw_statistic(qk[:, :, q0:q1], kk[:, :, lo:hi], vv[:, :, lo:hi], bias, q_center[:, :, q0:q1], False)
+        del bias
+        n = _counts(vis_c, q0, q1, tk, causal, q.device)
+        out[:, q0:q1] = _normalize(raw, n, statistic).mean(dim=1)
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# Entry point
+# --------------------------------------------------------------------------- #
+
+
+def head_mean_concentration(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    *,
+    scale: Optional[float] = None,
+    is_causal: bool = True,
+    statistic: str = "entropy",
+    method: str = "auto",
+    query_chunk: int = DEFAULT_QUERY_CHUNK,
+    precision: str = "float32",
+) -> torch.Tensor:
+    """Head-mean attention concentration of one layer, ``[B, Tq]`` float32.
+
+    Args:
+      query: ``[B, H, Tq, d]`` queries (any float dtype; computed in float32).
+      key: ``[B, Hkv, Tk, d]`` keys, ``H % Hkv == 0`` (grouped-query attention: query
+        head h reads key head ``h // (H / Hkv)``, as transformers' ``repeat_kv``).
+      mask: ``None`` or a bool ``[B or 1, H or 1, Tq, Tk]`` visibility mask (True = the
+        query may attend to the key), e.g. transformers' ``sdpa_mask`` output.
+      scale: score scale (default ``1/sqrt(d)``, as SDPA).
+      is_causal: with ``mask=None``, whether query i sees keys ``0..i`` (upper-left
+        aligned, as SDPA's ``is_causal``) or every key.
+      statistic: ``"entropy"``, ``"max"`` or ``"l2"`` (see the module docstring).
+      method: ``"auto"`` (fused for entropy and l2 on CPU and CUDA, else chunked),
+        ``"fused"`` or ``"chunked"``.
+      query_chunk: most query rows processed at once (bounds the transient memory).
+      precision: ``"float32"`` (default: the fused kernel runs on float32 copies of Q and
+        K) or ``"model"`` (the fused kernel runs in the inputs' dtype, e.g. bfloat16, on
+        the GPU's half-precision kernels; LSE and the final combination stay float32).
+        The chunked method is always float32.
+
+    Returns:
+      ``[B, Tq]`` float32: each query's statistic averaged over the H heads, 0 for a query
+      that sees no key.
+    """
+    statistic = check_statistic(statistic)
+    method = check_method(method, statistic)
+    query_chunk = _check_chunk(query_chunk)
+    precision = check_precision(precision)
+    if query.dim() != 4 or key.dim() != 4:
+        raise ParameterError(f"query, key: expected 4-D [B, H, T, d] tensors, got {tuple(query.shape)} and {tuple(key.shape)}")
+    b, h, tq, d = query.shape
+    if key.shape[0] != b or key.shape[3] != d or h % key.shape[1] != 0:
+        raise ParameterError(f"key: expected [{b}, Hkv, Tk, {d}] with {h} % Hkv == 0, got {tuple(key.shape)}")
+    tk = key.shape[2]
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise ParameterError(f"mask: expected a bool tensor, got {mask.dtype}")
+        if mask.dim() != 4 or mask.shape[-2:] != (tq, tk) or mask.shape[0] not in (1, b) or mask.shape[1] not in (1, h):
+            raise ParameterError(f"mask: expected [{b} or 1, {h} or 1, {tq}, {tk}], got {tuple(mask.shape)}")
+    scale_ = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    causal = bool(is_causal) and mask is None
+    if causal and tk > tq:
+        key = key[:, :, :tq]  # upper-left causal: query i sees keys 0..i only
+
+    use_fused = method == "fused" or (
+        method == "auto"
+        and statistic in _FUSED_STATISTICS
+        and query.device.type in ("cpu", "cuda")
+        and query.device.type not in _FUSED_BROKEN
+    )
+    if use_fused:
+        try:
+            return _fused(query, key, mask, scale_, causal, statistic, query_chunk, precision)
+        except RuntimeError as exc:
+            if method == "fused":
+                raise
+            _FUSED_BROKEN.add(query.device.type)
+            warnings.warn(
+                f"comppo_core.hf: the fused attention kernel failed on {query.device.type} ({exc}); "
+                "computing the statistic with the chunked method from now on",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return _chunked(query, key, mask, scale_, causal, statistic, query_chunk)
