@@ -14,12 +14,12 @@ import argparse
 import sys
 
 from . import __version__, errors
-from .commands import demo, synthetic
+from .commands import advantages, demo, synthetic
 
 __all__ = ["main"]
 
 #: The command modules, in the order ``--help`` lists them.
-_COMMANDS = (demo, synthetic)
+_COMMANDS = (demo, synthetic, advantages)
 
 
 def _build_parser() -> argparse.ArgumentParser:
