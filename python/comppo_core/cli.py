@@ -1,8 +1,11 @@
 """The ``comppo-core`` command line: one subcommand per module in :mod:`comppo_core.commands`.
 
-* ``comppo-core demo``: the CompPO demo;
+* ``comppo-core demo``: CompPO end to end on a tiny Llama built from a config (needs
+  the ``[hf]`` extra);
 * ``comppo-core synthetic``: GAE vs Comp-GAE on a synthetic batch and a speed check
-  against the NumPy reference (NumPy only).
+  against the NumPy reference (NumPy only);
+* ``comppo-core advantages IN.parquet -o OUT.parquet``: advantages and returns for a
+  Parquet file of rollouts, streamed row group by row group (needs the ``[arrow]`` extra).
 
 Exit status: 0 on success, 2 on a usage error (argparse), 1 on a ``ComppoError`` or
 another user-facing failure, which is printed as ``comppo-core: error: ...``.
