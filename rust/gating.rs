@@ -11,13 +11,16 @@
 //! σ is the population standard deviation (ddof 0), ε = [`STD_EPS`]; a row (or batch)
 //! with one valid token or zero spread (max = min) gets `z = 0`. Masked positions get
 //! `g = 1`. Statistics are summed in `f64`, row by row in row order, so results do not
-//! depend on the thread count.
+//! depend on the thread count. Float32 concentration takes its moments from
+//! [`crate::whiten`]'s one-pass row moments; the sigmoid uses [`crate::exp`], plain
+//! arithmetic within a few ulp of libm, so the token loop vectorizes.
 
 use crate::checks::{check_len, first_offender, KernelErrorAt};
 use crate::element::{Float, Mask};
 use crate::error::{KernelError, Result};
 use crate::layout::{split_by_tasks, task_size, Layout};
 use crate::pool;
+use crate::whiten::{batch_moments, row_moments, Moments};
 
 /// The ε added to the standard deviation of the z-score.
 pub const STD_EPS: f64 = 1e-8;
@@ -69,13 +72,15 @@ impl GateParams {
         Ok(())
     }
 
+    /// `g = low + (high − low) · sigmoid(sharpness · ±z)`, with the sigmoid of
+    /// [`crate::exp`] (plain arithmetic, so the token loop vectorizes).
     #[inline(always)]
     fn gate(&self, z: f64) -> f64 {
         let z = if self.invert { -z } else { z };
         // 0·inf (sharpness 0, an overflowing fixed z-score) is the midpoint, not NaN
         let x = self.sharpness * z;
         let x = if x.is_nan() { 0.0 } else { x };
-        self.low + (self.high - self.low) * (1.0 / (1.0 + (-x).exp()))
+        self.low + (self.high - self.low) * crate::exp::sigmoid(x)
     }
 }
 
@@ -124,14 +129,6 @@ struct Affine {
 
 impl Affine {
     const ZERO: Affine = Affine { k: 1.0, center: 0.0, scale: 1.0, zero: true };
-
-    fn z(&self, c: f64) -> f64 {
-        if self.zero {
-            0.0
-        } else {
-            (c * self.k - self.center) / self.scale
-        }
-    }
 }
 
 fn row_range<F: Float, M: Mask>(conc: &[F], mask: &M, range: std::ops::Range<usize>) -> Range {
@@ -183,6 +180,45 @@ fn z_affine(r: &Range, k: f64, sum: f64, sq_dev: f64) -> Affine {
     Affine { k, center: mean, scale: std + STD_EPS * k, zero: false }
 }
 
+/// The z-score maps of float32 concentration, from the moments [`crate::whiten`]
+/// computes (one pass of `Σ c` and `Σ c²` per row, hand-vectorized for bool masks):
+/// `z = (c − μ) / (sqrt(m2/n) + ε)`.
+///
+/// Float32 values make this exact where it matters: a row of equal values has a mean
+/// equal to them and `m2 = 0` exactly (see `whiten::finish_row`), so "zero spread"
+/// is `m2 == 0`; and squares of float32 values cannot overflow, so no power-of-two
+/// scaling is needed. Returns `None` when a row's moments are not finite (a NaN or
+/// ±inf at a valid position), leaving the error to the general path.
+fn f32_affines<F: Float, M: Mask>(
+    layout: &Layout,
+    conc: &[F],
+    mask: &M,
+    params: &GateParams,
+) -> Result<Option<Vec<Affine>>> {
+    let rows = layout.rows();
+    let parallel = layout.len() >= pool::PARALLEL_MIN;
+    let affine = |m: &Moments| {
+        if m.n <= 1 || m.m2 == 0.0 {
+            Affine::ZERO
+        } else {
+            Affine { k: 1.0, center: m.mean, scale: (m.m2 / m.n as f64).sqrt() + STD_EPS, zero: false }
+        }
+    };
+    let finite = |m: &Moments| m.mean.is_finite() && m.m2.is_finite();
+    Ok(match params.normalize {
+        Normalize::Fixed { .. } => None,
+        Normalize::Sequence => {
+            let moments = pool::map((0..rows).collect(), parallel, |b| row_moments(conc, mask, layout.row(b)));
+            moments.iter().all(finite).then(|| moments.iter().map(affine).collect())
+        }
+        Normalize::Batch => match batch_moments(layout, conc, mask, "concentration") {
+            Ok(m) => Some(vec![affine(&m); rows]),
+            Err(KernelError::NonFinite { .. }) => None,
+            Err(e) => return Err(e),
+        },
+    })
+}
+
 /// Retention gates from concentration, written into `out`.
 pub fn gates_from_concentration<F: Float, M: Mask>(
     layout: &Layout,
@@ -200,65 +236,111 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
 
     let parallel = n >= pool::PARALLEL_MIN;
     let per_row = |f: &(dyn Fn(usize) -> f64 + Sync)| pool::map((0..rows).collect(), parallel, f);
-    let affines: Vec<Affine> = (|| -> Result<Vec<Affine>> {
-        // Pass 1: per-row count, range and finiteness.
-        let ranges: Vec<Range> = pool::map((0..rows).collect(), parallel, |b| row_range(conc, &mask, layout.row(b)));
-        if !ranges.iter().all(|r| r.finite) {
-            let e = first_offender(layout, &mask, |i, valid| {
-                let c = conc[i].to_f64();
-                (valid && !c.is_finite()).then_some(KernelErrorAt::NonFinite("concentration", c))
-            });
-            // A range is marked non-finite only by a non-finite valid value, which
-            // the scan finds; the fallback only keeps this path panic-free.
-            return Err(e.unwrap_or(KernelError::Parameter {
-                arg: "concentration",
-                expected: "finite values at valid positions".into(),
-                got: "a non-finite value".into(),
-            }));
-        }
-        Ok(match params.normalize {
-            Normalize::Fixed { center, scale } => vec![Affine { k: 1.0, center, scale, zero: false }; rows],
-            Normalize::Sequence => pool::map((0..rows).collect(), parallel, |b| {
-                let r = &ranges[b];
-                if r.flat() {
-                    return Affine::ZERO;
-                }
-                let k = r.scale();
-                let sum = row_sum(conc, &mask, layout.row(b), k);
-                let sq = row_sq_dev(conc, &mask, layout.row(b), k, sum / r.n as f64);
-                z_affine(r, k, sum, sq)
-            }),
-            Normalize::Batch => {
-                let total = ranges.iter().fold(Range::EMPTY, |a, &b| a.merge(b));
-                if total.flat() {
-                    vec![Affine::ZERO; rows]
-                } else {
-                    // per-row partial sums, added in row order: thread-count independent
-                    let k = total.scale();
-                    let sum: f64 = per_row(&|b| row_sum(conc, &mask, layout.row(b), k)).iter().sum();
-                    let mean = sum / total.n as f64;
-                    let sqs = per_row(&|b| row_sq_dev(conc, &mask, layout.row(b), k, mean));
-                    vec![z_affine(&total, k, sum, sqs.iter().sum()); rows]
-                }
+    let fast = if F::as_f32s(conc).is_some() { f32_affines(layout, conc, &mask, params)? } else { None };
+    let affines: Vec<Affine> = if let Some(a) = fast {
+        a
+    } else {
+        (|| -> Result<Vec<Affine>> {
+            // Pass 1: per-row count, range and finiteness.
+            let ranges: Vec<Range> =
+                pool::map((0..rows).collect(), parallel, |b| row_range(conc, &mask, layout.row(b)));
+            if !ranges.iter().all(|r| r.finite) {
+                let e = first_offender(layout, &mask, |i, valid| {
+                    let c = conc[i].to_f64();
+                    (valid && !c.is_finite()).then_some(KernelErrorAt::NonFinite("concentration", c))
+                });
+                // A range is marked non-finite only by a non-finite valid value, which
+                // the scan finds; the fallback only keeps this path panic-free.
+                return Err(e.unwrap_or(KernelError::Parameter {
+                    arg: "concentration",
+                    expected: "finite values at valid positions".into(),
+                    got: "a non-finite value".into(),
+                }));
             }
-        })
-    })()?;
+            Ok(match params.normalize {
+                Normalize::Fixed { center, scale } => vec![Affine { k: 1.0, center, scale, zero: false }; rows],
+                Normalize::Sequence => pool::map((0..rows).collect(), parallel, |b| {
+                    let r = &ranges[b];
+                    if r.flat() {
+                        return Affine::ZERO;
+                    }
+                    let k = r.scale();
+                    let sum = row_sum(conc, &mask, layout.row(b), k);
+                    let sq = row_sq_dev(conc, &mask, layout.row(b), k, sum / r.n as f64);
+                    z_affine(r, k, sum, sq)
+                }),
+                Normalize::Batch => {
+                    let total = ranges.iter().fold(Range::EMPTY, |a, &b| a.merge(b));
+                    if total.flat() {
+                        vec![Affine::ZERO; rows]
+                    } else {
+                        // per-row partial sums, added in row order: thread-count independent
+                        let k = total.scale();
+                        let sum: f64 = per_row(&|b| row_sum(conc, &mask, layout.row(b), k)).iter().sum();
+                        let mean = sum / total.n as f64;
+                        let sqs = per_row(&|b| row_sq_dev(conc, &mask, layout.row(b), k, mean));
+                        vec![z_affine(&total, k, sum, sqs.iter().sum()); rows]
+                    }
+                }
+            })
+        })()?
+    };
 
     let tasks = layout.tasks(task_size(n, pool::num_threads()));
     let pieces = split_by_tasks(out, &tasks);
     let work: Vec<_> = tasks.iter().zip(pieces).collect();
     pool::map(work, parallel, |(task, piece)| {
         for b in task.rows.clone() {
-            let af = affines[b];
-            for i in layout.row(b) {
-                // SAFETY: i lies inside the validated layout.
-                let valid = unsafe { mask.valid(i) };
-                let g = if valid { params.gate(af.z(conc[i].to_f64())) } else { 1.0 };
-                piece[i - task.span.start] = F::from_f64(g);
-            }
+            let span = layout.row(b);
+            let o = &mut piece[span.start - task.span.start..span.end - task.span.start];
+            write_row(&conc[span.clone()], &mask, span.start, &affines[b], params, o);
         }
     });
     Ok(())
+}
+
+/// The gates of one row: `out[j] = gate(z(c[j]))` at valid positions, 1 elsewhere.
+fn write_row<F: Float, M: Mask>(conc: &[F], mask: &M, base: usize, af: &Affine, params: &GateParams, out: &mut [F]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::avx2() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { write_row_avx2(conc, mask, base, af, params, out) };
+    }
+    write_row_body(conc, mask, base, af, params, out)
+}
+
+/// The same loop compiled for AVX2 (four f64 lanes of the sigmoid at a time).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn write_row_avx2<F: Float, M: Mask>(
+    conc: &[F],
+    mask: &M,
+    base: usize,
+    af: &Affine,
+    params: &GateParams,
+    out: &mut [F],
+) {
+    write_row_body(conc, mask, base, af, params, out)
+}
+
+#[inline(always)]
+fn write_row_body<F: Float, M: Mask>(
+    conc: &[F],
+    mask: &M,
+    base: usize,
+    af: &Affine,
+    params: &GateParams,
+    out: &mut [F],
+) {
+    // a flat row: every valid gate is the midpoint
+    let flat = params.gate(0.0);
+    let Affine { k, center, scale, zero } = *af;
+    for (j, (o, c)) in out.iter_mut().zip(conc).enumerate() {
+        // SAFETY: base + j lies inside the validated layout.
+        let valid = unsafe { mask.valid(base + j) };
+        let g = if zero { flat } else { params.gate((c.to_f64() * k - center) / scale) };
+        *o = F::from_f64(if valid { g } else { 1.0 });
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ pub mod checks;
 pub mod cpu;
 pub mod element;
 pub mod error;
+pub mod exp;
 pub mod gae;
 pub mod gating;
 pub mod layout;

@@ -184,11 +184,16 @@ def test_avx2_and_baseline_builds_are_bit_identical() -> None:
         # mean far from the spread: rows take the two-pass fallback of the moments
         "w2 = cc.masked_whiten(a + np.float32(300.0), mask=m)\n"
         "s = np.array(list(cc.credit_stats(a, mask=m).values()), dtype=np.float64)\n"
-        "sys.stdout.buffer.write(a.tobytes() + ret.tobytes() + w.tobytes() + w2.tobytes() + s.tobytes())\n"
+        # gates: the vectorized sigmoid, float32 moments (sequence and batch) and float64
+        "q = cc.gates_from_concentration(g, mask=m, low=0.3)\n"
+        "q2 = cc.gates_from_concentration(g, mask=m, low=0.3, normalize='batch')\n"
+        "q3 = cc.gates_from_concentration(g.astype(np.float64), mask=m, low=0.3, sharpness=4.0)\n"
+        "sys.stdout.buffer.write(a.tobytes() + ret.tobytes() + w.tobytes() + w2.tobytes() + s.tobytes()\n"
+        "                        + q.tobytes() + q2.tobytes() + q3.tobytes())\n"
     )
     outs = []
     for disable in ("0", "1"):
         env = {**__import__("os").environ, "COMPPO_DISABLE_AVX2": disable}
         outs.append(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, check=True).stdout)
-    assert len(outs[0]) == 4 * 64 * 700 * 4 + 8 * 7
+    assert len(outs[0]) == 6 * 64 * 700 * 4 + 8 * 7 + 64 * 700 * 8
     assert outs[0] == outs[1]
