@@ -10,8 +10,8 @@ hidden 1024, 28 layers, 16 heads / 8 KV heads, head_dim 64, intermediate 3072, v
 151936, tied embeddings (≈ 0.5B parameters; the count is printed). Batch B = 8 of
 T = 4096 random tokens.
 
-Each variant is a full forward pass (``torch.no_grad()``, ``use_cache=False``, logits
-included, as the PPO loop's scoring pass) with the probe off and on:
+Each variant is a forward pass (``torch.no_grad()``, ``use_cache=False``) with the probe
+off and on:
 
     entropy          the default: fused kernel, float32 pass (DESIGN §7)
     entropy/model    the fused kernel in the model's dtype (precision="model", bfloat16)
@@ -19,16 +19,38 @@ included, as the PPO loop's scoring pass) with the probe off and on:
     entropy/padded   entropy with row 0 left-padded by T/8 (the model builds a boolean
                      mask; the probe runs its fused kernel per 256-query chunk)
 
-Times: ``torch.cuda.synchronize()`` around each call, rounds interleaved (off, on, off,
-...), median of ``--rounds``. Peak memory: ``torch.cuda.max_memory_allocated`` during
-the call above what was allocated before it. Targets (issue 5): time ≤ 1.3×, peak
-memory ≤ 1.05× with the probe on (default variant). Before timing, the probe's CUDA
-statistic is checked against the chunked float32 method on a small slice (2 × 512
-tokens), since CUDA cannot be tested without a GPU.
+Times: the full forward (``model(...)``, logits included, as the PPO loop's scoring
+pass), ``torch.cuda.synchronize()`` around each call, rounds interleaved (off, on, off,
+...), median of ``--rounds``.
 
-Exit status: 0 when the check passes (targets are reported; ``--strict`` exits 3 on a
-miss), 1 when the check fails, 2 when CUDA was asked for and is missing. Runs in well
-under 5 minutes on one GPU.
+Peak memory: ``torch.cuda.max_memory_allocated`` during the call above what was
+allocated before it (the weights are not counted), measured twice:
+
+    with logits      ``model(...)``: the peak includes the [B, T, V] bfloat16 logits,
+                     8 × 4096 × 151936 × 2 B = 9.3 GiB, which dwarf everything else, so
+                     a ratio against it says little
+    without logits   ``model.model(...)`` (the base model: hidden states, no lm_head):
+                     the activations the probe's transient actually competes with
+
+For each, the probe's extra bytes (peak on − peak off, MiB) and the ratio on / off are
+printed. Targets (issue 5), for the default variant: time ≤ 1.3× (full forward) and peak
+memory ≤ 1.05×, the memory target compared on the stricter measurement, *without*
+logits.
+
+Self-check (before timing, since the CUDA path cannot be tested without a GPU): on
+2 × 512 tokens, unpadded and left-padded by 40, the fused kernel (``method="fused"``,
+no fallback) against the chunked float32 method, max |Δ| of the concentration:
+
+    entropy          float32 pass               tolerance 1e-4
+    l2               float32 pass               tolerance 1e-4
+    entropy/model    precision="model" (bf16)   tolerance 1e-2: the pass runs in bfloat16,
+                     whose error grows with the query/key magnitudes (reviewer's
+                     measurement at T = 1024: 1.8e-3, 1.4e-2 and 0.16 at magnitudes 1, 4
+                     and 10; Qwen3's q/k RMSNorm keeps them near 1 here)
+
+Exit status: 0 when the self-check passes (targets are reported; ``--strict`` exits 3 on
+a miss), 1 when it fails, 2 when CUDA was asked for and is missing. Runs in well under
+5 minutes on one GPU.
 """
 
 from __future__ import annotations
@@ -49,6 +71,12 @@ except ImportError as exc:  # pragma: no cover
 
 TIME_TARGET = 1.3
 MEMORY_TARGET = 1.05
+#: Self-check: (label, probe options, tolerance on max |fused − chunked float32|).
+CHECKS: tuple[tuple[str, dict[str, Any], float], ...] = (
+    ("entropy", {"statistic": "entropy"}, 1e-4),
+    ("l2", {"statistic": "l2"}, 1e-4),
+    ("entropy/model", {"statistic": "entropy", "precision": "model"}, 1e-2),
+)
 
 
 def config(small: bool) -> Any:
@@ -113,20 +141,29 @@ def peak(fn: Callable[[], None], device: torch.device) -> int:
     return peak_memory(fn, device)
 
 
-def check_statistic(model: Any, device: torch.device, vocab: int) -> float:
-    """max |fused − chunked| of the entropy concentration on a 2 × 512 slice (both paddings)."""
+def concentration(model: Any, ids: Any, am: Any, **kw: Any) -> Any:
+    with torch.no_grad(), hf.ConcentrationProbe(model, **kw) as p:
+        model.model(input_ids=ids, attention_mask=am, use_cache=False)
+    return p.concentration
+
+
+def check_statistics(model: Any, device: torch.device, vocab: int) -> list[tuple[str, float, float]]:
+    """``(label, max |fused − chunked float32|, tolerance)`` for each of :data:`CHECKS`, over
+    a 2 × 512 slice unpadded and with row 0 left-padded by 40 tokens."""
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, vocab, (2, 512), generator=g).to(device)
-    worst = 0.0
-    for am in (torch.ones(2, 512, dtype=torch.long), torch.ones(2, 512, dtype=torch.long).index_fill_(1, torch.arange(40), 0)):
-        am = am.to(device)
-        res = {}
-        for method in ("fused", "chunked"):
-            with torch.no_grad(), hf.ConcentrationProbe(model, "entropy", method=method) as p:
-                model(input_ids=ids, attention_mask=am, use_cache=False)
-            res[method] = p.concentration
-        worst = max(worst, float((res["fused"] - res["chunked"]).abs().max()))
-    return worst
+    masks = [torch.ones(2, 512, dtype=torch.long, device=device)]
+    masks.append(masks[0].clone())
+    masks[1][0, :40] = 0
+    results = []
+    for label, kw, tol in CHECKS:
+        worst = 0.0
+        for am in masks:
+            fused = concentration(model, ids, am, method="fused", **kw)
+            chunked = concentration(model, ids, am, method="chunked", statistic=kw["statistic"])
+            worst = max(worst, float((fused - chunked).abs().max()))
+        results.append((label, worst, tol))
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,9 +193,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{n_params / 1e9:.3f}B ({n_params:,}) parameters, bfloat16; B = {b}, T = {t}; built in {time.perf_counter() - t0:.1f} s"
     )
 
-    err = check_statistic(model, device, cfg.vocab_size)
-    ok = err <= 1e-3
-    print(f"check: fused vs chunked entropy concentration on 2 × 512 tokens: max |Δ| = {err:.2e} ({'ok' if ok else 'FAILED'})")
+    ok = True
+    for label, err, tol in check_statistics(model, device, cfg.vocab_size):
+        passed = err <= tol  # (NaN fails)
+        ok = ok and passed
+        print(
+            f"check {label:>13}: fused vs chunked float32 concentration on 2 × 512 tokens: max |Δ| = {err:.2e} "
+            f"(tolerance {tol:.0e}: {'ok' if passed else 'FAILED'})"
+        )
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, cfg.vocab_size, (b, t), generator=g).to(device)
@@ -166,18 +208,22 @@ def main(argv: list[str] | None = None) -> int:
     padded = full.clone()
     padded[0, : t // 8] = 0
 
-    def forward(am: Any) -> Callable[[], None]:
+    def forward(am: Any, logits: bool = True) -> Callable[[], None]:
+        net = model if logits else model.model  # model.model: hidden states, no lm_head
+
         def f() -> None:
             with torch.no_grad():
-                model(input_ids=ids, attention_mask=am, use_cache=False)
+                net(input_ids=ids, attention_mask=am, use_cache=False)
             sync(device)
 
         return f
 
-    def probed(am: Any, **kw: Any) -> Callable[[], None]:
+    def probed(am: Any, logits: bool = True, **kw: Any) -> Callable[[], None]:
+        net = model if logits else model.model
+
         def f() -> None:
             with torch.no_grad(), hf.ConcentrationProbe(model, **kw) as p:
-                model(input_ids=ids, attention_mask=am, use_cache=False)
+                net(input_ids=ids, attention_mask=am, use_cache=False)
             sync(device)
             assert p.passes == 1
 
@@ -190,10 +236,18 @@ def main(argv: list[str] | None = None) -> int:
         ("max", full, {"statistic": "max"}),
         ("entropy/padded", padded, {"statistic": "entropy"}),
     ]
-    header = f"{'variant':>15}  {'off ms':>9}  {'on ms':>9}  {'time':>7}  {'peak off':>10}  {'peak on':>10}  {'memory':>7}"
+    print(
+        "peak memory above what was allocated before the call (weights not counted); "
+        "'+MiB' = peak on − peak off; the memory target is compared without logits (the stricter)"
+    )
+    header = (
+        f"{'variant':>15}  {'off ms':>8}  {'on ms':>8}  {'time':>6}  |  {'with logits: off':>16}  {'+MiB':>8}  {'ratio':>6}  |  "
+        f"{'no logits: off':>14}  {'+MiB':>8}  {'ratio':>6}"
+    )
     print(header)
     print("-" * len(header))
     met = True
+    mib = 2.0**20
     for label, am, kw in variants:
         off, on = forward(am), probed(am, **kw)
         off()
@@ -207,15 +261,18 @@ def main(argv: list[str] | None = None) -> int:
                 times[key].append(time.perf_counter() - s)
         t_off, t_on = statistics.median(times["off"]), statistics.median(times["on"])
         p_off, p_on = peak(off, device), peak(on, device)
-        r_time, r_mem = t_on / t_off, p_on / p_off
+        base_off, base_on = forward(am, logits=False), probed(am, logits=False, **kw)
+        q_off, q_on = peak(base_off, device), peak(base_on, device)
+        r_time, r_mem, r_base = t_on / t_off, p_on / p_off, q_on / q_off
         mark = ""
         if label == "entropy":
-            hit = r_time <= TIME_TARGET and r_mem <= MEMORY_TARGET
+            hit = r_time <= TIME_TARGET and r_base <= MEMORY_TARGET
             met = met and hit
-            mark = f"   targets ≤ {TIME_TARGET}x time, ≤ {MEMORY_TARGET}x memory: {'met' if hit else 'MISSED'}"
+            mark = f"   targets ≤ {TIME_TARGET}x time, ≤ {MEMORY_TARGET}x memory (no logits): {'met' if hit else 'MISSED'}"
         print(
-            f"{label:>15}  {t_off * 1e3:>9.1f}  {t_on * 1e3:>9.1f}  {r_time:>6.2f}x  {p_off / 2**30:>8.2f}G  "
-            f"{p_on / 2**30:>8.2f}G  {r_mem:>6.3f}x{mark}"
+            f"{label:>15}  {t_off * 1e3:>8.1f}  {t_on * 1e3:>8.1f}  {r_time:>5.2f}x  |  {p_off / mib:>12.1f} MiB  "
+            f"{(p_on - p_off) / mib:>+8.1f}  {r_mem:>5.3f}x  |  {q_off / mib:>10.1f} MiB  {(q_on - q_off) / mib:>+8.1f}  "
+            f"{r_base:>5.3f}x{mark}"
         )
     print(f"total: {time.perf_counter() - t0:.1f} s")
     if not ok:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -63,10 +62,7 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
     html_path = tmp_path / "heatmap.html"
     argv = ["demo", "--html", str(html_path)]
-    t0 = time.perf_counter()
     assert cli.main(argv) == 0
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 60.0  # the budget (in-process: imports already paid)
     out = capsys.readouterr().out
     assert f"HTML credit heatmap: {html_path}" in out
     tables = parse_tables(out)

@@ -54,13 +54,15 @@ def data() -> dict[str, Any]:
         rm[b, response_start[b] : response_end[b]] = 1
     ids = torch.where(am.bool(), ids, torch.full_like(ids, 2))
     scores = torch.tensor([1.0, -1.0, 0.5, -0.25])
-    values = torch.randn(B, T, generator=g) * 0.3 * rm
+    values = torch.randn(B, T, generator=g) * 0.3 * am  # the critic's output at each position
     return dict(ids=ids, am=am, rm=rm, scores=scores, values=values, ends=response_end, starts=response_start)
 
 
 def run(model: Any, data: dict[str, Any], **kw: Any) -> hf.CompPOBatch:
     kw.setdefault("rewards", data["scores"])
-    return hf.comp_gae_batch(model, data["ids"], data["am"], data["rm"], gamma=0.99, lam=0.95, **kw)
+    kw.setdefault("gamma", 0.99)
+    kw.setdefault("lam", 0.95)
+    return hf.comp_gae_batch(model, data["ids"], data["am"], data["rm"], **kw)
 
 
 def test_shapes_mask_and_rewards(model: Any, data: dict[str, Any]) -> None:
@@ -76,7 +78,7 @@ def test_shapes_mask_and_rewards(model: Any, data: dict[str, Any]) -> None:
         r = torch.zeros(T - 1)
         r[data["ends"][b] - 2] = data["scores"][b]
         assert torch.equal(out.rewards[b], r)
-    assert torch.equal(out.values, data["values"][:, 1:])
+    assert torch.equal(out.values, data["values"][:, :-1])  # column j: V(state after token j)
     lp, conc = hf.logprobs_and_concentration(model, data["ids"], data["am"])
     assert torch.equal(out.logprobs, lp) and torch.equal(out.concentration, conc)
 
@@ -172,7 +174,7 @@ def test_errors(model: Any, data: dict[str, Any]) -> None:
         run(model, data, rewards=torch.ones(3))
     with pytest.raises(ShapeError, match=r"rewards: expected \[B\] \(per sequence\), \[B, T\] = \[4, 20\]"):
         run(model, data, rewards=torch.ones(B, 7))
-    with pytest.raises(ShapeError, match=r"values: expected \[B, T\] = \[4, 20\] or \[B, T-1\] = \[4, 19\]"):
+    with pytest.raises(ShapeError, match=r"values: expected \[B, T\] = \[4, 20\] or \[B, T-1\] = \[4, 19\], got \(4, 5\)"):
         run(model, data, values=torch.ones(B, 5))
     with pytest.raises(MaskedRewardError, match="rewards: token 0 has no log-prob column"):
         run(model, data, rewards=torch.ones(B, T))
@@ -205,3 +207,48 @@ def test_row_without_response_and_zero_outcome(model: Any, data: dict[str, Any])
     out = hf.comp_gae_batch(model, data["ids"], data["am"], empty, scores)
     assert not out.mask[2].any()
     assert torch.all(out.advantages[2] == 0) and torch.all(out.gates[2] == 1)
+
+
+def test_values_are_per_position_critic_outputs(model: Any, data: dict[str, Any]) -> None:
+    """``values[b, t] = V(input_ids[b, :t+1])``: column j (token j+1, emitted from state
+    ``input_ids[:, :j+1]``) uses ``values[:, j]``. With λ = 0 the advantage of a response
+    column is its one-step δ_j = r_j + γ·V_{j+1} − V_j, pinned here for values that are a
+    function of the position (V = 0.1·(t + 1) at position t)."""
+    gamma = 0.9
+    pos = torch.arange(T, dtype=torch.float32)
+    v_tok = (0.1 * (pos + 1)).expand(B, T).clone()
+    out = run(model, data, values=v_tok, gamma=gamma, lam=0.0)
+    cols = torch.arange(T - 1, dtype=torch.float32)
+    assert torch.equal(out.values, (0.1 * (cols + 1)).expand(B, T - 1))  # not 0.1·(j + 2): x[:, :-1]
+    for b in range(B):
+        first, last = data["starts"][b] - 1, data["ends"][b] - 2  # response columns [first, last]
+        for j in range(first, last + 1):
+            v_next = 0.1 * (j + 2) if j < last else 0.0  # terminal: last_values = 0
+            r = float(data["scores"][b]) if j == last else 0.0
+            expected = r + gamma * v_next - 0.1 * (j + 1)
+            assert abs(float(out.gae_advantages[b, j]) - expected) <= 1e-6, (b, j)
+            assert abs(float(out.returns[b, j]) - (out.advantages[b, j] + 0.1 * (j + 1))) <= 1e-6
+        # the first response column's value is the critic's output at the last prompt token
+        assert float(out.values[b, first]) == float(v_tok[b, data["starts"][b] - 1])
+    # [B, T-1] values are already in columns: the same result as values[:, :-1]
+    same = run(model, data, values=v_tok[:, :-1], gamma=gamma, lam=0.0)
+    assert torch.equal(same.values, out.values) and torch.equal(same.advantages, out.advantages)
+    # a truncated row bootstraps from the critic's output at its last response token
+    # (position end − 1): last_values[b] = values[b, end − 1]
+    lv = torch.tensor([float(v_tok[b, data["ends"][b] - 1]) for b in range(B)])
+    boot = run(model, data, values=v_tok, gamma=gamma, lam=0.0, last_values=lv)
+    for b in range(B):
+        last = data["ends"][b] - 2
+        expected = float(data["scores"][b]) + gamma * 0.1 * (last + 2) - 0.1 * (last + 1)
+        assert abs(float(boot.gae_advantages[b, last]) - expected) <= 1e-6, b
+        assert torch.equal(boot.gae_advantages[b, :last], out.gae_advantages[b, :last])
+
+
+def test_rewards_per_token_are_rewards_of_that_token(model: Any, data: dict[str, Any]) -> None:
+    """``rewards[b, t]`` (token coordinates) is the reward of token t: column t − 1."""
+    tok = torch.zeros(B, T)
+    b, t = 1, data["starts"][1] + 2  # a response token
+    tok[b, t] = 0.7
+    out = run(model, data, rewards=tok, values=None, lam=0.0)
+    assert float(out.rewards[b, t - 1]) == pytest.approx(0.7) and int((out.rewards != 0).sum()) == 1
+    assert float(out.gae_advantages[b, t - 1]) == pytest.approx(0.7)

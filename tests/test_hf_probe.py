@@ -11,7 +11,8 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from typing import Any
+import warnings
+from typing import Any, Iterator
 
 import pytest
 
@@ -19,7 +20,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from comppo_core import hf  # noqa: E402
-from comppo_core.errors import ComppoError, ParameterError  # noqa: E402
+from comppo_core.errors import ComppoError, NonFiniteError, ParameterError, ShapeError  # noqa: E402
+from comppo_core.hf import statistics as hf_statistics  # noqa: E402
 from comppo_core.hf._memory import STATISTIC_RANGE, peak_memory  # noqa: E402
 from comppo_core.hf.statistics import head_mean_concentration  # noqa: E402
 
@@ -500,3 +502,277 @@ def test_probe_memory_grows_linearly_in_t(method: str, padding: str) -> None:
         quadratic = [extra(t, 10**6) for t in lengths]
         growth_q = [quadratic[i + 1] / quadratic[i] for i in range(2)]
         assert all(g >= 3.5 for g in growth_q), (quadratic, growth_q)
+
+
+# --------------------------------------------------------------------------- #
+# Kernel fallbacks: fused → chunked, FlashAttention-2 → memory-efficient
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture
+def fallback_caches() -> Iterator[None]:
+    """Empty process-wide fallback caches for the test, restored afterwards."""
+    saved = (set(hf_statistics._FUSED_BROKEN), set(hf_statistics._FLASH_BROKEN))
+    hf_statistics._FUSED_BROKEN.clear()
+    hf_statistics._FLASH_BROKEN.clear()
+    yield
+    hf_statistics._FUSED_BROKEN.clear()
+    hf_statistics._FUSED_BROKEN.update(saved[0])
+    hf_statistics._FLASH_BROKEN.clear()
+    hf_statistics._FLASH_BROKEN.update(saved[1])
+
+
+def failing_kernel(monkeypatch: pytest.MonkeyPatch, exc: BaseException, head_dims: Any = None) -> list[int]:
+    """Make the fused kernel raise ``exc`` (for the given head_dims, else always); returns
+    the list of head_dims it was called with."""
+    calls: list[int] = []
+    real = hf_statistics._lse_attention
+
+    def kernel(q: Any, *args: Any) -> Any:
+        calls.append(int(q.shape[-1]))
+        if head_dims is None or q.shape[-1] in head_dims:
+            raise exc
+        return real(q, *args)
+
+    monkeypatch.setattr(hf_statistics, "_lse_attention", kernel)
+    return calls
+
+
+def test_fused_failure_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch, fallback_caches: None) -> None:
+    model, ids, am, _ = eager_run("llama", "both")  # head_dim 8
+    expected = probe_run(model, ids, am, "entropy", method="chunked")
+    calls = failing_kernel(monkeypatch, RuntimeError("no kernel image is available for execution on the device"), {8})
+    with pytest.warns(RuntimeWarning, match=r"fused attention kernel failed on cpu, float32, head_dim 8 \(no kernel image") as rec:
+        got = probe_run(model, ids, am, "entropy")
+    assert len([w for w in rec if issubclass(w.category, RuntimeWarning)]) == 1  # once, not once per layer
+    assert calls == [8]  # layer 1 did not retry the kernel
+    assert torch.equal(got, expected)  # the chunked method, exactly
+    assert (got.double() - reference("llama", "both", "entropy")).abs().max() <= 1e-4
+    assert hf_statistics._FUSED_BROKEN == {("cpu", None, torch.float32, 8)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        again = probe_run(model, ids, am, "entropy")
+    assert torch.equal(again, expected) and calls == [8]
+    # the cache is per (device, index, dtype, head_dim): another head size still runs fused
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 6, 16, generator=g), torch.randn(1, 2, 6, 16, generator=g)
+    fused = head_mean_concentration(q, k, None, statistic="entropy")
+    assert calls == [8, 16]
+    assert (fused - head_mean_concentration(q, k, None, method="chunked")).abs().max() <= 1e-5
+    # the model's dtype matters with precision="model": bfloat16 is another key
+    qb, kb = q[..., :8].bfloat16(), k[..., :8].bfloat16()
+    with pytest.warns(RuntimeWarning, match="cpu, bfloat16, head_dim 8"):
+        head_mean_concentration(qb, kb, None, precision="model")
+    assert ("cpu", None, torch.bfloat16, 8) in hf_statistics._FUSED_BROKEN
+    # method="fused" never falls back
+    with pytest.raises(RuntimeError, match="no kernel image"):
+        probe_run(model, ids, am, "entropy", method="fused")
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
+        RuntimeError("CUDA error: device-side assert triggered"),  # an older torch's device error
+    ],
+    ids=["oom", "accelerator", "cuda-message"],
+)
+def test_fatal_kernel_errors_are_reraised(exc: BaseException, monkeypatch: pytest.MonkeyPatch, fallback_caches: None) -> None:
+    model, ids, am, _ = eager_run("llama", "left")
+    failing_kernel(monkeypatch, exc)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no fallback warning
+        with pytest.raises(type(exc), match=str(exc)[:20]):
+            probe_run(model, ids, am, "entropy")
+    assert not hf_statistics._FUSED_BROKEN
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_fallback_warning_as_error_leaves_state_untouched(monkeypatch: pytest.MonkeyPatch, fallback_caches: None) -> None:
+    """Under -W error the warning is raised before the cache changes, so every call fails
+    visibly instead of the first failing and the later ones silently falling back."""
+    model, ids, am, _ = eager_run("llama", "none")
+    calls = failing_kernel(monkeypatch, RuntimeError("unsupported"))
+    for attempt in (1, 2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeWarning, match="fused attention kernel failed"):
+                probe_run(model, ids, am, "l2")
+        assert not hf_statistics._FUSED_BROKEN
+        assert len(calls) == attempt
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_flash_attention_failure_is_cached_not_swallowed(monkeypatch: pytest.MonkeyPatch, fallback_caches: None) -> None:
+    """The CUDA dispatch (run here on CPU tensors with stand-in kernels): a FlashAttention-2
+    failure warns once and is cached per key; fatal errors propagate."""
+    flash_calls: list[int] = []
+    eff_calls: list[int] = []
+    failure: list[BaseException] = [RuntimeError("FlashAttention only supports Ampere GPUs or newer.")]
+
+    def flash(q: Any, k: Any, v: Any, causal: bool, scale: float) -> Any:
+        flash_calls.append(int(q.shape[-1]))
+        raise failure[0]
+
+    def efficient(q: Any, k: Any, v: Any, bias: Any, causal: bool, scale: float) -> Any:
+        eff_calls.append(int(q.shape[-1]))
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=bias, scale=scale)[:2]
+        return out, lse
+
+    monkeypatch.setattr(hf_statistics, "_flash_attention", flash)
+    monkeypatch.setattr(hf_statistics, "_efficient_attention", efficient)
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 5, 8, generator=g).bfloat16() for _ in range(2))
+    with pytest.warns(RuntimeWarning, match=r"FlashAttention-2 failed on cpu, bfloat16, head_dim 8 \(FlashAttention only"):
+        out, lse = hf_statistics._cuda_lse_attention(q, k, k, None, True, 0.3)
+    ref_out, ref_lse = efficient(q, k, k, None, True, 0.3)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    assert flash_calls == [8] and hf_statistics._FLASH_BROKEN == {("cpu", None, torch.bfloat16, 8)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hf_statistics._cuda_lse_attention(q, k, k, None, True, 0.3)
+        hf_statistics._cuda_lse_attention(q.float(), k.float(), k.float(), None, True, 0.3)  # float32: never flash
+        bias = torch.zeros(1, 2, 5, 5, dtype=torch.bfloat16)
+        hf_statistics._cuda_lse_attention(q, k, k, bias, False, 0.3)  # a bias: never flash
+    assert flash_calls == [8]  # not retried on every call
+    assert eff_calls == [8, 8, 8, 8, 8]
+    # fatal errors propagate, and are not cached
+    for fatal in (torch.OutOfMemoryError("CUDA out of memory"), torch.AcceleratorError("CUDA error: misaligned address")):
+        failure[0] = fatal
+        q16, k16 = q.repeat(1, 1, 1, 2), k.repeat(1, 1, 1, 2)
+        with pytest.raises(type(fatal)):
+            hf_statistics._cuda_lse_attention(q16, k16, k16, None, True, 0.3)
+        assert ("cpu", None, torch.bfloat16, 16) not in hf_statistics._FLASH_BROKEN
+
+
+# --------------------------------------------------------------------------- #
+# Non-finite values: zero only where a query sees no key, otherwise an error
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("statistic", STATS)
+def test_non_finite_queries_give_nan_not_zero(statistic: str) -> None:
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 4, 9, 8, generator=g)
+    k = torch.randn(2, 2, 9, 8, generator=g)
+    q[0, 1, 4, 2] = math.nan  # one head of query (0, 4)
+    q[1, :, 6, 0] = math.inf  # every head of query (1, 6)
+    q[1, :, 2] = math.nan  # query (1, 2) sees no key: 0 whatever its values
+    mask = torch.ones(9, 9, dtype=torch.bool).tril()[None, None].repeat(2, 1, 1, 1)
+    mask[1, :, 2, :] = False
+    for m in (None, mask):
+        for method in ("chunked", "fused") if statistic != "max" else ("chunked",):
+            got = head_mean_concentration(q, k, m, statistic=statistic, method=method, query_chunk=4)
+            assert torch.isnan(got[0, 4]) and torch.isnan(got[1, 6]), (m is None, method)  # not 0, not clipped to 0/1
+            bad = torch.zeros(2, 9, dtype=torch.bool)
+            bad[0, 4] = bad[1, 6] = True
+            if m is None:
+                bad[1, 2] = True  # without the mask, query (1, 2) sees keys 0..2
+            else:
+                assert got[1, 2] == 0
+            assert torch.isfinite(got[~bad]).all() and (got[~bad] >= 0).all()
+
+
+def nan_token_model() -> tuple[Any, Any, Any]:
+    """A Llama whose embedding of token 90 is NaN, and a batch with token 90 only at
+    (row 1, position 7): a real token whose activations are NaN from layer 0 on."""
+    model = copy.deepcopy(eager_run("llama", "none")[0])
+    with torch.no_grad():
+        model.model.embed_tokens.weight[90] = math.nan
+    ids, am = batch("both")
+    ids = torch.where(ids == 90, torch.full_like(ids, 91), ids)
+    ids[1, 7] = 90
+    return model, ids, am
+
+
+def test_non_finite_statistic_at_a_real_token_raises() -> None:
+    model, ids, am = nan_token_model()
+    with pytest.raises(NonFiniteError, match=r"not finite .* layer\(s\) \[0, 1\]; first in layer 0 at \(row 1, position 7\)"):
+        probe_run(model, ids, am, "entropy", method="chunked")
+    assert model.config._attn_implementation == "sdpa"
+    probe = hf.ConcentrationProbe(model, "max", layers=[1])
+    with pytest.raises(NonFiniteError, match=r"'max' statistic is not finite .* first in layer 1 at \(row 1,"):
+        with torch.no_grad(), probe:
+            model(**forward_kwargs(ids, am))
+    assert probe.passes == 0
+    with pytest.raises(hf.ProbeError, match="raised NonFiniteError"):
+        probe.concentration
+    # the default (fused) method raises too; the rows without the token are unaffected
+    with pytest.raises(NonFiniteError, match=r"first in layer 0 at \(row 1, position \d+\)"):
+        probe_run(model, ids, am, "entropy")
+    keep = torch.tensor([0, 2])
+    got = probe_run(model, ids[keep], am[keep], "entropy")
+    assert torch.isfinite(got).all() and torch.all(got[am[keep] == 0] == 0)
+
+
+# --------------------------------------------------------------------------- #
+# token_logprobs: bounded chunks, same values
+# --------------------------------------------------------------------------- #
+
+
+def test_token_logprobs_chunk_cap_gives_identical_results() -> None:
+    g = torch.Generator().manual_seed(2)
+    b, length, vocab = 3, 37, 50
+    logits = torch.randn(b, length, vocab, generator=g) * 4
+    targets = torch.randint(0, vocab, (b, length), generator=g)
+    expected = torch.log_softmax(logits.double(), -1).gather(-1, targets[..., None])[..., 0]
+    default = hf.token_logprobs(logits, targets)
+    assert (default.double() - expected).abs().max() <= 1e-5
+    # one position per block, a few positions, whole rows, a few whole rows
+    for cap in (1, vocab, 3 * vocab + 7, length * vocab, 2 * length * vocab + 1):
+        assert torch.equal(hf.token_logprobs(logits, targets, chunk_elements=cap), default), cap
+    bf16 = logits.bfloat16()
+    assert torch.equal(hf.token_logprobs(bf16, targets, chunk_elements=vocab), hf.token_logprobs(bf16, targets))
+    # a non-contiguous view, as logprobs_and_concentration passes logits[:, :-1]
+    shifted = hf.token_logprobs(logits[:, :-1], targets[:, 1:], chunk_elements=2 * vocab)
+    assert torch.equal(shifted, hf.token_logprobs(logits[:, :-1], targets[:, 1:]))
+    assert torch.equal(shifted, hf.token_logprobs(logits[:, :-1].contiguous(), targets[:, 1:], chunk_elements=1))
+    ref = torch.log_softmax(logits[:, :-1].double(), -1).gather(-1, targets[:, 1:, None])[..., 0]
+    assert (shifted.double() - ref).abs().max() <= 1e-5
+
+
+def test_token_logprobs_memory_is_bounded_by_the_cap() -> None:
+    """Peak bytes (every CPU allocation) of token_logprobs on bfloat16 logits: the float32
+    blocks stay within a few caps, where one block of 1024 positions × B rows would be the
+    whole B·L·V float32 copy (1.5 MiB here)."""
+    b, length, vocab = 4, 96, 1024
+    logits = torch.randn(b, length, vocab).bfloat16()
+    targets = torch.randint(0, vocab, (b, length))
+    cap = 4 * vocab  # 16 KiB of float32 per block
+    small = peak_memory(lambda: hf.token_logprobs(logits, targets, chunk_elements=cap))
+    whole = b * length * vocab * 4
+    assert small <= 4 * cap * 4 + b * length * 4 + 4096, small  # blocks + logsumexp temporaries + the [B, L] result
+    assert peak_memory(lambda: hf.token_logprobs(logits, targets, chunk_elements=whole)) >= whole
+
+
+def test_token_logprobs_argument_checks() -> None:
+    logits = torch.zeros(2, 3, 5)
+    with pytest.raises(ShapeError, match=r"targets: expected an integer tensor \[B, L\] = \[2, 3\], got torch.int64 \(2, 4\)"):
+        hf.token_logprobs(logits, torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ShapeError, match=r"logits: expected a 3-D float tensor \[B, L, V\]"):
+        hf.token_logprobs(logits[0], torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ParameterError, match="chunk_elements: expected an integer >= 1, got 0"):
+        hf.token_logprobs(logits, torch.zeros(2, 3, dtype=torch.long), chunk_elements=0)
+
+
+def test_model_sharing_the_config_is_switched_too() -> None:
+    """Documented: the switch is on config objects, so a reference model built from the
+    policy's config runs the probe's (SDPA) attention while a probe is active; its passes
+    are not recorded, and its implementation comes back on exit."""
+    policy = build("llama", attn="eager")
+    ref = transformers.LlamaForCausalLM(policy.config).eval()
+    assert ref.config is policy.config
+    ids, am = batch("left")
+    with torch.no_grad():
+        ref_sdpa = copy.deepcopy(ref)
+        ref_sdpa.set_attn_implementation("sdpa")
+        expected = ref_sdpa(**forward_kwargs(ids, am)).logits
+        with hf.ConcentrationProbe(policy) as probe:
+            assert ref.config._attn_implementation == hf.IMPLEMENTATION
+            got = ref(**forward_kwargs(ids, am)).logits
+            assert probe.passes == 0  # the reference model's pass is not recorded
+            policy(**forward_kwargs(ids, am))
+        assert probe.passes == 1
+    assert torch.equal(got, expected)
+    assert ref.config._attn_implementation == "eager"

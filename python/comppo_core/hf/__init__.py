@@ -16,6 +16,7 @@ from __future__ import annotations
 from .pipeline import CONTROLS, CompPOBatch, comp_gae_batch
 from .probe import (
     IMPLEMENTATION,
+    LOGPROB_CHUNK_ELEMENTS,
     ConcentrationProbe,
     LogprobsAndConcentration,
     ProbeError,
@@ -30,6 +31,7 @@ __all__ = [
     "CONTROLS",
     "DEFAULT_QUERY_CHUNK",
     "IMPLEMENTATION",
+    "LOGPROB_CHUNK_ELEMENTS",
     "METHODS",
     "STATISTICS",
     "CompPOBatch",

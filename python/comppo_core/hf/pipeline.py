@@ -12,6 +12,25 @@
 Every per-token array is in *column* coordinates ``[B, T−1]``: column j is token
 ``input_ids[:, j+1]``, scored by the logits of query position j, whose attention gives
 its concentration (so the gate of a token comes from the position that generated it).
+
+Column j is the action "emit token j+1" taken in state ``s_j = input_ids[:, :j+1]``, so
+inputs given in token coordinates ``[B, T]`` map to columns differently:
+
+* ``rewards[b, t]`` is the reward *of token t* (of the action that produced it):
+  column j gets ``rewards[:, j+1]``, i.e. ``rewards[:, 1:]``. Token 0 is never an
+  action, so a nonzero ``rewards[:, 0]`` is an error.
+* ``values[b, t]`` is the critic's output *at position t*, ``V(s_t) = V(input_ids[:, :t+1])``
+  (what a value head returns for hidden state t): column j gets ``values[:, j]``, i.e.
+  ``values[:, :-1]``. This is verl's ``values[:, -R-1:-1]`` for R response tokens: the first
+  response column gets the value at the last prompt token. ``values[:, T−1]``, the state
+  after the last token, is no column's state; a truncated row bootstraps from it through
+  ``last_values``.
+
+GAE then runs over the response columns m (Comp-GAE with gates g)::
+
+    δ_j = r_j + γ·g_j·V_next(j) − V_j
+    V_next(j) = V of the row's next response column, or last_values[b] (default 0, the
+                response ended) after its last one
 """
 
 from __future__ import annotations
@@ -45,7 +64,8 @@ class CompPOBatch:
       gates: retention gates after the control; 1 outside ``mask``.
       advantages, returns: Comp-GAE advantages and λ-returns (gates ``gates``).
       gae_advantages, gae_returns: plain GAE with the same rewards, values, γ and λ.
-      rewards, values: the per-token rewards and values used (column coordinates).
+      rewards, values: the per-token rewards and values used (column coordinates:
+        ``rewards[:, j]`` is the reward of token j+1, ``values[:, j] = V(input_ids[:, :j+1])``).
       mask: bool, the columns that are response tokens.
     """
 
@@ -61,14 +81,21 @@ class CompPOBatch:
     mask: torch.Tensor
 
 
-def _per_token(x: Any, name: str, b: int, t: int, device: torch.device, mask: torch.Tensor) -> torch.Tensor:
-    """``[B, T]`` (token coordinates) or ``[B, T−1]`` (column coordinates) → float32 ``[B, T−1]``."""
-    x = torch.as_tensor(x, device=device)
+def _as_float(data: Any, name: str, device: torch.device) -> torch.Tensor:
+    x: torch.Tensor = torch.as_tensor(data, device=device)
     if not (x.is_floating_point() or x.dtype in (torch.int32, torch.int64, torch.bool)):
         raise ShapeError(f"{name}: expected a numeric tensor, got {x.dtype}")
-    x = x.to(torch.float32)
+    return x.to(torch.float32)
+
+
+def _rewards_to_columns(data: Any, b: int, t: int, device: torch.device) -> torch.Tensor:
+    """Per-token rewards → float32 ``[B, T−1]`` columns.
+
+    ``[B, T]``: ``x[b, t]`` is the reward of token t, so column j (token j+1) gets
+    ``x[:, j+1]`` (``x[:, 1:]``); a reward on token 0 is an error. ``[B, T−1]``: columns."""
+    x = _as_float(data, "rewards", device)
     if x.shape == (b, t):
-        if name == "rewards" and bool((x[:, 0] != 0).any()):
+        if bool((x[:, 0] != 0).any()):
             row = int(torch.nonzero(x[:, 0] != 0)[0, 0])
             raise MaskedRewardError(
                 f"rewards: token 0 has no log-prob column and cannot be a response token, "
@@ -78,10 +105,27 @@ def _per_token(x: Any, name: str, b: int, t: int, device: torch.device, mask: to
     if x.shape == (b, t - 1):
         return x.contiguous()
     raise ShapeError(
-        f"{name}: expected [B] (per sequence), [B, T] = [{b}, {t}] (per token) or [B, T-1] = [{b}, {t - 1}] "
+        f"rewards: expected [B] (per sequence), [B, T] = [{b}, {t}] (per token) or [B, T-1] = [{b}, {t - 1}] "
         f"(per log-prob column), got {tuple(x.shape)}"
-        if name == "rewards"
-        else f"{name}: expected [B, T] = [{b}, {t}] or [B, T-1] = [{b}, {t - 1}], got {tuple(x.shape)}"
+    )
+
+
+def _values_to_columns(data: Any, b: int, t: int, device: torch.device) -> torch.Tensor:
+    """Critic values → float32 ``[B, T−1]`` columns.
+
+    ``[B, T]``: ``x[b, t] = V(input_ids[b, :t+1])``, the critic's output at position t, so
+    column j (state ``input_ids[:, :j+1]``, action token j+1) gets ``x[:, j]``
+    (``x[:, :-1]``; the last position's value is no column's state). ``[B, T−1]``: columns,
+    ``x[b, j] = V(input_ids[b, :j+1])``."""
+    x = _as_float(data, "values", device)
+    if x.shape == (b, t):
+        return x[:, :-1].contiguous()
+    if x.shape == (b, t - 1):
+        return x.contiguous()
+    raise ShapeError(
+        f"values: expected [B, T] = [{b}, {t}] or [B, T-1] = [{b}, {t - 1}], got {tuple(x.shape)} "
+        "([B, T]: the critic's output at each position, values[:, t] = V(input_ids[:, :t+1]); "
+        "[B, T-1]: column j = V(input_ids[:, :j+1]))"
     )
 
 
@@ -141,9 +185,20 @@ def comp_gae_batch(
       response_mask: ``[B, T]``, nonzero on the response tokens (the policy's actions);
         token 0 cannot be one (nothing scores it).
       rewards: ``[B]`` outcome per sequence, placed on the last response token; or
-        per-token ``[B, T]`` (aligned with ``input_ids``) or ``[B, T−1]`` (columns).
-      values: critic values ``[B, T]`` or ``[B, T−1]``; ``None`` = 0 (no critic).
-      gamma, lam, lam_critic, last_values, masked_rewards: as :func:`comppo_core.gae`.
+        per-token ``[B, T]`` (``rewards[b, t]`` is the reward of token t; column j gets
+        ``rewards[:, j+1]``, so a reward on token 0 is an error) or ``[B, T−1]`` (columns).
+      values: critic values; ``None`` = 0 (no critic). ``[B, T]``: the critic's output at
+        each position, ``values[b, t] = V(input_ids[b, :t+1])`` (the value of the state
+        after reading token t, before emitting token t+1); column j uses ``values[:, j]``,
+        i.e. the columns are ``values[:, :-1]`` (verl: ``values[:, -R-1:-1]``), and
+        ``values[:, T−1]`` is not used. ``[B, T−1]``: already in columns,
+        ``values[b, j] = V(input_ids[b, :j+1])``. With ``V_j`` the column value,
+        ``δ_j = r_j + γ·g_j·V_next(j) − V_j`` (module docstring).
+      last_values: ``[B]`` value of the state after each row's last response token, used
+        as ``V_next`` of its last response column (a truncated response; with ``[B, T]``
+        values and the last response token at position p, that is ``values[b, p]``).
+        ``None`` = 0: every response ended (terminal), as verl and OpenRLHF.
+      gamma, lam, lam_critic, masked_rewards: as :func:`comppo_core.gae`.
       statistic, layers, method, query_chunk, precision, position_ids: as
         :func:`~comppo_core.hf.logprobs_and_concentration`.
       low, high, sharpness, normalize, center, scale, invert: the gate mapping of
@@ -186,8 +241,8 @@ def comp_gae_batch(
             raise ShapeError(f"rewards: expected [B] = [{b}] outcome scores, got {tuple(r_in.shape)}")
         r = _outcome_on_last(r_in.to(torch.float32), mask)
     else:
-        r = _per_token(r_in, "rewards", b, t, device, mask)
-    v = torch.zeros_like(lp) if values is None else _per_token(values, "values", b, t, device, mask)
+        r = _rewards_to_columns(r_in, b, t, device)
+    v = torch.zeros_like(lp) if values is None else _values_to_columns(values, b, t, device)
 
     gates: Any = gates_from_concentration(
         conc, mask=mask, low=low, high=high, sharpness=sharpness, normalize=normalize, center=center, scale=scale, invert=invert

@@ -23,6 +23,15 @@ Policies:
   not recorded either: a probe records full-sequence passes (``use_cache=False`` or a
   prefill with an empty cache).
 * **Several passes**: the probe keeps the last complete pass; :attr:`passes` counts them.
+* **Non-finite values**: a layer whose statistic is NaN or ±inf at a real token (NaN or
+  inf activations, e.g. corrupted weights or an overflow) raises
+  :class:`~comppo_core.errors.NonFiniteError` at the end of the pass, naming the layer and
+  the first ``(row, position)``; the pass is not recorded. Only queries that see no key
+  (``n_t = 0``, e.g. left padding) and padded queries are 0 whatever their value.
+* **Shared configs**: the implementation is switched on the model's config objects. A
+  model sharing one of them (e.g. a reference model built from ``policy.config``) runs
+  the probe's attention function too while a probe is active; it is not recorded, and
+  its outputs are its SDPA outputs.
 * **Nesting**: probes may be nested on one model (for instance one per statistic); each
   records independently from the same forward pass. The first to enter saves the
   model's attention implementation, the last to exit restores it, in any exit order.
@@ -39,7 +48,7 @@ from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
 
 import torch
 
-from ..errors import ComppoError, DTypeError, ParameterError, ShapeError
+from ..errors import ComppoError, DTypeError, NonFiniteError, ParameterError, ShapeError
 from ._memory import STATISTIC_RANGE
 from .statistics import DEFAULT_QUERY_CHUNK, check_method, check_precision, check_statistic, head_mean_concentration
 
@@ -56,6 +65,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed transf
 
 __all__ = [
     "IMPLEMENTATION",
+    "LOGPROB_CHUNK_ELEMENTS",
     "ConcentrationProbe",
     "LogprobsAndConcentration",
     "ProbeError",
@@ -68,8 +78,9 @@ __all__ = [
 #: The attention implementation name a probed model runs under.
 IMPLEMENTATION = "comppo_probe_sdpa"
 
-#: Positions of the vocabulary axis processed at once by :func:`token_logprobs`.
-_LOGPROB_CHUNK = 1024
+#: Most logits elements :func:`token_logprobs` converts to float32 at once (2^26: 256 MiB;
+#: one position's whole vocabulary row if that is larger).
+LOGPROB_CHUNK_ELEMENTS = 1 << 26
 
 
 class ProbeError(ComppoError):
@@ -354,14 +365,41 @@ class ConcentrationProbe:
         self._passes = 0
         self._grad_calls = 0
         self._skipped_calls = 0
+        self._nonfinite: list[tuple[int, torch.Tensor]] = []
+        self._error: Optional[str] = None
 
     def _finish_pass(self) -> None:
-        if self._sum is not None and self._seen == self._layer_set:
-            assert self._valid is not None
-            conc = self._sum / float(len(self.layers))
-            self._last = torch.where(self._valid, conc, torch.zeros_like(conc))
-            self._passes += 1
-        self._sum, self._valid, self._seen = None, None, set()
+        complete = self._sum is not None and self._seen == self._layer_set
+        sums, valid, nonfinite = self._sum, self._valid, self._nonfinite
+        self._sum, self._valid, self._seen, self._nonfinite = None, None, set(), []
+        if not complete:
+            return
+        assert sums is not None and valid is not None
+        self._check_finite(nonfinite)
+        conc = sums / float(len(self.layers))
+        self._last = torch.where(valid, conc, torch.zeros_like(conc))
+        self._passes += 1
+
+    def _check_finite(self, nonfinite: list[tuple[int, torch.Tensor]]) -> None:
+        """Raise :class:`NonFiniteError` if a layer's statistic is not finite at a real token.
+
+        ``nonfinite`` holds, per layer, the ``[B, T]`` bool mask of real tokens whose value
+        is not finite; they are reduced here, so a pass costs one device synchronisation."""
+        flags = torch.stack([m.any() for _, m in nonfinite]).tolist()
+        bad = [(layer, m) for (layer, m), f in zip(nonfinite, flags) if f]
+        if not bad:
+            return
+        layer, m = min(bad, key=lambda x: x[0])
+        row, pos = (int(i) for i in torch.nonzero(m)[0])
+        count = int(m.sum())
+        self._last = None
+        self._error = (
+            f"concentration: the {self.statistic!r} statistic is not finite (NaN or inf) at real tokens in "
+            f"layer(s) {sorted(x[0] for x in bad)}; first in layer {layer} at (row {row}, position {pos}), "
+            f"{count} real token(s) in that layer. The model's queries or keys are not finite there "
+            "(NaN/inf activations: corrupted weights or an overflow); the pass was not recorded"
+        )
+        raise NonFiniteError(self._error)
 
     def _record(self, layer: int, stat: torch.Tensor, valid: torch.Tensor) -> None:
         if self._sum is not None and (layer in self._seen or self._sum.shape != stat.shape or self._sum.device != stat.device):
@@ -370,6 +408,8 @@ class ConcentrationProbe:
             self._sum = torch.zeros_like(stat)
             self._valid = valid.clone()
         self._sum += stat
+        # padded queries are zeroed at the end of the pass; a real token must be finite
+        self._nonfinite.append((layer, ~torch.isfinite(stat) & valid))
         self._seen.add(layer)
         if self._seen == self._layer_set:
             self._finish_pass()
@@ -398,6 +438,8 @@ class ConcentrationProbe:
                 why.append(
                     f"a pass is incomplete: layers {sorted(self._seen)} of {list(self.layers)} were seen"
                 )
+            if self._error is not None:
+                why.append(f"the last pass raised NonFiniteError ({self._error})")
             raise ProbeError(
                 "concentration: no forward pass was recorded"
                 + ("; " + "; ".join(why) if why else " (run the model inside the `with` block)")
@@ -418,7 +460,7 @@ class ConcentrationProbe:
         self._active = False
         _detach(self.model, self)
         # A pass still in progress (an exception mid-forward) is dropped.
-        self._sum, self._valid, self._seen = None, None, set()
+        self._sum, self._valid, self._seen, self._nonfinite = None, None, set(), []
 
     def __repr__(self) -> str:
         return (
@@ -439,17 +481,51 @@ class LogprobsAndConcentration(NamedTuple):
     concentration: torch.Tensor
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``log softmax(logits)[..., targets]`` in float32, ``[B, L]`` from ``[B, L, V]`` logits.
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, *, chunk_elements: int = LOGPROB_CHUNK_ELEMENTS
+) -> torch.Tensor:
+    """``log softmax(logits)[b, i, targets[b, i]]`` in float32: ``[B, L]`` from ``[B, L, V]``.
 
-    Computed as ``logit[y] − logsumexp(logits)`` over chunks of positions, so no float32
-    copy of the whole ``[B, L, V]`` logits exists."""
-    b, length, _ = logits.shape
+    ::
+
+        out[b, i] = logits[b, i, y] − log Σ_v exp(logits[b, i, v]),   y = targets[b, i]
+
+    computed on float32 copies of blocks of at most ``max(chunk_elements, V)`` logits
+    (``P = max(1, chunk_elements // V)`` positions of one row, or whole rows when
+    ``P ≥ L``), so the transient memory is bounded whatever B and L: with the default cap
+    2^26, 256 MiB (+ logsumexp's temporary of the same size), where a float32 copy of
+    all B = 8, L = 4096, V = 151936 logits would be 18.5 GiB. On CPU a position's value does
+    not depend on the block it falls in (bit for bit); on CUDA, ``logsumexp``'s reduction
+    order may depend on the block shape (last-bit differences).
+
+    Args:
+      logits: ``[B, L, V]`` logits, any float dtype.
+      targets: ``[B, L]`` integer token ids in ``[0, V)``.
+      chunk_elements: the cap on logits elements per block (integer ≥ 1).
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or not logits.is_floating_point():
+        got = f"{logits.dtype} {tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ShapeError(f"logits: expected a 3-D float tensor [B, L, V], got {got}")
+    b, length, vocab = logits.shape
+    if (
+        not isinstance(targets, torch.Tensor)
+        or tuple(targets.shape) != (b, length)
+        or targets.dtype not in (torch.int64, torch.int32)
+    ):
+        got = f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, torch.Tensor) else type(targets).__name__
+        raise ShapeError(f"targets: expected an integer tensor [B, L] = [{b}, {length}], got {got}")
+    if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int) or chunk_elements < 1:
+        raise ParameterError(f"chunk_elements: expected an integer >= 1, got {chunk_elements!r}")
     out = torch.empty(b, length, dtype=torch.float32, device=logits.device)
-    for i in range(0, length, _LOGPROB_CHUNK):
-        chunk = logits[:, i : i + _LOGPROB_CHUNK].float()
-        y = targets[:, i : i + _LOGPROB_CHUNK].unsqueeze(-1)
-        out[:, i : i + _LOGPROB_CHUNK] = chunk.gather(-1, y).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
+    positions = max(1, min(length, chunk_elements // max(1, vocab)))
+    rows = max(1, min(b, chunk_elements // max(1, length * vocab))) if positions == length else 1
+    targets = targets.to(device=logits.device, dtype=torch.int64)
+    for b0 in range(0, b, rows):
+        for i in range(0, length, positions):
+            chunk = logits[b0 : b0 + rows, i : i + positions].float()
+            y = targets[b0 : b0 + rows, i : i + positions].unsqueeze(-1)
+            out[b0 : b0 + rows, i : i + positions] = chunk.gather(-1, y).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
+            del chunk
     return out
 
 

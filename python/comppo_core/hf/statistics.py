@@ -35,8 +35,29 @@ for a query that sees no key. Two exact methods:
   halves the work and a sliding window bounds it by ``C + window``).
 
 ``"auto"`` picks fused for entropy and l2 on CPU and CUDA, chunked otherwise (``"max"``
-has no log-sum-exp form; it is always chunked). If a fused kernel raises on a device
-(e.g. an unsupported GPU), ``"auto"`` warns once and uses chunked on that device.
+has no log-sum-exp form; it is always chunked).
+
+Kernel fallbacks (process-wide, keyed by ``(device type, device index, dtype of the
+pass, head_dim)``, since kernel support depends on all four):
+
+* If the fused kernel raises a ``RuntimeError`` under ``"auto"`` (e.g. no kernel for that
+  GPU, dtype or head size), a ``RuntimeWarning`` is issued first, and only then is the key
+  added to the fallback cache; that call and later ones with the same key use the chunked
+  method (same values). Under ``-W error`` the warning is raised and the cache is left
+  untouched, so every call fails visibly. ``method="fused"`` never falls back.
+* Out-of-memory errors (``torch.OutOfMemoryError``) and device errors
+  (``torch.AcceleratorError``, or an older torch's ``RuntimeError`` whose message says
+  "CUDA error") are re-raised, never turned into a fallback: a fallback that allocates
+  more, or runs on a device in an undefined state, would hide the real failure.
+* On CUDA, FlashAttention-2 (half precision, no mask, head_dim ≤ 256) falls back to the
+  memory-efficient kernel the same way: warned once per key, then cached; fatal errors
+  are re-raised.
+
+Non-finite values: a query that sees no key (``n_t = 0``, e.g. a left-padded query) gets
+0. Every other query's value is computed, never hidden: non-finite queries or keys give
+NaN there (a ±inf statistic becomes NaN, so clipping to [0, 1] cannot turn it into a
+plausible 0 or 1). :class:`~comppo_core.hf.ConcentrationProbe` raises
+:class:`~comppo_core.errors.NonFiniteError` when that happens at a real token.
 
 Memory: the query chunk ``C`` is at most ``query_chunk`` (default
 :data:`DEFAULT_QUERY_CHUNK`) whatever ``T``, so the transient memory is
@@ -50,7 +71,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -80,8 +101,41 @@ DEFAULT_QUERY_CHUNK = 256
 CHUNK_ELEMENTS = 1 << 25
 
 _FUSED_STATISTICS = ("entropy", "l2")
-# Devices whose fused kernel failed once (e.g. an unsupported GPU): chunked from then on.
-_FUSED_BROKEN: set[str] = set()
+
+#: ``(device type, device index, dtype, head_dim)``: what decides whether a kernel runs.
+CapabilityKey = Tuple[str, Optional[int], torch.dtype, int]
+#: Keys on which the fused kernel failed under ``method="auto"``: chunked from then on.
+_FUSED_BROKEN: set[CapabilityKey] = set()
+#: Keys on which FlashAttention-2 failed (CUDA): the memory-efficient kernel from then on.
+_FLASH_BROKEN: set[CapabilityKey] = set()
+
+
+def _capability_key(t: torch.Tensor, dtype: torch.dtype) -> CapabilityKey:
+    """The fallback caches' key of a pass over ``t`` (``[..., d]``) run in ``dtype``."""
+    return (t.device.type, t.device.index, dtype, int(t.shape[-1]))
+
+
+def _describe(key: CapabilityKey) -> str:
+    dev_type, index, dtype, head_dim = key
+    dev = dev_type if index is None else f"{dev_type}:{index}"
+    return f"{dev}, {str(dtype).replace('torch.', '')}, head_dim {head_dim}"
+
+
+def _fatal_types() -> tuple[type, ...]:
+    names = ("OutOfMemoryError", "AcceleratorError")
+    return tuple(t for t in (getattr(torch, n, None) for n in names) if isinstance(t, type))
+
+
+_FATAL = _fatal_types()
+
+
+def _is_fatal(exc: BaseException) -> bool:
+    """Whether a kernel failure must propagate rather than trigger a fallback: out of
+    memory, or a device error (the device may be left in an undefined state)."""
+    if isinstance(exc, _FATAL):
+        return True
+    msg = str(exc)
+    return "CUDA error" in msg or "CUDA out of memory" in msg  # older torch: plain RuntimeError
 
 
 def check_statistic(statistic: object) -> str:
@@ -149,15 +203,20 @@ def _counts(vis: Optional[torch.Tensor], q0: int, q1: int, tk: int, causal: bool
 
 
 def _normalize(stat: torch.Tensor, n: torch.Tensor, statistic: str) -> torch.Tensor:
-    """Per-head raw statistic (entropy in nats, max p, Σp²) → concentration in [0, 1]."""
+    """Per-head raw statistic (entropy in nats, max p, Σp²) → concentration in [0, 1].
+
+    ``n_t = 0`` (no visible key) → 0, whatever the kernel left there. Otherwise a finite
+    value is clipped to [0, 1] (rounding) and a non-finite one becomes NaN: never 0, and
+    never clipped to 0 or 1. ``n_t = 1`` → 1 (``1 + 0·stat``, so a non-finite stat stays
+    visible)."""
     n = torch.broadcast_to(n, stat.shape)
     if statistic == "entropy":
         log_n = torch.log(n.clamp(min=2.0))
-        conc = torch.where(n > 1.5, 1.0 - stat / log_n, torch.ones_like(stat))
+        conc = torch.where(n > 1.5, 1.0 - stat / log_n, 1.0 + 0.0 * stat)
     else:
         conc = stat
-    conc = torch.where(n > 0.5, conc, torch.zeros_like(conc))
-    return conc.nan_to_num_(nan=0.0).clamp_(0.0, 1.0)
+    conc = torch.where(torch.isfinite(conc), conc.clamp(0.0, 1.0), torch.full_like(conc, math.nan))
+    return torch.where(n > 0.5, conc, torch.zeros_like(conc))
 
 
 # --------------------------------------------------------------------------- #
@@ -180,8 +239,10 @@ def _grouped_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Ten
 def _chunk_statistic(s: torch.Tensor, statistic: str) -> torch.Tensor:
     """Per-head raw statistic from masked float32 scores (−inf = not visible), ``[B, H, C]``.
     ``s`` is overwritten."""
-    lse = torch.logsumexp(s, dim=-1)  # −inf on a row with no visible key
-    lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    lse = torch.logsumexp(s, dim=-1)
+    # −inf only on a row with no visible key (its value is zeroed later); NaN or +inf
+    # (non-finite scores) are kept so that they reach the result
+    lse = lse.masked_fill(lse == -math.inf, 0.0)
     if statistic == "max":
         return torch.exp(s.amax(dim=-1) - lse)
     if statistic == "l2":
@@ -190,7 +251,7 @@ def _chunk_statistic(s: torch.Tensor, statistic: str) -> torch.Tensor:
     # entropy: H = −Σ p log p
     logp = s.sub_(lse.unsqueeze(-1))  # log p, −inf where not visible
     p = torch.exp(logp)
-    logp.nan_to_num_(nan=0.0, neginf=0.0, posinf=0.0)
+    logp.masked_fill_(logp == -math.inf, 0.0)  # p = 0 there: 0·log 0 = 0 (a NaN stays NaN)
     return -(p.mul_(logp)).sum(dim=-1)
 
 
@@ -238,17 +299,50 @@ def _lse_attention(
         )
         return out, lse
     if q.device.type == "cuda":
-        if bias is None and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256:
-            try:  # FlashAttention-2: half precision, causal or full, no bias
-                res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
-                return res[0], res[1]
-            except RuntimeError:
-                pass  # e.g. an older GPU: the memory-efficient kernel below
-        out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, bias, True, 0.0, causal, scale=scale
-        )
-        return out, lse[..., : q.shape[2]]  # the kernel pads LSE's length to a multiple of 32
+        return _cuda_lse_attention(q, k, v, bias, causal, scale)
     raise RuntimeError(f"no fused attention kernel with log-sum-exp on {q.device.type}")
+
+
+def _flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CUDA FlashAttention-2: half precision, head_dim ≤ 256, causal or full, no bias."""
+    res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
+    return res[0], res[1]
+
+
+def _efficient_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CUDA memory-efficient attention (any float dtype, optional additive bias)."""
+    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, causal, scale=scale)
+    return out, lse[..., : q.shape[2]]  # the kernel pads LSE's length to a multiple of 32
+
+
+def _cuda_lse_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention-2 where it applies and has not failed for this key, else the
+    memory-efficient kernel. A non-fatal FlashAttention-2 failure warns, then is cached
+    (so it is neither retried nor silently swallowed on every call); out-of-memory and
+    device errors propagate."""
+    if bias is None and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256:
+        key = _capability_key(q, q.dtype)
+        if key not in _FLASH_BROKEN:
+            try:
+                return _flash_attention(q, k, v, causal, scale)
+            except RuntimeError as exc:
+                if _is_fatal(exc):
+                    raise
+                # warn before caching: under -W error the failure surfaces on every call
+                warnings.warn(
+                    f"comppo_core.hf: FlashAttention-2 failed on {_describe(key)} ({exc}); using the "
+                    "memory-efficient attention kernel for this device, dtype and head_dim from now on",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                _FLASH_BROKEN.add(key)
+    return _efficient_attention(q, k, v, bias, causal, scale)
 
 
 def _bias_chunk(vis: torch.Tensor, b: int, h: int, dtype: torch.dtype) -> torch.Tensor:
@@ -363,7 +457,13 @@ def head_mean_concentration(
 
     Returns:
       ``[B, Tq]`` float32: each query's statistic averaged over the H heads, 0 for a query
-      that sees no key.
+      that sees no key, NaN for a query that sees keys but whose statistic is not finite
+      (non-finite queries or keys; never hidden as 0).
+
+    Raises:
+      ParameterError: a bad argument or shape.
+      RuntimeError: ``method="fused"`` and the kernel failed; out-of-memory and device
+        errors with any method (see the module docstring for the ``"auto"`` fallback).
     """
     statistic = check_statistic(statistic)
     method = check_method(method, statistic)
@@ -385,23 +485,28 @@ def head_mean_concentration(
     if causal and tk > tq:
         key = key[:, :, :tq]  # upper-left causal: query i sees keys 0..i only
 
+    capability = _capability_key(query, torch.float32 if precision == "float32" else query.dtype)
     use_fused = method == "fused" or (
         method == "auto"
         and statistic in _FUSED_STATISTICS
         and query.device.type in ("cpu", "cuda")
-        and query.device.type not in _FUSED_BROKEN
+        and capability not in _FUSED_BROKEN
     )
     if use_fused:
         try:
             return _fused(query, key, mask, scale_, causal, statistic, query_chunk, precision)
         except RuntimeError as exc:
-            if method == "fused":
+            if method == "fused" or _is_fatal(exc):
                 raise
-            _FUSED_BROKEN.add(query.device.type)
+            # warn first, cache second: under -W error the warning is raised here, the cache
+            # stays untouched, and the next call fails the same way instead of silently
+            # taking the fallback
             warnings.warn(
-                f"comppo_core.hf: the fused attention kernel failed on {query.device.type} ({exc}); "
-                "computing the statistic with the chunked method from now on",
+                f"comppo_core.hf: the fused attention kernel failed on {_describe(capability)} ({exc}); "
+                "computing the statistic with the exact chunked method for this device, dtype and "
+                "head_dim from now on",
                 RuntimeWarning,
                 stacklevel=2,
             )
+            _FUSED_BROKEN.add(capability)
     return _chunked(query, key, mask, scale_, causal, statistic, query_chunk)
