@@ -383,9 +383,9 @@ def run_dropins(rounds: int) -> list[dict]:
 
     m32 = tm.numpy()  # the same float32 mask the tensors carry: same work, only the wrapper differs
 
-    def numpy_path():
+    def numpy_path():  # what the drop-in does, on NumPy arrays (whitening its own buffer in place)
         adv, ret = cc.gae(w.rewards, w.values, mask=m32, gamma=GAMMA, lam=LAM, masked_rewards="drop")
-        return cc.masked_whiten(adv, mask=m32), ret
+        return cc.masked_whiten(adv, mask=m32, out=adv), ret
 
     fns: dict[str, Callable[[], object]] = {
         "drop-in (torch CPU)": lambda: verl_dropin.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM),

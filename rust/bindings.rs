@@ -473,6 +473,41 @@ fn masked_whiten<'py>(
     by_dtype!(x, whiten_typed(py, &x, &mut out, &mask, cu, shape, shift_mean, eps))
 }
 
+fn whiten_in_place_typed<F: FloatDtype>(
+    py: Python<'_>,
+    x: &mut FloatsMut<'_>,
+    mask: &Option<MaskArray<'_>>,
+    cu: Option<&[i64]>,
+    shape: (usize, usize),
+    shift_mean: bool,
+    eps: f64,
+) -> PyResult<()> {
+    let x = typed_mut::<F>(py, "x", x)?;
+    let lay = layout(py, cu, shape, x.len())?;
+    let result = with_mask!(py, mask, |m| py
+        .detach(|| crate::whiten::masked_whiten_in_place(&lay, &mut *x, m, shift_mean, eps)));
+    result.map_err(|e| to_pyerr(py, e))
+}
+
+/// Masked whitening overwriting `x`.
+#[pyfunction]
+#[pyo3(signature = (x, *, mask, cu_seqlens, shape, shift_mean, eps))]
+fn masked_whiten_in_place<'py>(
+    py: Python<'py>,
+    mut x: FloatsMut<'py>,
+    mask: Option<MaskArray<'py>>,
+    cu_seqlens: Option<PyReadonlyArray1<'py, i64>>,
+    shape: (usize, usize),
+    shift_mean: bool,
+    eps: f64,
+) -> PyResult<()> {
+    let cu = optional(py, "cu_seqlens", &cu_seqlens)?;
+    match x {
+        FloatsMut::F32(_) => whiten_in_place_typed::<f32>(py, &mut x, &mask, cu, shape, shift_mean, eps),
+        FloatsMut::F64(_) => whiten_in_place_typed::<f64>(py, &mut x, &mask, cu, shape, shift_mean, eps),
+    }
+}
+
 fn stats_typed<'py, F: FloatDtype>(
     py: Python<'py>,
     x: &Floats<'_>,
@@ -533,6 +568,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(group_advantages, m)?)?;
     m.add_function(wrap_pyfunction!(broadcast, m)?)?;
     m.add_function(wrap_pyfunction!(masked_whiten, m)?)?;
+    m.add_function(wrap_pyfunction!(masked_whiten_in_place, m)?)?;
     m.add_function(wrap_pyfunction!(credit_stats, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;

@@ -137,8 +137,27 @@ mod avx2 {
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn write_f32_bool(x: &[f32], m: &[bool], mean: f64, inv: f64, add: f64, out: &mut [f32]) {
         debug_assert!(m.len() >= x.len() && out.len() >= x.len());
-        let (xp, mp, op) = (x.as_ptr(), m.as_ptr(), out.as_mut_ptr());
-        let len = x.len();
+        write_f32_bool_ptr(x.as_ptr(), m, x.len(), mean, inv, add, out.as_mut_ptr())
+    }
+
+    /// [`write_f32_bool`] over raw pointers: `xp` may equal `op` (whitening in place;
+    /// each block is loaded before it is stored).
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `xp` and `op` point to `len` floats and `m` has at least
+    /// `len` elements; `xp` and `op` are equal or the ranges do not overlap.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn write_f32_bool_ptr(
+        xp: *const f32,
+        m: &[bool],
+        len: usize,
+        mean: f64,
+        inv: f64,
+        add: f64,
+        op: *mut f32,
+    ) {
+        debug_assert!(m.len() >= len);
+        let mp = m.as_ptr();
         let body = len - len % ACC;
         let (mean_v, inv_v, add_v, zero) =
             (_mm256_set1_pd(mean), _mm256_set1_pd(inv), _mm256_set1_pd(add), _mm256_setzero_pd());
@@ -329,6 +348,8 @@ fn batch_moments_flagged<F: Float, M: Mask>(
     Ok((total, masked_nonfinite))
 }
 
+/// `(x − mean)·inv + add` at valid positions of `x`, 0 elsewhere, into `out`: verl's
+/// `masked_whiten` (module docs).
 pub fn masked_whiten<F: Float, M: Mask>(
     layout: &Layout,
     x: &[F],
@@ -337,91 +358,160 @@ pub fn masked_whiten<F: Float, M: Mask>(
     eps: f64,
     out: &mut [F],
 ) -> Result<()> {
-    let n = layout.len();
-    check_len("x", Some(x.len()), n)?;
-    check_len("mask", mask.len(), n)?;
-    check_len("out", Some(out.len()), n)?;
-    if !(eps.is_finite() && eps >= 0.0) {
-        return Err(KernelError::Parameter {
-            arg: "eps",
-            expected: "a finite number >= 0".into(),
-            got: format!("{eps}"),
-        });
-    }
-    let (m, masked_nonfinite) = batch_moments_flagged(layout, x, &mask, "x")?;
-    if m.n < 2 {
-        return Err(KernelError::Parameter {
-            arg: "mask",
-            expected: "at least 2 valid tokens (the variance is unbiased)".into(),
-            got: format!("{} valid token{}", m.n, if m.n == 1 { "" } else { "s" }),
-        });
-    }
-    // zero spread with eps = 0: every valid token whitens to 0 (not 0·inf = NaN)
-    let var = m.m2 / (m.n - 1) as f64 + eps;
-    let inv = if var > 0.0 { 1.0 / var.sqrt() } else { 0.0 };
-    let (mean, add) = (m.mean, if shift_mean { 0.0 } else { m.mean });
-    let tasks = layout.tasks(task_size(n, pool::num_threads()));
+    check_len("out", Some(out.len()), layout.len())?;
+    let map = WhitenMap::new(layout, x, &mask, shift_mean, eps)?;
+    let tasks = layout.tasks(task_size(layout.len(), pool::num_threads()));
     let pieces = split_by_tasks(out, &tasks);
     let work: Vec<_> = tasks.iter().zip(pieces).collect();
-    let (mean, inv, add) = (mean, inv, add);
-    pool::map(work, n >= pool::PARALLEL_MIN, |(task, piece)| {
-        let w =
-            Whiten { x: &x[task.span.clone()], mask: &mask, base: task.span.start, mean, inv, add, masked_nonfinite };
-        w.write(piece)
+    pool::map(work, layout.len() >= pool::PARALLEL_MIN, |(task, piece)| {
+        map.write(&x[task.span.clone()], task.span.start, piece)
     });
     Ok(())
 }
 
-/// The write pass of one task: `out[j] = (x[j] − mean)·inv + add` at valid positions.
-struct Whiten<'a, F, M> {
-    x: &'a [F],
+/// [`masked_whiten`] overwriting `x` with its whitened values (for callers that own
+/// `x`, such as the verl drop-in: saves allocating, and page-faulting, an output).
+pub fn masked_whiten_in_place<F: Float, M: Mask>(
+    layout: &Layout,
+    x: &mut [F],
+    mask: M,
+    shift_mean: bool,
+    eps: f64,
+) -> Result<()> {
+    let map = WhitenMap::new(layout, x, &mask, shift_mean, eps)?;
+    let tasks = layout.tasks(task_size(layout.len(), pool::num_threads()));
+    let pieces = split_by_tasks(x, &tasks);
+    let work: Vec<_> = tasks.iter().zip(pieces).collect();
+    pool::map(work, layout.len() >= pool::PARALLEL_MIN, |(task, piece)| map.write_in_place(task.span.start, piece));
+    Ok(())
+}
+
+/// The map of the write pass, `w = (x − mean)·inv + add` at valid positions and 0
+/// elsewhere, from the batch moments of `x`.
+struct WhitenMap<'a, M> {
     mask: &'a M,
-    base: usize,
     mean: f64,
     inv: f64,
     add: f64,
+    /// Some masked position holds NaN/±inf: multiplying by the validity would spread
+    /// it, so the write pass selects instead.
     masked_nonfinite: bool,
 }
 
-impl<F: Float, M: Mask> Whiten<'_, F, M> {
-    fn write(&self, out: &mut [F]) {
+impl<'a, M: Mask> WhitenMap<'a, M> {
+    fn new<F: Float>(layout: &Layout, x: &[F], mask: &'a M, shift_mean: bool, eps: f64) -> Result<Self> {
+        let n = layout.len();
+        check_len("x", Some(x.len()), n)?;
+        check_len("mask", mask.len(), n)?;
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(KernelError::Parameter {
+                arg: "eps",
+                expected: "a finite number >= 0".into(),
+                got: format!("{eps}"),
+            });
+        }
+        let (m, masked_nonfinite) = batch_moments_flagged(layout, x, mask, "x")?;
+        if m.n < 2 {
+            return Err(KernelError::Parameter {
+                arg: "mask",
+                expected: "at least 2 valid tokens (the variance is unbiased)".into(),
+                got: format!("{} valid token{}", m.n, if m.n == 1 { "" } else { "s" }),
+            });
+        }
+        // zero spread with eps = 0: every valid token whitens to 0 (not 0·inf = NaN)
+        let var = m.m2 / (m.n - 1) as f64 + eps;
+        let inv = if var > 0.0 { 1.0 / var.sqrt() } else { 0.0 };
+        let add = if shift_mean { 0.0 } else { m.mean };
+        Ok(WhitenMap { mask, mean: m.mean, inv, add, masked_nonfinite })
+    }
+
+    /// One task: `out[j] = w(x[j])`, `x` starting at flat position `base`.
+    fn write<F: Float>(&self, x: &[F], base: usize, out: &mut [F]) {
         #[cfg(target_arch = "x86_64")]
         if crate::cpu::avx2() {
             if !self.masked_nonfinite {
-                if let (Some(xs), Some(m), Some(o)) = (F::as_f32s(self.x), self.mask.as_bools(), F::as_f32s_mut(out)) {
+                if let (Some(xs), Some(m), Some(o)) = (F::as_f32s(x), self.mask.as_bools(), F::as_f32s_mut(out)) {
                     // SAFETY: the CPU has AVX2; `base + x.len()` lies inside the mask.
-                    return unsafe { avx2::write_f32_bool(xs, &m[self.base..], self.mean, self.inv, self.add, o) };
+                    return unsafe { avx2::write_f32_bool(xs, &m[base..], self.mean, self.inv, self.add, o) };
                 }
             }
             // SAFETY: the CPU has AVX2.
-            return unsafe { self.write_avx2(out) };
+            return unsafe { self.write_avx2(x, base, out) };
         }
-        self.write_body(out)
+        self.write_body(x, base, out)
+    }
+
+    /// One task in place: `x[j] = w(x[j])`.
+    fn write_in_place<F: Float>(&self, base: usize, x: &mut [F]) {
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu::avx2() {
+            if !self.masked_nonfinite {
+                if let (Some(m), Some(xs)) = (self.mask.as_bools(), F::as_f32s_mut(x)) {
+                    let (len, p) = (xs.len(), xs.as_mut_ptr());
+                    // SAFETY: the CPU has AVX2; source and destination are the same
+                    // `len` floats; `base + len` lies inside the mask.
+                    return unsafe { avx2::write_f32_bool_ptr(p, &m[base..], len, self.mean, self.inv, self.add, p) };
+                }
+            }
+            // SAFETY: the CPU has AVX2.
+            return unsafe { self.write_in_place_avx2(base, x) };
+        }
+        self.write_in_place_body(base, x)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn write_avx2(&self, out: &mut [F]) {
-        self.write_body(out)
+    unsafe fn write_avx2<F: Float>(&self, x: &[F], base: usize, out: &mut [F]) {
+        self.write_body(x, base, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn write_in_place_avx2<F: Float>(&self, base: usize, x: &mut [F]) {
+        self.write_in_place_body(base, x)
+    }
+
+    /// `w` of one value at flat position `i`, every value of the batch finite:
+    /// multiplying by the validity is exact and vectorizes (`+ 0.0` turns the −0.0 of
+    /// a negative value times 0 into +0.0).
+    #[inline(always)]
+    fn map<F: Float>(&self, i: usize, x: F) -> F {
+        // SAFETY: i lies inside the validated layout.
+        let valid = unsafe { self.mask.valid(i) } as u8 as f64;
+        F::from_f64(((x.to_f64() - self.mean) * self.inv + self.add) * valid + 0.0)
+    }
+
+    /// `w` of one value at flat position `i`, selecting 0 at masked positions
+    /// (whatever they hold).
+    #[inline(always)]
+    fn map_select<F: Float>(&self, i: usize, x: F) -> F {
+        let w = (x.to_f64() - self.mean) * self.inv + self.add;
+        // SAFETY: i lies inside the validated layout.
+        F::from_f64(if unsafe { self.mask.valid(i) } { w } else { 0.0 })
     }
 
     #[inline(always)]
-    fn write_body(&self, out: &mut [F]) {
-        let (mean, inv, add, base) = (self.mean, self.inv, self.add, self.base);
+    fn write_body<F: Float>(&self, x: &[F], base: usize, out: &mut [F]) {
         if self.masked_nonfinite {
-            for (j, (o, xi)) in out.iter_mut().zip(self.x).enumerate() {
-                // SAFETY: base + j lies inside the validated layout.
-                let valid = unsafe { self.mask.valid(base + j) };
-                let w = (xi.to_f64() - mean) * inv + add;
-                *o = F::from_f64(if valid { w } else { 0.0 });
+            for (j, (o, &xi)) in out.iter_mut().zip(x).enumerate() {
+                *o = self.map_select(base + j, xi);
             }
         } else {
-            // every value finite: multiplying by the validity is exact and vectorizes
-            // (`+ 0.0` turns the −0.0 of a negative value times 0 into +0.0)
-            for (j, (o, xi)) in out.iter_mut().zip(self.x).enumerate() {
-                // SAFETY: base + j lies inside the validated layout.
-                let valid = unsafe { self.mask.valid(base + j) } as u8 as f64;
-                *o = F::from_f64(((xi.to_f64() - mean) * inv + add) * valid + 0.0);
+            for (j, (o, &xi)) in out.iter_mut().zip(x).enumerate() {
+                *o = self.map(base + j, xi);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn write_in_place_body<F: Float>(&self, base: usize, x: &mut [F]) {
+        if self.masked_nonfinite {
+            for (j, v) in x.iter_mut().enumerate() {
+                *v = self.map_select(base + j, *v);
+            }
+        } else {
+            for (j, v) in x.iter_mut().enumerate() {
+                *v = self.map(base + j, *v);
             }
         }
     }
@@ -457,23 +547,20 @@ mod tests {
                         let bits = |(r, ok): (Moments, bool)| (r.n, r.mean.to_bits(), r.m2.to_bits(), ok);
                         assert_eq!(bits(portable), bits(fast), "len {len} offset {offset} p {p_valid}");
                         // the write pass, against the portable loop
-                        let w = Whiten {
-                            x: &xs[..],
-                            mask: &&m[..],
-                            base: 0,
-                            mean: 0.3,
-                            inv: 1.7,
-                            add: -0.5,
-                            masked_nonfinite: false,
-                        };
+                        let mask_ref = &m[..];
+                        let w = WhitenMap { mask: &mask_ref, mean: 0.3, inv: 1.7, add: -0.5, masked_nonfinite: false };
                         let (mut a, mut b) = (vec![9.0f32; len], vec![9.0f32; len]);
-                        w.write_body(&mut a);
+                        w.write_body(&xs[..], 0, &mut a);
                         // SAFETY: AVX2 checked above; all slices have length len.
                         unsafe { avx2::write_f32_bool(xs, &m, 0.3, 1.7, -0.5, &mut b) };
-                        assert_eq!(
-                            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                            b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                        );
+                        let bits32 = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits32(&a), bits32(&b));
+                        // in place: the dispatched (AVX2) and the portable forms
+                        let (mut c, mut d) = (xs.clone(), xs.clone());
+                        w.write_in_place(0, &mut c);
+                        w.write_in_place_body(0, &mut d);
+                        assert_eq!(bits32(&c), bits32(&a));
+                        assert_eq!(bits32(&d), bits32(&a));
                     }
                 }
             }
@@ -494,6 +581,17 @@ mod tests {
         }
         let e = masked_whiten(&l, &[1.0; 6], &[0u8, 0, 0, 1, 0, 0][..], true, 1e-8, &mut out).unwrap_err();
         assert!(e.to_string().contains("at least 2"), "{e}");
+        // in place: the same numbers, masked NaN included
+        let mut x = [1.0, 2.0, 99.0, 3.0, 4.0, f64::NAN];
+        masked_whiten_in_place(&l, &mut x, &m[..], true, 0.0).unwrap();
+        for (a, b) in x.iter().zip(want) {
+            assert!((a - b).abs() < 1e-15);
+        }
+        let mut x = [1.0f32, 2.0, 99.0, 3.0, 4.0, -7.0];
+        let (mut o, m) = ([0.0f32; 6], [true, true, false, true, true, false]);
+        masked_whiten(&l, &x, &m[..], false, 1e-8, &mut o).unwrap();
+        masked_whiten_in_place(&l, &mut x, &m[..], false, 1e-8).unwrap();
+        assert_eq!(x, o);
     }
 
     #[test]

@@ -366,9 +366,46 @@ def test_out_buffer_errors() -> None:
     with pytest.raises(cc.DTypeError, match=r"out \(whitened\): expected dtype float32"):
         cc.masked_whiten(x, out=np.empty((2, 3), np.float64))
     with pytest.raises(cc.ShapeError, match="shares memory"):
-        cc.masked_whiten(x, out=x)
+        cc.masked_whiten(x, out=x[:])  # a view of x, not x itself: not in place
     with pytest.raises(cc.ShapeError, match="C-contiguous"):
         cc.masked_whiten(x, out=np.empty((3, 2), np.float32).T)
     torch = pytest.importorskip("torch")
     with pytest.raises(cc.DTypeError, match="NumPy arrays only"):
         cc.masked_whiten(torch.from_numpy(x), out=torch.empty(2, 3))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("shift_mean", [True, False])
+def test_out_is_x_whitens_in_place(dtype: Any, shift_mean: bool) -> None:
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((6, 50)).astype(dtype)
+    m = rng.random((6, 50)) < 0.6
+    m[2, 7] = False
+    want = cc.masked_whiten(x, mask=m, shift_mean=shift_mean)
+    y = x.copy()
+    y[2, 7] = np.nan  # masked NaN: the select form of the write pass
+    assert cc.masked_whiten(y, mask=m, shift_mean=shift_mean, out=y) is y
+    np.testing.assert_array_equal(y, want)
+    # packed layout and a strided (non-contiguous) array
+    cu = np.concatenate([[0], np.cumsum(m.sum(axis=1))])
+    flat = x[m]
+    want_packed = cc.masked_whiten(flat, cu_seqlens=cu, shift_mean=shift_mean)
+    assert cc.masked_whiten(flat, cu_seqlens=cu, shift_mean=shift_mean, out=flat) is flat
+    np.testing.assert_array_equal(flat, want_packed)
+    big = np.zeros((6, 100), dtype=dtype)
+    big[:, ::2] = x
+    strided = big[:, ::2]
+    cc.masked_whiten(strided, mask=m, shift_mean=shift_mean, out=strided)
+    np.testing.assert_array_equal(strided, want)
+    assert np.all(big[:, 1::2] == 0)
+
+
+def test_out_is_x_errors() -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    x.flags.writeable = False
+    with pytest.raises(cc.ShapeError, match="read-only"):
+        cc.masked_whiten(x, out=x)
+    xi = np.arange(12).reshape(3, 4)
+    with pytest.raises(cc.DTypeError, match="needs a float array"):
+        cc.masked_whiten(xi, out=xi)
+    np.testing.assert_array_equal(xi, np.arange(12).reshape(3, 4))

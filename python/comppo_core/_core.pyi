@@ -15,6 +15,7 @@ __all__ = [
     "get_num_threads",
     "group_advantages",
     "masked_whiten",
+    "masked_whiten_in_place",
     "set_num_threads",
     "td_targets",
 ]
@@ -84,6 +85,15 @@ def broadcast(
 def masked_whiten(
     x: npt.NDArray[np.floating],
     out: npt.NDArray[np.floating],
+    *,
+    mask: npt.NDArray[np.generic] | None,
+    cu_seqlens: npt.NDArray[np.int64] | None,
+    shape: tuple[int, int],
+    shift_mean: bool,
+    eps: float,
+) -> None: ...
+def masked_whiten_in_place(
+    x: npt.NDArray[np.floating],
     *,
     mask: npt.NDArray[np.generic] | None,
     cu_seqlens: npt.NDArray[np.int64] | None,

@@ -18,8 +18,8 @@ import numpy as np
 
 from . import _core
 from ._torch import tensor_io
-from ._arrays import Outputs, as_numpy, check_finite, flat_float, float_dtypes, layout_of
-from .errors import ParameterError
+from ._arrays import Layout, Outputs, as_numpy, check_finite, flat_float, float_dtypes, layout_of
+from .errors import DTypeError, ParameterError, ShapeError
 
 __all__ = ["masked_whiten"]
 
@@ -44,6 +44,7 @@ def masked_whiten(
       out: optional preallocated NumPy array shaped like ``x``, of the output dtype,
         C-contiguous and not overlapping ``x`` or ``mask``; the result is written there
         and returned (saves allocating, and page-faulting, a fresh array per call).
+        ``out=x`` (the same array object) whitens ``x`` in place.
 
     Returns:
       shaped like ``x``, in its dtype (float16 via float32; integers give float64).
@@ -51,10 +52,27 @@ def masked_whiten(
     arr = as_numpy(x, "x")
     compute, output = float_dtypes(arr, "x")
     lay = layout_of(arr, "x", mask, cu_seqlens)
-    x_flat = flat_float(arr, "x", lay.shape, compute)
     eps_ = check_finite("eps", eps)
     if eps_ < 0:
         raise ParameterError(f"eps: expected a number >= 0, got {eps_}")
+    if out is not None and out is x:
+        return _whiten_in_place(arr, lay, compute, mask, cu_seqlens, bool(shift_mean), eps_)
+    x_flat = flat_float(arr, "x", lay.shape, compute)
     outs = Outputs(("whitened",), lay.shape, compute, output, out, (arr, x_flat, lay.mask))
     _core.masked_whiten(x_flat, *outs.kernel, shift_mean=bool(shift_mean), eps=eps_, **lay.kernel_args())
     return outs.finish()[0]
+
+
+def _whiten_in_place(
+    x: np.ndarray, lay: Layout, compute: np.dtype, mask: Any, cu_seqlens: Any, shift_mean: bool, eps: float
+) -> np.ndarray:
+    """``masked_whiten(x, out=x)``: overwrites ``x`` (a writeable float array) and returns it."""
+    if not x.flags.writeable:
+        raise ShapeError("out (whitened): out=x whitens x in place, but x is read-only")
+    if x.dtype.kind != "f":
+        raise DTypeError(f"out (whitened): out=x needs a float array to hold the result, got dtype {x.dtype}")
+    if x.dtype == compute and x.flags.c_contiguous:
+        _core.masked_whiten_in_place(x.reshape(-1), shift_mean=shift_mean, eps=eps, **lay.kernel_args())
+    else:  # float16 (computed in float32) or strided: whiten into a fresh array, copy back
+        x[...] = masked_whiten(x, mask=mask, cu_seqlens=cu_seqlens, shift_mean=shift_mean, eps=eps)
+    return x

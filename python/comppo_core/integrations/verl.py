@@ -28,12 +28,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from .._torch import tensor_io
 from ..advantages import gae
 from ..whitening import masked_whiten
 
 __all__ = ["compute_comp_gae_advantage", "compute_gae_advantage_return", "register", "set_inputs"]
 
 
+@tensor_io("token_level_rewards", "values", "response_mask", "gates")
 def compute_gae_advantage_return(
     token_level_rewards: Any,
     values: Any,
@@ -54,7 +56,8 @@ def compute_gae_advantage_return(
         lam=float(lam),
         masked_rewards="drop",
     )
-    return masked_whiten(adv, mask=response_mask), ret
+    # adv is ours (a fresh NumPy array here): whiten it in place, no third buffer
+    return masked_whiten(adv, mask=response_mask, out=adv), ret
 
 
 _pending = threading.local()
