@@ -35,6 +35,7 @@ import time
 from typing import Any, TextIO
 
 from .. import errors
+from ._argtypes import finite_float, unit_float
 
 __all__ = ["add_parser", "run", "writer_options"]
 
@@ -50,26 +51,6 @@ _GATE_DEFAULTS: dict[str, Any] = {
     "invert": False,
 }
 _COMPRESSIONS = ("snappy", "zstd", "lz4", "gzip", "brotli", "none")
-
-
-def _unit_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text}")
-    return value
-
-
-def _finite_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
-    return value
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -99,9 +80,9 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     cmd.add_argument("-o", "--output", metavar="OUT.parquet", required=True, help="output Parquet file (replaced if it exists)")
 
     g = cmd.add_argument_group("GAE")
-    g.add_argument("--gamma", type=_unit_float, default=1.0, help="discount γ")
-    g.add_argument("--lam", type=_unit_float, default=1.0, help="GAE λ of the advantages")
-    g.add_argument("--lam-critic", type=_unit_float, default=None, help="λ of the returns (decoupled GAE; default: --lam)")
+    g.add_argument("--gamma", type=unit_float, default=1.0, help="discount γ")
+    g.add_argument("--lam", type=unit_float, default=1.0, help="GAE λ of the advantages")
+    g.add_argument("--lam-critic", type=unit_float, default=None, help="λ of the returns (decoupled GAE; default: --lam)")
     g.add_argument(
         "--masked-rewards",
         choices=("error", "drop"),
@@ -135,9 +116,9 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     gm = cmd.add_argument_group(
         "gate mapping (with --concentration-col): g = low + (high - low) * sigmoid(sharpness * z)"
     )
-    gm.add_argument("--low", type=_unit_float, default=None, help=f"lowest gate (default: {_GATE_DEFAULTS['low']})")
-    gm.add_argument("--high", type=_unit_float, default=None, help=f"highest gate (default: {_GATE_DEFAULTS['high']})")
-    gm.add_argument("--sharpness", type=_finite_float, default=None, help="slope of the sigmoid (default: 1)")
+    gm.add_argument("--low", type=unit_float, default=None, help=f"lowest gate (default: {_GATE_DEFAULTS['low']})")
+    gm.add_argument("--high", type=unit_float, default=None, help=f"highest gate (default: {_GATE_DEFAULTS['high']})")
+    gm.add_argument("--sharpness", type=finite_float, default=None, help="slope of the sigmoid (default: 1)")
     gm.add_argument(
         "--normalize",
         choices=("sequence", "batch", "none"),
@@ -145,8 +126,8 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         help="z-score per response ('sequence', default), over every valid token of the file "
         "('batch': one extra streaming pass over the concentration column), or (c - center)/scale ('none')",
     )
-    gm.add_argument("--center", type=_finite_float, default=None, help="center with --normalize none (default: 0)")
-    gm.add_argument("--scale", type=_finite_float, default=None, help="scale > 0 with --normalize none (default: 1)")
+    gm.add_argument("--center", type=finite_float, default=None, help="center with --normalize none (default: 0)")
+    gm.add_argument("--scale", type=finite_float, default=None, help="scale > 0 with --normalize none (default: 1)")
     gm.add_argument("--invert", action="store_true", default=None, help="high concentration -> low gate")
 
     o = cmd.add_argument_group("output")

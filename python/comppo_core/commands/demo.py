@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ._argtypes import positive_float, positive_int, unit_float
+
 __all__ = ["CharTokenizer", "DemoBatch", "add_parser", "prepare", "render_html", "run", "verify"]
 
 MISSING_EXTRA = (
@@ -106,36 +108,6 @@ class DemoBatch:
     prompt_len: int
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
-def _unit_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0.0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
-    return value
-
-
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
     """Register the ``demo`` command on the ``comppo-core`` parser."""
     cmd = subparsers.add_parser(
@@ -150,21 +122,21 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     cmd.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and sampling")
-    cmd.add_argument("--prompts", type=_positive_int, default=6, help="number of arithmetic prompts (one response each)")
-    cmd.add_argument("--max-new-tokens", type=_positive_int, default=8, help="longest response")
-    cmd.add_argument("--temperature", type=_positive_float, default=1.0, help="sampling temperature")
-    cmd.add_argument("--hidden", type=_positive_int, default=64, help="hidden size of the tiny model")
-    cmd.add_argument("--layers", type=_positive_int, default=2, help="decoder layers")
-    cmd.add_argument("--heads", type=_positive_int, default=4, help="attention heads")
-    cmd.add_argument("--kv-heads", type=_positive_int, default=2, help="key/value heads (grouped-query attention)")
+    cmd.add_argument("--prompts", type=positive_int, default=6, help="number of arithmetic prompts (one response each)")
+    cmd.add_argument("--max-new-tokens", type=positive_int, default=8, help="longest response")
+    cmd.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature")
+    cmd.add_argument("--hidden", type=positive_int, default=64, help="hidden size of the tiny model")
+    cmd.add_argument("--layers", type=positive_int, default=2, help="decoder layers")
+    cmd.add_argument("--heads", type=positive_int, default=4, help="attention heads")
+    cmd.add_argument("--kv-heads", type=positive_int, default=2, help="key/value heads (grouped-query attention)")
     cmd.add_argument("--statistic", choices=("entropy", "max", "l2"), default="entropy", help="attention concentration statistic")
     cmd.add_argument(
         "--control", choices=("none", "shuffle", "by_position", "constant"), default="none", help="gate control (the paper's ablations)"
     )
-    cmd.add_argument("--low", type=_unit_float, default=0.5, help="lowest gate")
-    cmd.add_argument("--high", type=_unit_float, default=1.0, help="highest gate")
-    cmd.add_argument("--gamma", type=_unit_float, default=1.0, help="discount γ")
-    cmd.add_argument("--lam", type=_unit_float, default=0.95, help="GAE λ")
+    cmd.add_argument("--low", type=unit_float, default=0.5, help="lowest gate")
+    cmd.add_argument("--high", type=unit_float, default=1.0, help="highest gate")
+    cmd.add_argument("--gamma", type=unit_float, default=1.0, help="discount γ")
+    cmd.add_argument("--lam", type=unit_float, default=0.95, help="GAE λ")
     cmd.add_argument(
         "--html",
         default=os.path.join(tempfile.gettempdir(), "comppo-core-demo.html"),

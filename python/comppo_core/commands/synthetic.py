@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from .. import __version__, gae, gates_from_concentration, get_num_threads, reference
+from ._argtypes import nonnegative_int, positive_int, unit_float
 
 __all__ = ["SyntheticBatch", "add_parser", "run", "synthetic_batch"]
 
@@ -91,36 +92,6 @@ def synthetic_batch(seed: int = 0, batch: int = 256, length: int = 2048) -> Synt
 # --------------------------------------------------------------------------- #
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def _unit_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text}")
-    return value
-
-
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
     """Register the ``synthetic`` command on the ``comppo-core`` parser."""
     cmd = subparsers.add_parser(
@@ -135,15 +106,15 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     cmd.add_argument("--seed", type=int, default=0, help="seed of numpy.random.default_rng")
-    cmd.add_argument("--batch", type=_positive_int, default=256, help="number of responses B")
-    cmd.add_argument("--length", type=_positive_int, default=2048, help="padded length T")
-    cmd.add_argument("--row", type=_nonnegative_int, default=0, help="response to print")
-    cmd.add_argument("--tokens", type=_positive_int, default=24, help="how many final tokens of it to print")
-    cmd.add_argument("--gamma", type=_unit_float, default=1.0, help="discount γ")
-    cmd.add_argument("--lam", type=_unit_float, default=0.95, help="GAE λ")
-    cmd.add_argument("--low", type=_unit_float, default=0.5, help="lowest gate")
-    cmd.add_argument("--high", type=_unit_float, default=1.0, help="highest gate")
-    cmd.add_argument("--repeats", type=_positive_int, default=5, help="timing repetitions of comppo_core.gae (best is kept)")
+    cmd.add_argument("--batch", type=positive_int, default=256, help="number of responses B")
+    cmd.add_argument("--length", type=positive_int, default=2048, help="padded length T")
+    cmd.add_argument("--row", type=nonnegative_int, default=0, help="response to print")
+    cmd.add_argument("--tokens", type=positive_int, default=24, help="how many final tokens of it to print")
+    cmd.add_argument("--gamma", type=unit_float, default=1.0, help="discount γ")
+    cmd.add_argument("--lam", type=unit_float, default=0.95, help="GAE λ")
+    cmd.add_argument("--low", type=unit_float, default=0.5, help="lowest gate")
+    cmd.add_argument("--high", type=unit_float, default=1.0, help="highest gate")
+    cmd.add_argument("--repeats", type=positive_int, default=5, help="timing repetitions of comppo_core.gae (best is kept)")
     cmd.set_defaults(run=run)
     return cmd
 
