@@ -58,6 +58,11 @@ pub trait MaskElem: Copy + Send + Sync + 'static {
     fn as_bools(_m: &[Self]) -> Option<&[bool]> {
         None
     }
+    /// The slice as `f32`s when `Self` is `f32` (nonzero = valid).
+    #[inline(always)]
+    fn as_f32_mask(_m: &[Self]) -> Option<&[f32]> {
+        None
+    }
 }
 
 macro_rules! int_mask {
@@ -85,6 +90,10 @@ impl MaskElem for f32 {
     #[inline(always)]
     fn is_valid(self) -> bool {
         self != 0.0
+    }
+    #[inline(always)]
+    fn as_f32_mask(m: &[Self]) -> Option<&[f32]> {
+        Some(m)
     }
 }
 
@@ -116,6 +125,11 @@ pub trait Mask: Sync + Send + Copy {
     /// The mask as `bool`s when it is an array of `bool` (for hand-vectorized paths).
     #[inline(always)]
     fn as_bools(&self) -> Option<&[bool]> {
+        None
+    }
+    /// The mask as `f32`s when it is an array of `f32` (for hand-vectorized paths).
+    #[inline(always)]
+    fn as_f32_mask(&self) -> Option<&[f32]> {
         None
     }
 }
@@ -153,6 +167,10 @@ impl<M: MaskElem> Mask for &[M] {
     #[inline(always)]
     fn as_bools(&self) -> Option<&[bool]> {
         M::as_bools(self)
+    }
+    #[inline(always)]
+    fn as_f32_mask(&self) -> Option<&[f32]> {
+        M::as_f32_mask(self)
     }
 }
 

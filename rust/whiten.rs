@@ -64,16 +64,25 @@ pub fn row_moments<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<
 fn row_moments_flagged<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Range<usize>) -> (Moments, bool) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::avx2() {
-        if let (Some(xs), Some(ms)) = (F::as_f32s(x), mask.as_bools()) {
-            // float32 values and a bool mask, the common case: the same arithmetic in
-            // the same order, written with AVX2 intrinsics (the auto-vectorizer
-            // scalarizes the byte-to-f64 widening).
+        if let Some(xs) = F::as_f32s(x) {
+            // float32 values and a bool or float32 mask, the common cases: the same
+            // arithmetic in the same order, written with AVX2 intrinsics (the
+            // auto-vectorizer scalarizes the widening of the mask to f64 lanes).
             // SAFETY: the CPU has AVX2; the caller validated range against both slices.
-            let (m, finite) = unsafe { avx2::row_moments_f32_bool(xs, ms, range.clone()) };
-            if finite {
-                return (m, false);
+            let fast = unsafe {
+                match (mask.as_bools(), mask.as_f32_mask()) {
+                    (Some(ms), _) => Some(avx2::row_moments_f32(xs, ms, range.clone())),
+                    (None, Some(ms)) => Some(avx2::row_moments_f32(xs, ms, range.clone())),
+                    (None, None) => None,
+                }
+            };
+            match fast {
+                Some((m, true)) => return (m, false),
+                Some((_, false)) => {
+                    return (row_moments_with(x, mask, range, |v, ok| if ok { v } else { 0.0 }).0, true)
+                }
+                None => {}
             }
-            return (row_moments_with(x, mask, range, |v, ok| if ok { v } else { 0.0 }).0, true);
         }
         // SAFETY: the CPU has AVX2.
         return unsafe { row_moments_flagged_avx2(x, mask, range) };
@@ -91,22 +100,53 @@ mod avx2 {
 
     const _: () = assert!(ACC == 16, "four vectors of four f64 lanes");
 
-    /// Validity bytes `m[i..i + 16]` as four vectors of 0.0/1.0.
-    #[inline(always)]
-    unsafe fn validity(m: *const bool, i: usize) -> [__m256d; 4] {
-        let bytes = _mm_loadu_si128(m.add(i) as *const __m128i);
-        [
-            _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(bytes)),
-            _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_srli_si128::<4>(bytes))),
-            _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_srli_si128::<8>(bytes))),
-            _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_srli_si128::<12>(bytes))),
-        ]
+    /// A mask element type the hand-vectorized loops read 16 positions at a time.
+    pub(super) trait Lanes: Copy {
+        /// Validity of positions `i..i + 16` as four vectors of 0.0/1.0 (the portable
+        /// loop's `valid as u8 as f64`), and how many are valid.
+        unsafe fn validity(m: *const Self, i: usize) -> ([__m256d; 4], usize);
+        /// Validity of position `i` (for the tails).
+        unsafe fn valid(m: *const Self, i: usize) -> bool;
     }
 
-    /// The number of valid bytes in `m[i..i + 16]`, as two 64-bit lanes.
-    #[inline(always)]
-    unsafe fn count(m: *const bool, i: usize) -> __m128i {
-        _mm_sad_epu8(_mm_loadu_si128(m.add(i) as *const __m128i), _mm_setzero_si128())
+    impl Lanes for bool {
+        #[inline(always)]
+        unsafe fn validity(m: *const bool, i: usize) -> ([__m256d; 4], usize) {
+            let bytes = _mm_loadu_si128(m.add(i) as *const __m128i);
+            let sums = _mm_sad_epu8(bytes, _mm_setzero_si128());
+            let n = (_mm_cvtsi128_si64(sums) + _mm_extract_epi64::<1>(sums)) as usize;
+            let ok = [
+                _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(bytes)),
+                _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_srli_si128::<4>(bytes))),
+                _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_srli_si128::<8>(bytes))),
+                _mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_srli_si128::<12>(bytes))),
+            ];
+            (ok, n)
+        }
+        #[inline(always)]
+        unsafe fn valid(m: *const bool, i: usize) -> bool {
+            *m.add(i)
+        }
+    }
+
+    impl Lanes for f32 {
+        #[inline(always)]
+        unsafe fn validity(m: *const f32, i: usize) -> ([__m256d; 4], usize) {
+            let (zero, one) = (_mm_setzero_ps(), _mm_set1_ps(1.0));
+            let mut ok = [_mm256_setzero_pd(); 4];
+            let mut n = 0;
+            for (q, lanes) in ok.iter_mut().enumerate() {
+                // nonzero (NaN included, as `!= 0.0`) is valid
+                let valid = _mm_cmpneq_ps(_mm_loadu_ps(m.add(i + 4 * q)), zero);
+                n += (_mm_movemask_ps(valid) as u32).count_ones() as usize;
+                *lanes = _mm256_cvtps_pd(_mm_and_ps(valid, one));
+            }
+            (ok, n)
+        }
+        #[inline(always)]
+        unsafe fn valid(m: *const f32, i: usize) -> bool {
+            *m.add(i) != 0.0
+        }
     }
 
     /// `x[i..i + 16]` widened to four vectors of f64.
@@ -135,21 +175,21 @@ mod avx2 {
     /// # Safety
     /// The CPU has AVX2; `m` and `out` are at least as long as `x`.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn write_f32_bool(x: &[f32], m: &[bool], mean: f64, inv: f64, add: f64, out: &mut [f32]) {
+    pub(super) unsafe fn write_f32<L: Lanes>(x: &[f32], m: &[L], mean: f64, inv: f64, add: f64, out: &mut [f32]) {
         debug_assert!(m.len() >= x.len() && out.len() >= x.len());
-        write_f32_bool_ptr(x.as_ptr(), m, x.len(), mean, inv, add, out.as_mut_ptr())
+        write_f32_ptr(x.as_ptr(), m, x.len(), mean, inv, add, out.as_mut_ptr())
     }
 
-    /// [`write_f32_bool`] over raw pointers: `xp` may equal `op` (whitening in place;
+    /// [`write_f32`] over raw pointers: `xp` may equal `op` (whitening in place;
     /// each block is loaded before it is stored).
     ///
     /// # Safety
     /// The CPU has AVX2; `xp` and `op` point to `len` floats and `m` has at least
     /// `len` elements; `xp` and `op` are equal or the ranges do not overlap.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn write_f32_bool_ptr(
+    pub(super) unsafe fn write_f32_ptr<L: Lanes>(
         xp: *const f32,
-        m: &[bool],
+        m: &[L],
         len: usize,
         mean: f64,
         inv: f64,
@@ -162,7 +202,7 @@ mod avx2 {
         let (mean_v, inv_v, add_v, zero) =
             (_mm256_set1_pd(mean), _mm256_set1_pd(inv), _mm256_set1_pd(add), _mm256_setzero_pd());
         for b in (0..body).step_by(ACC) {
-            let (ok, v) = (validity(mp, b), values(xp, b));
+            let ((ok, _), v) = (L::validity(mp, b), values(xp, b));
             for q in 0..4 {
                 let w = _mm256_add_pd(_mm256_mul_pd(_mm256_sub_pd(v[q], mean_v), inv_v), add_v);
                 let w = _mm256_add_pd(_mm256_mul_pd(w, ok[q]), zero);
@@ -170,7 +210,7 @@ mod avx2 {
             }
         }
         for j in body..len {
-            let ok = *mp.add(j) as u8 as f64;
+            let ok = L::valid(mp, j) as u8 as f64;
             *op.add(j) = ((((*xp.add(j) as f64) - mean) * inv + add) * ok + 0.0) as f32;
         }
     }
@@ -180,16 +220,20 @@ mod avx2 {
     /// # Safety
     /// The CPU has AVX2; `range` lies inside both `x` and `m`.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn row_moments_f32_bool(x: &[f32], m: &[bool], range: std::ops::Range<usize>) -> (Moments, bool) {
+    pub(super) unsafe fn row_moments_f32<L: Lanes>(
+        x: &[f32],
+        m: &[L],
+        range: std::ops::Range<usize>,
+    ) -> (Moments, bool) {
         debug_assert!(range.end <= x.len() && range.end <= m.len());
         let (xp, mp) = (x.as_ptr().add(range.start), m.as_ptr().add(range.start));
         let len = range.len();
         let body = len - len % ACC;
         let (mut sum, mut sq) = ([_mm256_setzero_pd(); 4], [_mm256_setzero_pd(); 4]);
-        let mut valid = _mm_setzero_si128();
+        let mut n = 0usize;
         for b in (0..body).step_by(ACC) {
-            let (ok, v) = (validity(mp, b), values(xp, b));
-            valid = _mm_add_epi64(valid, count(mp, b));
+            let ((ok, valid), v) = (L::validity(mp, b), values(xp, b));
+            n += valid;
             for q in 0..4 {
                 let d = _mm256_mul_pd(v[q], ok[q]);
                 sum[q] = _mm256_add_pd(sum[q], d);
@@ -197,9 +241,8 @@ mod avx2 {
             }
         }
         let (mut sum, mut sq) = (lanes(sum), lanes(sq));
-        let mut n = (_mm_cvtsi128_si64(valid) + _mm_extract_epi64::<1>(valid)) as usize;
         for j in body..len {
-            let ok = *mp.add(j);
+            let ok = L::valid(mp, j);
             n += ok as usize;
             let d = (*xp.add(j) as f64) * (ok as u8 as f64);
             sum[0] += d;
@@ -209,7 +252,7 @@ mod avx2 {
             let mean_v = _mm256_set1_pd(mean);
             let mut sq = [_mm256_setzero_pd(); 4];
             for b in (0..body).step_by(ACC) {
-                let (ok, v) = (validity(mp, b), values(xp, b));
+                let ((ok, _), v) = (L::validity(mp, b), values(xp, b));
                 for q in 0..4 {
                     let d = _mm256_mul_pd(_mm256_sub_pd(v[q], mean_v), ok[q]);
                     sq[q] = _mm256_add_pd(sq[q], _mm256_mul_pd(d, d));
@@ -217,7 +260,7 @@ mod avx2 {
             }
             let mut m2 = lanes(sq);
             for j in body..len {
-                let ok = *mp.add(j) as u8 as f64;
+                let ok = L::valid(mp, j) as u8 as f64;
                 let d = (*xp.add(j) as f64 - mean) * ok;
                 m2[0] += d * d;
             }
@@ -430,9 +473,16 @@ impl<'a, M: Mask> WhitenMap<'a, M> {
         #[cfg(target_arch = "x86_64")]
         if crate::cpu::avx2() {
             if !self.masked_nonfinite {
-                if let (Some(xs), Some(m), Some(o)) = (F::as_f32s(x), self.mask.as_bools(), F::as_f32s_mut(out)) {
+                if let (Some(xs), Some(o)) = (F::as_f32s(x), F::as_f32s_mut(out)) {
+                    let (mean, inv, add) = (self.mean, self.inv, self.add);
                     // SAFETY: the CPU has AVX2; `base + x.len()` lies inside the mask.
-                    return unsafe { avx2::write_f32_bool(xs, &m[base..], self.mean, self.inv, self.add, o) };
+                    unsafe {
+                        match (self.mask.as_bools(), self.mask.as_f32_mask()) {
+                            (Some(m), _) => return avx2::write_f32(xs, &m[base..], mean, inv, add, o),
+                            (None, Some(m)) => return avx2::write_f32(xs, &m[base..], mean, inv, add, o),
+                            (None, None) => {}
+                        }
+                    }
                 }
             }
             // SAFETY: the CPU has AVX2.
@@ -446,11 +496,18 @@ impl<'a, M: Mask> WhitenMap<'a, M> {
         #[cfg(target_arch = "x86_64")]
         if crate::cpu::avx2() {
             if !self.masked_nonfinite {
-                if let (Some(m), Some(xs)) = (self.mask.as_bools(), F::as_f32s_mut(x)) {
+                if let Some(xs) = F::as_f32s_mut(x) {
                     let (len, p) = (xs.len(), xs.as_mut_ptr());
+                    let (mean, inv, add) = (self.mean, self.inv, self.add);
                     // SAFETY: the CPU has AVX2; source and destination are the same
                     // `len` floats; `base + len` lies inside the mask.
-                    return unsafe { avx2::write_f32_bool_ptr(p, &m[base..], len, self.mean, self.inv, self.add, p) };
+                    unsafe {
+                        match (self.mask.as_bools(), self.mask.as_f32_mask()) {
+                            (Some(m), _) => return avx2::write_f32_ptr(p, &m[base..], len, mean, inv, add, p),
+                            (None, Some(m)) => return avx2::write_f32_ptr(p, &m[base..], len, mean, inv, add, p),
+                            (None, None) => {}
+                        }
+                    }
                 }
             }
             // SAFETY: the CPU has AVX2.
@@ -543,7 +600,7 @@ mod tests {
                     for xs in [&x, &flat] {
                         let portable = row_moments_with(&xs[..], &&m[..], 0..len, |v, ok| v * (ok as u8 as f64));
                         // SAFETY: AVX2 checked above; the range is the whole slices.
-                        let fast = unsafe { avx2::row_moments_f32_bool(xs, &m, 0..len) };
+                        let fast = unsafe { avx2::row_moments_f32(xs, &m, 0..len) };
                         let bits = |(r, ok): (Moments, bool)| (r.n, r.mean.to_bits(), r.m2.to_bits(), ok);
                         assert_eq!(bits(portable), bits(fast), "len {len} offset {offset} p {p_valid}");
                         // the write pass, against the portable loop
@@ -552,7 +609,7 @@ mod tests {
                         let (mut a, mut b) = (vec![9.0f32; len], vec![9.0f32; len]);
                         w.write_body(&xs[..], 0, &mut a);
                         // SAFETY: AVX2 checked above; all slices have length len.
-                        unsafe { avx2::write_f32_bool(xs, &m, 0.3, 1.7, -0.5, &mut b) };
+                        unsafe { avx2::write_f32(xs, &m, 0.3, 1.7, -0.5, &mut b) };
                         let bits32 = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                         assert_eq!(bits32(&a), bits32(&b));
                         // in place: the dispatched (AVX2) and the portable forms
@@ -561,6 +618,24 @@ mod tests {
                         w.write_in_place_body(0, &mut d);
                         assert_eq!(bits32(&c), bits32(&a));
                         assert_eq!(bits32(&d), bits32(&a));
+                        // a float32 mask (any nonzero, NaN included, is valid)
+                        let mf: Vec<f32> = m
+                            .iter()
+                            .enumerate()
+                            .map(|(k, &v)| if !v { 0.0 } else { [1.0, 0.5, -2.0, f32::NAN][k % 4] })
+                            .collect();
+                        let portable = row_moments_with(&xs[..], &&mf[..], 0..len, |v, ok| v * (ok as u8 as f64));
+                        // SAFETY: AVX2 checked above; the range is the whole slices.
+                        let fast = unsafe { avx2::row_moments_f32(xs, &mf, 0..len) };
+                        assert_eq!(bits(portable), bits(fast), "f32 mask: len {len} offset {offset} p {p_valid}");
+                        let mask_f = &mf[..];
+                        let wf = WhitenMap { mask: &mask_f, mean: 0.3, inv: 1.7, add: -0.5, masked_nonfinite: false };
+                        let (mut e, mut f) = (xs.clone(), vec![9.0f32; len]);
+                        wf.write_in_place(0, &mut e);
+                        // SAFETY: AVX2 checked above; all slices have length len.
+                        unsafe { avx2::write_f32(xs, &mf, 0.3, 1.7, -0.5, &mut f) };
+                        assert_eq!(bits32(&e), bits32(&a));
+                        assert_eq!(bits32(&f), bits32(&a));
                     }
                 }
             }

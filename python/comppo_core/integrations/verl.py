@@ -28,6 +28,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
+
 from .._torch import tensor_io
 from ..advantages import gae
 from ..whitening import masked_whiten
@@ -47,17 +49,22 @@ def compute_gae_advantage_return(
     """verl's ``compute_gae_advantage_return``: ``(whitened advantages, returns)``, each
     ``[B, T]`` like ``token_level_rewards`` (torch tensors in, torch tensors out, same
     device). With ``gates`` ``[B, T]`` in [0, 1] it is Comp-GAE."""
+    # verl's masks are int64 or float: one bool copy (1 byte a token) is cheaper than
+    # reading 4-8 bytes a token in each of the three passes that follow
+    mask = np.asarray(response_mask)
+    if mask.dtype != np.bool_ and mask.shape == np.shape(token_level_rewards):
+        mask = mask != 0
     adv, ret = gae(
         token_level_rewards,
         values,
-        mask=response_mask,
+        mask=mask,
         gates=gates,
         gamma=float(gamma),
         lam=float(lam),
         masked_rewards="drop",
     )
     # adv is ours (a fresh NumPy array here): whiten it in place, no third buffer
-    return masked_whiten(adv, mask=response_mask, out=adv), ret
+    return masked_whiten(adv, mask=mask, out=adv), ret
 
 
 _pending = threading.local()
