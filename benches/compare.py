@@ -59,6 +59,8 @@ except ImportError:  # pragma: no cover - the [bench] extra is missing
 
 try:
     import torch
+
+    import verl_original  # verl's published loop and masked_whiten (benches/verl_original.py)
 except ImportError:  # pragma: no cover - torch is optional
     torch = None
 
@@ -160,25 +162,6 @@ if numba is not None:
             o2[i] = v[i]
 
 
-def verl_torch_loop(token_level_rewards, values, response_mask, gamma, lam, gates=None):
-    """verl's compute_gae_advantage_return loop (multi-turn skip), with gates folded into γ."""
-    with torch.no_grad():
-        nextvalues = 0
-        lastgaelam = 0
-        advantages_reversed = []
-        gen_len = token_level_rewards.shape[-1]
-        for t in reversed(range(gen_len)):
-            g = gamma if gates is None else gamma * gates[:, t]
-            delta = token_level_rewards[:, t] + g * nextvalues - values[:, t]
-            lastgaelam_ = delta + g * lam * lastgaelam
-            nextvalues = values[:, t] * response_mask[:, t] + (1 - response_mask[:, t]) * nextvalues
-            lastgaelam = lastgaelam_ * response_mask[:, t] + (1 - response_mask[:, t]) * lastgaelam
-            advantages_reversed.append(lastgaelam)
-        advantages = torch.stack(advantages_reversed[::-1], dim=1)
-        returns = advantages + values
-    return advantages, returns
-
-
 # ---------------------------------------------------------------- timing
 def measure(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
     """Median seconds per call, running the candidates round-robin so drift hits all alike."""
@@ -236,7 +219,7 @@ def run(workloads: list[Workload], rounds: int, ref_tokens: int, with_torch: boo
         if with_torch and torch is not None and w.mask is not None:
             tr, tv, tg = (torch.from_numpy(x) for x in (w.rewards, w.values, w.gates))
             tm = torch.from_numpy(w.mask.astype(np.float32))
-            fns["torch loop"] = lambda: verl_torch_loop(tr, tv, tm, GAMMA, LAM, tg)
+            fns["torch loop"] = lambda: verl_original.gae_loop(tr, tv, tm, GAMMA, LAM, tg)
         slow = {k: fns.pop(k) for k in ["torch loop"] if k in fns}
         t = measure(fns, rounds)
         t.update(measure(slow, max(1, rounds // 10)) if slow else {})
@@ -301,14 +284,6 @@ def numpy_whiten(x: np.ndarray, m: np.ndarray, eps: float = 1e-8) -> np.ndarray:
     return (x - mean) * (1.0 / np.sqrt(var + eps)) * mf
 
 
-def torch_whiten(x, m, eps: float = 1e-8):
-    """verl's masked_whiten (verl.utils.torch_functional) in torch."""
-    n = m.sum()
-    mean = (x * m).sum() / n
-    var = (((x - mean) ** 2) * m).sum() / n * (n / (n - 1))
-    return (x - mean) * torch.rsqrt(var + eps) * m
-
-
 if numba is not None:
 
     @njit(parallel=True, cache=True)
@@ -347,7 +322,7 @@ def run_outcomes(rounds: int, with_torch: bool) -> list[dict]:
         fns["floor"] = lambda: floor_whiten(x1, m1, o)
     if with_torch and torch is not None:
         tx, tm = torch.from_numpy(x), torch.from_numpy(m.astype(np.float32))
-        fns["torch"] = lambda: torch_whiten(tx, tm)
+        fns["torch"] = lambda: verl_original.masked_whiten(tx, tm)
     assert np.allclose(cc.masked_whiten(x, mask=m), numpy_whiten(x, m), atol=1e-5)
     rows.append({"workload": "masked_whiten W1", **measure(fns, rounds)})
     return rows
@@ -368,12 +343,6 @@ def report_outcomes(rows: list[dict]) -> str:
 
 
 # ---------------------------------------------------------------- verl drop-in
-def verl_gae_and_whiten(token_level_rewards, values, response_mask, gamma, lam):
-    """verl's compute_gae_advantage_return as published: the loop, then masked_whiten."""
-    advantages, returns = verl_torch_loop(token_level_rewards, values, response_mask, gamma, lam)
-    return torch_whiten(advantages, response_mask), returns
-
-
 def run_dropins(rounds: int) -> list[dict]:
     from comppo_core.integrations import verl as verl_dropin
 
@@ -392,11 +361,11 @@ def run_dropins(rounds: int) -> list[dict]:
         "numpy path": numpy_path,
     }
     t = measure(fns, rounds)
-    t["verl loop"] = measure({"verl loop": lambda: verl_gae_and_whiten(tr, tv, tm, GAMMA, LAM)}, max(3, rounds // 4))[
+    t["verl loop"] = measure({"verl loop": lambda: verl_original.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)}, max(3, rounds // 4))[
         "verl loop"
     ]
     a, _ = verl_dropin.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)
-    b, _ = verl_gae_and_whiten(tr, tv, tm, GAMMA, LAM)
+    b, _ = verl_original.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)
     valid = tm.bool()
     assert torch.allclose(a[valid], b[valid], atol=1e-3), float((a[valid] - b[valid]).abs().max())
     return [{"workload": "verl GAE W1", **t}]

@@ -75,44 +75,6 @@ def make_inputs(b: int, t: int, seed: int) -> dict[str, np.ndarray]:
 
 
 # --------------------------------------------------------------------------- verl
-def verl_masked_mean(values: Any, mask: Any) -> Any:
-    return (values * mask).sum() / mask.sum()
-
-
-def verl_masked_whiten(values: Any, mask: Any) -> Any:
-    """verl.utils.torch_functional.masked_whiten (unbiased variance, shift_mean=True)."""
-    import torch
-
-    mean = verl_masked_mean(values, mask)
-    mask_sum = mask.sum()
-    var = verl_masked_mean((values - mean) ** 2, mask) * (mask_sum / (mask_sum - 1))
-    return (values - mean) * torch.rsqrt(var + 1e-8)
-
-
-def verl_compute_gae_advantage_return(token_level_rewards: Any, values: Any, response_mask: Any, gamma: float,
-                                      lam: float, gates: Any = None) -> tuple[Any, Any]:
-    """verl.trainer.ppo.core_algos.compute_gae_advantage_return; ``gates`` (not in verl)
-    replaces γ by γ·g_t at step t."""
-    import torch
-
-    with torch.no_grad():
-        nextvalues = 0
-        lastgaelam = 0
-        advantages_reversed = []
-        gen_len = token_level_rewards.shape[-1]
-        for t in reversed(range(gen_len)):
-            g = gamma if gates is None else gamma * gates[:, t]
-            delta = token_level_rewards[:, t] + g * nextvalues - values[:, t]
-            lastgaelam_ = delta + g * lam * lastgaelam
-            nextvalues = values[:, t] * response_mask[:, t] + (1 - response_mask[:, t]) * nextvalues
-            lastgaelam = lastgaelam_ * response_mask[:, t] + (1 - response_mask[:, t]) * lastgaelam
-            advantages_reversed.append(lastgaelam)
-        advantages = torch.stack(advantages_reversed[::-1], dim=1)
-        returns = advantages + values
-        advantages = verl_masked_whiten(advantages, response_mask)
-    return advantages, returns
-
-
 # --------------------------------------------------------------------------- path checks
 def path_checks(device: Any) -> tuple[int, list[str]]:
     """Every public function and both drop-ins on small device tensors of every dtype,
@@ -252,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_check: torch is not installed", file=sys.stderr)
         return 2
     import comppo_core
+    import verl_original  # verl's published loop and masked_whiten (benches/verl_original.py)
     from comppo_core.integrations import verl as cc_verl
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -287,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             g_host = host["gates"] if with_gates else None
 
             def run_verl() -> Any:
-                return verl_compute_gae_advantage_return(dev["rewards"], dev["values"], dev["mask"], GAMMA, LAM, g_dev)
+                return verl_original.compute_gae_advantage_return(dev["rewards"], dev["values"], dev["mask"], GAMMA, LAM, g_dev)
 
             def run_comppo() -> Any:
                 return cc_verl.compute_gae_advantage_return(dev["rewards"], dev["values"], dev["mask"], GAMMA, LAM,
