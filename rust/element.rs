@@ -53,16 +53,20 @@ impl Float for f64 {
 /// An element of a validity mask: nonzero means "valid token".
 pub trait MaskElem: Copy + Send + Sync + 'static {
     fn is_valid(self) -> bool;
-    /// The slice as `bool`s when `Self` is `bool` (one byte, 0 or 1, per position).
+    /// The slice as a [`MaskSlice`] when `Self` has a hand-vectorized path.
     #[inline(always)]
-    fn as_bools(_m: &[Self]) -> Option<&[bool]> {
+    fn slice(_m: &[Self]) -> Option<MaskSlice<'_>> {
         None
     }
-    /// The slice as `f32`s when `Self` is `f32` (nonzero = valid).
-    #[inline(always)]
-    fn as_f32_mask(_m: &[Self]) -> Option<&[f32]> {
-        None
-    }
+}
+
+/// A mask of an element type that hand-vectorized loops read directly.
+#[derive(Clone, Copy)]
+pub enum MaskSlice<'a> {
+    /// One byte, 0 or 1, per position.
+    Bool(&'a [bool]),
+    /// Nonzero (NaN included) = valid.
+    F32(&'a [f32]),
 }
 
 macro_rules! int_mask {
@@ -81,8 +85,8 @@ impl MaskElem for bool {
         self
     }
     #[inline(always)]
-    fn as_bools(m: &[Self]) -> Option<&[bool]> {
-        Some(m)
+    fn slice(m: &[Self]) -> Option<MaskSlice<'_>> {
+        Some(MaskSlice::Bool(m))
     }
 }
 
@@ -92,8 +96,8 @@ impl MaskElem for f32 {
         self != 0.0
     }
     #[inline(always)]
-    fn as_f32_mask(m: &[Self]) -> Option<&[f32]> {
-        Some(m)
+    fn slice(m: &[Self]) -> Option<MaskSlice<'_>> {
+        Some(MaskSlice::F32(m))
     }
 }
 
@@ -122,14 +126,9 @@ pub trait Mask: Sync + Send + Copy {
     fn elem_size(&self) -> usize {
         1
     }
-    /// The mask as `bool`s when it is an array of `bool` (for hand-vectorized paths).
+    /// The mask as a [`MaskSlice`] when hand-vectorized loops can read it directly.
     #[inline(always)]
-    fn as_bools(&self) -> Option<&[bool]> {
-        None
-    }
-    /// The mask as `f32`s when it is an array of `f32` (for hand-vectorized paths).
-    #[inline(always)]
-    fn as_f32_mask(&self) -> Option<&[f32]> {
+    fn slice(&self) -> Option<MaskSlice<'_>> {
         None
     }
 }
@@ -165,12 +164,8 @@ impl<M: MaskElem> Mask for &[M] {
         prefetch_before(self, i, len, bytes);
     }
     #[inline(always)]
-    fn as_bools(&self) -> Option<&[bool]> {
-        M::as_bools(self)
-    }
-    #[inline(always)]
-    fn as_f32_mask(&self) -> Option<&[f32]> {
-        M::as_f32_mask(self)
+    fn slice(&self) -> Option<MaskSlice<'_>> {
+        M::slice(self)
     }
 }
 

@@ -17,6 +17,19 @@ use crate::error::{KernelError, Result};
 use crate::layout::{split_by_tasks, task_size, Layout};
 use crate::pool;
 
+/// `Some($body)` with `$m` bound to the mask's typed slice when hand-vectorized loops
+/// can read it ([`crate::element::MaskSlice`]), `None` otherwise.
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_mask_slice {
+    ($mask:expr, |$m:ident| $body:expr) => {
+        match $mask.slice() {
+            Some(crate::element::MaskSlice::Bool($m)) => Some($body),
+            Some(crate::element::MaskSlice::F32($m)) => Some($body),
+            None => None,
+        }
+    };
+}
+
 /// Count, mean and sum of squared deviations of a set of values.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Moments {
@@ -69,13 +82,7 @@ fn row_moments_flagged<F: Float, M: Mask>(x: &[F], mask: &M, range: std::ops::Ra
             // arithmetic in the same order, written with AVX2 intrinsics (the
             // auto-vectorizer scalarizes the widening of the mask to f64 lanes).
             // SAFETY: the CPU has AVX2; the caller validated range against both slices.
-            let fast = unsafe {
-                match (mask.as_bools(), mask.as_f32_mask()) {
-                    (Some(ms), _) => Some(avx2::row_moments_f32(xs, ms, range.clone())),
-                    (None, Some(ms)) => Some(avx2::row_moments_f32(xs, ms, range.clone())),
-                    (None, None) => None,
-                }
-            };
+            let fast = unsafe { with_mask_slice!(mask, |ms| avx2::row_moments_f32(xs, ms, range.clone())) };
             match fast {
                 Some((m, true)) => return (m, false),
                 Some((_, false)) => {
@@ -476,12 +483,10 @@ impl<'a, M: Mask> WhitenMap<'a, M> {
                 if let (Some(xs), Some(o)) = (F::as_f32s(x), F::as_f32s_mut(out)) {
                     let (mean, inv, add) = (self.mean, self.inv, self.add);
                     // SAFETY: the CPU has AVX2; `base + x.len()` lies inside the mask.
-                    unsafe {
-                        match (self.mask.as_bools(), self.mask.as_f32_mask()) {
-                            (Some(m), _) => return avx2::write_f32(xs, &m[base..], mean, inv, add, o),
-                            (None, Some(m)) => return avx2::write_f32(xs, &m[base..], mean, inv, add, o),
-                            (None, None) => {}
-                        }
+                    if unsafe { with_mask_slice!(self.mask, |m| avx2::write_f32(xs, &m[base..], mean, inv, add, o)) }
+                        .is_some()
+                    {
+                        return;
                     }
                 }
             }
@@ -501,12 +506,12 @@ impl<'a, M: Mask> WhitenMap<'a, M> {
                     let (mean, inv, add) = (self.mean, self.inv, self.add);
                     // SAFETY: the CPU has AVX2; source and destination are the same
                     // `len` floats; `base + len` lies inside the mask.
-                    unsafe {
-                        match (self.mask.as_bools(), self.mask.as_f32_mask()) {
-                            (Some(m), _) => return avx2::write_f32_ptr(p, &m[base..], len, mean, inv, add, p),
-                            (None, Some(m)) => return avx2::write_f32_ptr(p, &m[base..], len, mean, inv, add, p),
-                            (None, None) => {}
-                        }
+                    if unsafe {
+                        with_mask_slice!(self.mask, |m| avx2::write_f32_ptr(p, &m[base..], len, mean, inv, add, p))
+                    }
+                    .is_some()
+                    {
+                        return;
                     }
                 }
             }
