@@ -179,6 +179,12 @@ pub trait Gates: Sync + Send + Copy {
     /// # Safety
     /// `i` must be in bounds of the arrays the layout was validated against.
     unsafe fn gate(&self, i: usize) -> f64;
+    /// The gates as `f32`s when they are an `f32` slice (lets a kernel take a
+    /// hand-vectorized path).
+    #[inline(always)]
+    fn f32s(&self) -> Option<&[f32]> {
+        None
+    }
     /// Prefetch hint for `len` positions starting `bytes` bytes before position `i`.
     #[inline(always)]
     fn prefetch_before(&self, _i: usize, _len: usize, _bytes: usize) {}
@@ -207,6 +213,10 @@ impl<F: Float> Gates for &[F] {
     unsafe fn gate(&self, i: usize) -> f64 {
         debug_assert!(Some(i) < Gates::len(self));
         self.get_unchecked(i).to_f64()
+    }
+    #[inline(always)]
+    fn f32s(&self) -> Option<&[f32]> {
+        F::as_f32s(self)
     }
     #[inline(always)]
     fn prefetch_before(&self, i: usize, len: usize, bytes: usize) {

@@ -21,14 +21,21 @@
 //! task the loop reads its span as one backward stream, keeps every value it needs in
 //! registers, and defers the input checks (gate range, masked rewards, finiteness) to
 //! one test per row; only when a row looks wrong is the batch scanned again to name
-//! the first offending position. See `benches/compare.py` for where this stands
-//! against the memory floor.
+//! the first offending position. On AVX2 machines, `f32` batches with a bool mask (or
+//! none) take the [`blocks`] loop, which does everything but the recursion four
+//! positions at a time, bit-identical to the scalar step. See `benches/compare.py` for
+//! where this stands against the memory floor.
 
 use crate::checks::{check_len, check_row_values, first_bad_token};
+#[cfg(target_arch = "x86_64")]
+use crate::element::MaskSlice;
 use crate::element::{Float, Gates, Mask};
 use crate::error::{check_unit_interval, Result};
 use crate::layout::{split_by_tasks, task_size, Layout, Task};
 use crate::pool;
+
+#[cfg(target_arch = "x86_64")]
+mod blocks;
 
 /// Scalar parameters of [`gae`].
 #[derive(Debug, Clone, Copy)]
@@ -116,6 +123,18 @@ struct Trace {
 }
 
 impl Trace {
+    /// A trace with no row; finishing it is harmless (finite, gate range [0, 1], no
+    /// masked reward).
+    #[cfg(target_arch = "x86_64")]
+    const EMPTY: Trace = Trace::new(0..0, 0.0);
+
+    /// Positions of the row still to visit.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn left(&self) -> usize {
+        self.next - self.start
+    }
+
     const fn new(row: std::ops::Range<usize>, v_next: f64) -> Trace {
         Trace { next: row.end, start: row.start, v_next, a: 0.0, ac: 0.0, g_min: 0.0, g_max: 1.0, masked_reward: false }
     }
@@ -159,10 +178,49 @@ impl<F: Float, M: Mask, G: Gates> Kernel<'_, F, M, G> {
     fn task<const DUAL: bool>(&self, task: &Task, adv: &mut [F], ret: &mut [F]) -> bool {
         #[cfg(target_arch = "x86_64")]
         if crate::cpu::avx2() {
+            if let Some(bad) = self.task_blocks::<DUAL>(task, adv, ret) {
+                return bad;
+            }
             // SAFETY: cpu::avx2() checked that the CPU has AVX2.
             return unsafe { self.task_avx2::<DUAL>(task, adv, ret) };
         }
         self.task_body::<DUAL>(task, adv, ret)
+    }
+
+    /// [`Self::task`] by the [`blocks`] loop when the arrays are `f32`, the mask is bool
+    /// or absent and the gates are `f32` or absent (returns `None` otherwise). Only
+    /// called once the CPU is known to have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    fn task_blocks<const DUAL: bool>(&self, task: &Task, adv: &mut [F], ret: &mut [F]) -> Option<bool> {
+        let rewards = F::as_f32s(self.rewards)?;
+        let values = F::as_f32s(self.values)?;
+        let mask = match (self.mask.len(), self.mask.slice()) {
+            (None, _) => std::ptr::null(),
+            (Some(_), Some(MaskSlice::Bool(m))) => m.as_ptr() as *const u8,
+            _ => return None,
+        };
+        let gates = if G::GIVEN { self.gates.f32s()?.as_ptr() } else { std::ptr::null() };
+        let (adv, ret) = (F::as_f32s_mut(adv)?, F::as_f32s_mut(ret)?);
+        let s = self.streams();
+        let b = blocks::Blocks {
+            layout: self.layout,
+            last_values: self.last_values,
+            scalar: Streams {
+                rewards: rewards.as_ptr(),
+                values: values.as_ptr(),
+                mask: s.mask,
+                gates: s.gates,
+                gamma: s.gamma,
+                lam: s.lam,
+                lam_critic: s.lam_critic,
+                strict: s.strict,
+            },
+            mask,
+            gates,
+        };
+        // SAFETY: the caller checked AVX2; `gae` validated the layout against every
+        // array, and the pointers above come from those arrays.
+        Some(unsafe { b.task::<DUAL>(task, adv, ret) })
     }
 
     /// [`Self::task`] compiled for AVX2 (same arithmetic, no FMA contraction: the
@@ -188,18 +246,18 @@ impl<F: Float, M: Mask, G: Gates> Kernel<'_, F, M, G> {
                 // task span that `out` covers.
                 unsafe { s.step::<DUAL>(&mut t, &out) };
             }
-            bad |= Self::finish(&t);
+            bad |= finish(&t);
         }
         bad
     }
+}
 
-    /// A finished row is suspicious when its trace is not finite (a NaN/±inf at any
-    /// valid position reaches `A_0` through the recursion, `0·inf` being NaN too), when
-    /// a valid gate left [0, 1], or when a masked position had a reward.
-    #[inline(always)]
-    fn finish(t: &Trace) -> bool {
-        !(t.a.is_finite() & t.ac.is_finite()) | (t.g_min < 0.0) | (t.g_max > 1.0) | t.masked_reward
-    }
+/// A finished row is suspicious when its trace is not finite (a NaN/±inf at any valid
+/// position reaches `A_0` through the recursion, `0·inf` being NaN too), when a valid
+/// gate left [0, 1], or when a masked position had a reward.
+#[inline(always)]
+fn finish(t: &Trace) -> bool {
+    !(t.a.is_finite() & t.ac.is_finite()) | (t.g_min < 0.0) | (t.g_max > 1.0) | t.masked_reward
 }
 
 /// What the hot loop reads, copied out of the kernel into locals: the compiler must
@@ -336,6 +394,113 @@ mod tests {
                     assert_eq!(ret[i], want_ret);
                 }
             }
+        }
+    }
+
+    /// The AVX2 block loop against the scalar task loop, bit for bit, flag for flag:
+    /// rows of every length modulo 4, masks in runs (all-valid, all-masked and mixed
+    /// blocks), gates given or not, one or two λ, padded and packed, and inputs with a
+    /// NaN, an out-of-range gate or a masked reward planted.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn blocks_match_scalar_loop() {
+        if !crate::cpu::avx2() {
+            return;
+        }
+        let mut s = 11u64;
+        let lens: Vec<usize> = (0..40).map(|k| (k * 7) % 23 + if k % 5 == 0 { 70 } else { 0 }).collect();
+        let mut cu = vec![0i64];
+        for &l in &lens {
+            cu.push(cu.last().unwrap() + l as i64);
+        }
+        let n = *cu.last().unwrap() as usize;
+        // Runs of valid and masked positions of random lengths 1..12.
+        let mut m = Vec::with_capacity(n);
+        while m.len() < n {
+            let (valid, run) = (lcg(&mut s) < 0.7, 1 + (lcg(&mut s) * 12.0) as usize);
+            m.extend(std::iter::repeat_n(valid, run.min(n - m.len())));
+        }
+        let r: Vec<f32> = (0..n).map(|i| if m[i] { lcg(&mut s) as f32 - 0.5 } else { 0.0 }).collect();
+        let v: Vec<f32> = (0..n).map(|_| lcg(&mut s) as f32).collect();
+        let g: Vec<f32> = (0..n).map(|_| 0.5 + 0.5 * lcg(&mut s) as f32).collect();
+        let lv: Vec<f64> = (0..lens.len()).map(|_| lcg(&mut s)).collect();
+        let packed = Layout::packed(&cu, n).unwrap();
+        let padded = Layout::padded(n / 8, 8, n - n % 8).unwrap();
+
+        let run = |layout: &Layout, r: &[f32], g: &[f32], p: GaeParams, gated: bool, masked: bool| {
+            let lv = match layout {
+                Layout::Packed { .. } => Some(&lv[..]),
+                Layout::Padded { .. } => None,
+            };
+            let mut results = vec![];
+            for blocks in [false, true] {
+                let (mut a, mut ret) = (vec![7.0f32; r.len()], vec![7.0f32; r.len()]);
+                let mut bad = false;
+                let tasks = layout.tasks(50);
+                let adv = split_by_tasks(&mut a, &tasks);
+                let rets = split_by_tasks(&mut ret, &tasks);
+                for ((task, adv), ret) in tasks.iter().zip(adv).zip(rets) {
+                    macro_rules! go {
+                        ($mask:expr, $gates:expr) => {{
+                            let kern = Kernel {
+                                layout,
+                                rewards: r,
+                                values: &v[..r.len()],
+                                mask: $mask,
+                                gates: $gates,
+                                last_values: lv,
+                                p,
+                            };
+                            bad |= match (blocks, p.lam == p.lam_critic) {
+                                (false, true) => kern.task_body::<false>(task, adv, ret),
+                                (false, false) => kern.task_body::<true>(task, adv, ret),
+                                (true, true) => kern.task_blocks::<false>(task, adv, ret).unwrap(),
+                                (true, false) => kern.task_blocks::<true>(task, adv, ret).unwrap(),
+                            }
+                        }};
+                    }
+                    match (masked, gated) {
+                        (true, true) => go!(&m[..r.len()], &g[..r.len()]),
+                        (true, false) => go!(&m[..r.len()], UnitGates),
+                        (false, true) => go!(AllValid, &g[..r.len()]),
+                        (false, false) => go!(AllValid, UnitGates),
+                    }
+                }
+                results.push((
+                    a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    ret.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    bad,
+                ));
+            }
+            assert!(results[0] == results[1], "blocks differ: gated={gated} masked={masked} {p:?}");
+            results[0].2
+        };
+        let one = GaeParams { gamma: 0.99, lam: 0.95, lam_critic: 0.95, drop_masked_rewards: false };
+        let two = GaeParams { lam_critic: 1.0, ..one };
+        for layout in [&packed, &padded] {
+            let len = layout.len();
+            for p in [one, two] {
+                for (gated, masked) in [(true, true), (true, false), (false, true), (false, false)] {
+                    assert!(!run(layout, &r[..len], &g[..len], p, gated, masked));
+                }
+            }
+            // Planted problems: each must be flagged the same way by both loops.
+            let at = len / 2 + 1;
+            let mut bad_r = r[..len].to_vec();
+            bad_r[at] = f32::NAN;
+            assert!(run(layout, &bad_r, &g[..len], one, true, true));
+            let mut bad_g = g[..len].to_vec();
+            let valid = (at..len).find(|&i| m[i]).unwrap();
+            bad_g[valid] = 1.5;
+            assert!(run(layout, &r[..len], &bad_g, one, true, true));
+            bad_g[valid] = -0.25;
+            assert!(run(layout, &r[..len], &bad_g, two, true, false));
+            let masked_at = (at..len).find(|&i| !m[i]).unwrap();
+            let mut masked_r = r[..len].to_vec();
+            masked_r[masked_at] = 0.5;
+            assert!(run(layout, &masked_r, &g[..len], one, false, true));
+            let drop = GaeParams { drop_masked_rewards: true, ..one };
+            assert!(!run(layout, &masked_r, &g[..len], drop, false, true));
         }
     }
 
