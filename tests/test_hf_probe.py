@@ -232,6 +232,34 @@ def test_head_mean_concentration_direct() -> None:
                 assert torch.all(got[~valid] == 0)
 
 
+@pytest.mark.parametrize("statistic", ["entropy", "l2"])
+def test_fused_batch_slicing_changes_nothing(statistic: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused pass works on a slice of batch rows at a time (to bound its float32
+    copies). Without a mask each row's value is the same bit for bit for any slicing.
+    With a per-row or shared mask it agrees to float32 rounding: the key range a query
+    chunk visits is the one visible from the rows of its slice, so the kernel sums over
+    a different (fully masked) stretch of keys."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(5, 4, 33, 8, generator=g) * 2
+    k = torch.randn(5, 2, 33, 8, generator=g) * 2
+    causal = torch.ones(33, 33, dtype=torch.bool).tril()
+    per_row = causal[None, None].repeat(5, 1, 1, 1)
+    per_row[2, :, :, :7] = False  # row 2: left padding
+    for m in (None, per_row, causal[None, None]):
+        results = []
+        for slices, copy_bytes in ((1, 1 << 40), (8, 1 << 40), (2, 1 << 40), (1, 1)):
+            monkeypatch.setattr(hf_statistics, "FUSED_BATCH_SLICES", slices)
+            monkeypatch.setattr(hf_statistics, "FUSED_COPY_BYTES", copy_bytes)
+            results.append(head_mean_concentration(q, k, m, statistic=statistic, method="fused", query_chunk=8))
+        whole = results[0]
+        assert whole.shape == (5, 33)
+        for got in results[1:]:
+            if m is None:
+                assert torch.equal(got, whole)
+            else:
+                assert (got - whole).abs().max() <= 1e-6
+
+
 # --------------------------------------------------------------------------- #
 # Log-probs and concentration: alignment
 # --------------------------------------------------------------------------- #
