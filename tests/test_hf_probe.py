@@ -260,6 +260,24 @@ def test_fused_batch_slicing_changes_nothing(statistic: str, monkeypatch: pytest
                 assert (got - whole).abs().max() <= 1e-6
 
 
+@pytest.mark.parametrize("method", ["fused", "chunked"])
+def test_empty_queries_or_keys(method: str) -> None:
+    """No query (T = 0) gives an empty [B, 0]; no key gives 0 for every query; no
+    attention kernel is called on empty inputs (torch's CPU kernel faults there)."""
+    q0, k0 = torch.zeros(3, 4, 0, 8), torch.zeros(3, 2, 0, 8)
+    q5, k5 = torch.randn(3, 4, 5, 8), torch.randn(3, 2, 5, 8)
+    for statistic in ("entropy", "l2"):
+        for q, k, m, causal in (
+            (q0, k0, None, True),
+            (q0, k0, torch.ones(3, 4, 0, 0, dtype=torch.bool), False),
+            (q0, k5, None, False),
+            (q5, k0, None, False),
+            (q5, k0, torch.ones(3, 1, 5, 0, dtype=torch.bool), False),
+        ):
+            got = head_mean_concentration(q, k, m, statistic=statistic, method=method, is_causal=causal)
+            assert got.shape == (3, q.shape[2]) and torch.all(got == 0)
+
+
 # --------------------------------------------------------------------------- #
 # Log-probs and concentration: alignment
 # --------------------------------------------------------------------------- #

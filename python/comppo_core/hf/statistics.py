@@ -385,6 +385,10 @@ def _fused(
     """The fused statistic, ``[B, Tq]``, computed a slice of batch rows at a time (see
     :data:`FUSED_BATCH_SLICES`); each row's value does not depend on the slicing."""
     b, h, tq, d = q.shape
+    if tq == 0 or k.shape[2] == 0:
+        # nothing to attend (or no query): the chunked loop returns the zeros without
+        # calling an attention kernel (torch's CPU kernel faults on an empty query)
+        return _chunked(q, k, mask, scale, causal, statistic, query_chunk)
     per_row = 3 * h * max(tq, k.shape[2]) * d * 4
     rows = max(1, min(-(-b // FUSED_BATCH_SLICES), FUSED_COPY_BYTES // per_row))
     if rows >= b:
