@@ -113,13 +113,17 @@ fn optional<'a, T: Element>(
     a.as_ref().map(|a| contiguous(py, arg, a)).transpose()
 }
 
-/// Calls the generic `$f::<F>(args)` with `F` the float type of the array `$on`.
+/// Calls the generic `$f::<F>(args)` with `F` the float type of the array `$on`, a
+/// `Floats` or, named first, another enum of the two dtypes (`by_dtype!(FloatsMut: x, ...)`).
 macro_rules! by_dtype {
-    ($on:expr, $f:ident($($arg:expr),*)) => {
+    ($enum:ident : $on:expr, $f:ident($($arg:expr),*)) => {
         match $on {
-            Floats::F32(_) => $f::<f32>($($arg),*),
-            Floats::F64(_) => $f::<f64>($($arg),*),
+            $enum::F32(_) => $f::<f32>($($arg),*),
+            $enum::F64(_) => $f::<f64>($($arg),*),
         }
+    };
+    ($on:expr, $f:ident($($arg:expr),*)) => {
+        by_dtype!(Floats: $on, $f($($arg),*))
     };
 }
 
@@ -502,10 +506,7 @@ fn masked_whiten_in_place<'py>(
     eps: f64,
 ) -> PyResult<()> {
     let cu = optional(py, "cu_seqlens", &cu_seqlens)?;
-    match x {
-        FloatsMut::F32(_) => whiten_in_place_typed::<f32>(py, &mut x, &mask, cu, shape, shift_mean, eps),
-        FloatsMut::F64(_) => whiten_in_place_typed::<f64>(py, &mut x, &mask, cu, shape, shift_mean, eps),
-    }
+    by_dtype!(FloatsMut: x, whiten_in_place_typed(py, &mut x, &mask, cu, shape, shift_mean, eps))
 }
 
 fn stats_typed<'py, F: FloatDtype>(

@@ -135,6 +135,13 @@ impl Trace {
         self.next - self.start
     }
 
+    /// The trace of row `b`, before its last position: `V_n = last_values[b]` (0 when
+    /// there are none).
+    #[inline(always)]
+    fn start(layout: &Layout, last_values: Option<&[f64]>, b: usize) -> Trace {
+        Trace::new(layout.row(b), last_values.map_or(0.0, |lv| lv[b]))
+    }
+
     const fn new(row: std::ops::Range<usize>, v_next: f64) -> Trace {
         Trace { next: row.end, start: row.start, v_next, a: 0.0, ac: 0.0, g_min: 0.0, g_max: 1.0, masked_reward: false }
     }
@@ -165,9 +172,7 @@ impl<F: Float, M: Mask, G: Gates> Kernel<'_, F, M, G> {
     }
 
     fn start_row(&self, b: usize) -> Trace {
-        let r = self.layout.row(b);
-        let v_next = self.last_values.map_or(0.0, |lv| lv[b]);
-        Trace::new(r, v_next)
+        Trace::start(self.layout, self.last_values, b)
     }
 
     /// Computes the rows of `task`; `adv` and `ret` cover exactly `task.span`.

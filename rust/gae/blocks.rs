@@ -86,7 +86,7 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
         while t.left() == 0 {
             *bad |= super::finish(t);
             match pending.next_back() {
-                Some(b) => *t = Trace::new(self.layout.row(b), self.last_values.map_or(0.0, |lv| lv[b])),
+                Some(b) => *t = Trace::start(self.layout, self.last_values, b),
                 None => {
                     *t = Trace::EMPTY;
                     return false;

@@ -191,6 +191,15 @@ class _Progress:
 # --------------------------------------------------------------------------- #
 
 
+def _fail(progress: "_Progress | None", message: str) -> int:
+    """Ends the progress line (if any), prints ``comppo-core: error: message`` to stderr
+    and returns the exit status 1."""
+    if progress is not None:
+        progress.close()
+    print(f"comppo-core: error: {message}", file=sys.stderr)
+    return 1
+
+
 class _Failure(Exception):
     """A user-facing failure that is not a ComppoError (unreadable file, ...)."""
 
@@ -232,16 +241,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        print("comppo-core: error: the advantages command needs pyarrow: pip install 'comppo-core[arrow]'", file=sys.stderr)
-        return 1
+        return _fail(None, "the advantages command needs pyarrow: pip install 'comppo-core[arrow]'")
     from .. import arrow
 
     src, dst = args.input, args.output
     try:
         pf = pq.ParquetFile(src)
     except (OSError, pa.ArrowException) as e:
-        print(f"comppo-core: error: cannot read {src} as Parquet: {e}", file=sys.stderr)
-        return 1
+        return _fail(None, f"cannot read {src} as Parquet: {e}")
     if os.path.exists(dst) and os.path.samefile(src, dst):
         parser.error(f"-o {dst} is the input file; write to another path")
 
@@ -319,13 +326,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 tokens += sum(_tokens_of(c) for c in part.column(cols.concentration).chunks)
                 progress.update(i + 1, row_starts[i + 1], tokens)
         except errors.ComppoError as e:
-            progress.close()
-            print(f"comppo-core: error: {src}: {e}", file=sys.stderr)
-            return 1
+            return _fail(progress, f"{src}: {e}")
         except _Failure as e:
-            progress.close()
-            print(f"comppo-core: error: {e}", file=sys.stderr)
-            return 1
+            return _fail(progress, str(e))
         progress.close()
         kwargs["batch_moments"] = moments
 
@@ -334,8 +337,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(dst) + ".", suffix=".partial", dir=out_dir)
     except OSError as e:
-        print(f"comppo-core: error: cannot write {dst}: {e}", file=sys.stderr)
-        return 1
+        return _fail(None, f"cannot write {dst}: {e}")
     os.close(fd)
     writer = None
     label = "pass 2/2" if "batch_moments" in kwargs else "advantages"
@@ -363,17 +365,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         os.replace(tmp, dst)
         ok = True
     except errors.ComppoError as e:
-        progress.close()
-        print(f"comppo-core: error: {src}: {e}", file=sys.stderr)
-        return 1
+        return _fail(progress, f"{src}: {e}")
     except _Failure as e:
-        progress.close()
-        print(f"comppo-core: error: {e}", file=sys.stderr)
-        return 1
+        return _fail(progress, str(e))
     except (OSError, pa.ArrowException) as e:  # opening or closing the writer, or unexpected data
-        progress.close()
-        print(f"comppo-core: error: {src} -> {dst}: {e}", file=sys.stderr)
-        return 1
+        return _fail(progress, f"{src} -> {dst}: {e}")
     finally:
         if writer is not None:
             try:
