@@ -10,9 +10,21 @@
 //! R_i = A^c_i + V_i                                   (returns; A^c uses λ_critic)
 //! ```
 //!
-//! Operation order (matched by `comppo_core.reference.gae` bit for bit):
-//! `gg = γ·g; δ = r + gg·V_next − V; A = δ + (gg·λ)·A_next; A^c = δ + (gg·λ_c)·A^c_next;
-//! R = A^c + V`, all in `f64`. Masked positions get `A = R = 0`.
+//! Operation order, all in `f64`: `gg = γ·g; δ = r + gg·V_next − V; c = gg·λ;
+//! c^c = gg·λ_c; R = A^c + V`. Masked positions get `A = R = 0`.
+//!
+//! The recursion is evaluated in blocks. A row is cut into blocks of four positions
+//! counted from its first position; a block of four valid positions is unrolled by
+//! [`unroll`] into `A_k = S_k + P_k·A_4` with `(S, P)` from a two-step suffix scan of
+//! `(δ, c)` inside the block, so that from one block to the next the dependency chain is
+//! one multiply and one add instead of four of each. Every other position (a block with
+//! a masked position, the row's last `len % 4` positions) takes the plain step
+//! `A = δ + c·A_next`. Because the cut is counted from the row's start, a row is cut the
+//! same way in both layouts and whatever the thread count, the mask's dtype or the code
+//! path, so all of these give bit-identical results. Against the sequential recursion
+//! of `comppo_core.reference.gae` the results differ by float64 rounding only (a few
+//! float64 ulps; float32 outputs, rounded once from float64, nearly always agree bit for
+//! bit).
 //!
 //! Shapes: `rewards`, `values`, `gates`, `mask`, `advantages`, `returns` are flat `[N]`
 //! arrays laid out by a [`Layout`]; `last_values` is `[B]`.
@@ -22,9 +34,9 @@
 //! registers, and defers the input checks (gate range, masked rewards, finiteness) to
 //! one test per row; only when a row looks wrong is the batch scanned again to name
 //! the first offending position. On AVX2 machines, `f32` batches with a bool mask (or
-//! none) take the [`blocks`] loop, which does everything but the recursion four
-//! positions at a time, bit-identical to the scalar step. See `benches/compare.py` for
-//! where this stands against the memory floor.
+//! none) take the [`blocks`] loop, which computes a block in vector registers with the
+//! same operations as [`Streams::block`]. See `benches/compare.py` for where this stands
+//! against the memory floor.
 
 use crate::checks::{check_len, check_row_values, first_bad_token};
 #[cfg(target_arch = "x86_64")]
@@ -129,7 +141,6 @@ impl Trace {
     const EMPTY: Trace = Trace::new(0..0, 0.0);
 
     /// Positions of the row still to visit.
-    #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn left(&self) -> usize {
         self.next - self.start
@@ -246,10 +257,25 @@ impl<F: Float, M: Mask, G: Gates> Kernel<'_, F, M, G> {
         let mut bad = false;
         for b in task.rows.clone().rev() {
             let mut t = self.start_row(b);
-            while t.next > t.start {
-                // SAFETY: t.next - 1 lies in row b, inside the validated layout and the
-                // task span that `out` covers.
-                unsafe { s.step::<DUAL>(&mut t, &out) };
+            // SAFETY (steps and blocks): they visit positions t.next - 4 .. t.next of
+            // row b only while they lie in it, inside the validated layout and the task
+            // span that `out` covers.
+            unsafe {
+                // The row's last `len % 4` positions: blocks start at multiples of four
+                // from the row's first position.
+                while t.left() % 4 != 0 {
+                    s.step::<DUAL>(&mut t, &out);
+                }
+                while t.left() > 0 {
+                    let i = t.next - 4;
+                    if s.mask.valid(i) & s.mask.valid(i + 1) & s.mask.valid(i + 2) & s.mask.valid(i + 3) {
+                        s.block::<DUAL>(&mut t, &out);
+                    } else {
+                        for _ in 0..4 {
+                            s.step::<DUAL>(&mut t, &out);
+                        }
+                    }
+                }
             }
             bad |= finish(&t);
         }
@@ -318,6 +344,70 @@ impl<F: Float, M: Mask, G: Gates> Streams<F, M, G> {
     }
 }
 
+impl<F: Float, M: Mask, G: Gates> Streams<F, M, G> {
+    /// Four backward steps over positions `t.next − 4 .. t.next`, all of them valid,
+    /// with the recursion [`unroll`]ed.
+    ///
+    /// # Safety
+    /// As for [`Self::step`], for all four positions.
+    #[inline(always)]
+    unsafe fn block<const DUAL: bool>(&self, t: &mut Trace, out: &Out<F>) {
+        let i = t.next - 4;
+        let (mut delta, mut c, mut c_critic, mut v) = ([0.0; 4], [0.0; 4], [0.0; 4], [0.0; 4]);
+        let mut v_next = t.v_next;
+        for k in (0..4).rev() {
+            let r = (*self.rewards.add(i + k)).to_f64();
+            v[k] = (*self.values.add(i + k)).to_f64();
+            let g = self.gates.gate(i + k);
+            let gg = self.gamma * g;
+            delta[k] = r + gg * v_next - v[k];
+            c[k] = gg * self.lam;
+            c_critic[k] = gg * self.lam_critic;
+            v_next = v[k];
+            if G::GIVEN {
+                t.g_min = if g < t.g_min { g } else { t.g_min };
+                t.g_max = if g > t.g_max { g } else { t.g_max };
+            }
+        }
+        let a = unroll(delta, c, t.a);
+        let ac = if DUAL { unroll(delta, c_critic, t.ac) } else { a };
+        for k in 0..4 {
+            *out.adv.wrapping_add(i + k) = F::from_f64(a[k]);
+            *out.ret.wrapping_add(i + k) = F::from_f64(ac[k] + v[k]);
+        }
+        t.a = a[0];
+        t.ac = ac[0];
+        t.v_next = v[0];
+        t.next = i;
+    }
+}
+
+/// The recursion `A_k = δ_k + c_k·A_{k+1}` over one block, `k = 3, 2, 1, 0`, given
+/// `A_4 = next`, evaluated as `A_k = S_k + P_k·next`:
+///
+/// ```text
+/// s_k = δ_k + c_k·δ_{k+1}      p_k = c_k·c_{k+1}      (δ_4 = 0, c_4 = 1)
+/// S_k = s_k + p_k·s_{k+2}      P_k = p_k·p_{k+2}      (s_4 = s_5 = 0, p_4 = p_5 = 1)
+/// ```
+///
+/// `S` and `P` do not depend on `next`, so they are computed while the previous block's
+/// chain is still in flight. This is the definition of the kernel's arithmetic:
+/// [`blocks`] performs exactly these operations (the padding terms `·0`, `·1` included)
+/// in vector lanes.
+#[inline(always)]
+fn unroll(d: [f64; 4], c: [f64; 4], next: f64) -> [f64; 4] {
+    let s = [d[0] + c[0] * d[1], d[1] + c[1] * d[2], d[2] + c[2] * d[3], d[3] + c[3] * 0.0];
+    let p = [c[0] * c[1], c[1] * c[2], c[2] * c[3], c[3] * 1.0];
+    let big_s = [s[0] + p[0] * s[2], s[1] + p[1] * s[3], s[2] + p[2] * 0.0, s[3] + p[3] * 0.0];
+    let big_p = [p[0] * p[2], p[1] * p[3], p[2] * 1.0, p[3] * 1.0];
+    [
+        big_s[0] + big_p[0] * next,
+        big_s[1] + big_p[1] * next,
+        big_s[2] + big_p[2] * next,
+        big_s[3] + big_p[3] * next,
+    ]
+}
+
 /// Output pointers of one task, shifted so that flat index `i` of the batch (inside
 /// the task's span) is `adv.wrapping_add(i)`.
 #[derive(Clone, Copy)]
@@ -352,6 +442,35 @@ mod tests {
     fn lcg(seed: &mut u64) -> f64 {
         *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (*seed >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn close(x: f64, y: f64) -> bool {
+        (x - y).abs() <= 1e-14 * (1.0 + y.abs())
+    }
+
+    #[test]
+    fn unroll_is_the_recursion() {
+        // Dyadic inputs: every operation is exact, so both orders give the same numbers.
+        // A3 = 4 + 0.5·8 = 8, A2 = 3 + 0.5·8 = 7, A1 = 2 + 0.5·7 = 5.5, A0 = 1 + 0.5·5.5 = 3.75
+        assert_eq!(unroll([1.0, 2.0, 3.0, 4.0], [0.5; 4], 8.0), [3.75, 5.5, 7.0, 8.0]);
+        // Random inputs: equal up to float64 rounding.
+        let mut s = 5u64;
+        for _ in 0..1000 {
+            let d: [f64; 4] = std::array::from_fn(|_| lcg(&mut s) * 20.0 - 10.0);
+            let c: [f64; 4] = std::array::from_fn(|_| lcg(&mut s));
+            let next = lcg(&mut s) * 20.0 - 10.0;
+            let mut want = [0.0; 4];
+            let mut a = next;
+            for k in (0..4).rev() {
+                a = d[k] + c[k] * a;
+                want[k] = a;
+            }
+            let got = unroll(d, c, next);
+            let scale = d.iter().chain([&next]).map(|x| x.abs()).sum::<f64>();
+            for k in 0..4 {
+                assert!((got[k] - want[k]).abs() <= 8.0 * f64::EPSILON * scale, "{d:?} {c:?} {next}");
+            }
+        }
     }
 
     #[test]
@@ -393,10 +512,13 @@ mod tests {
             for (b, &last) in lv.iter().enumerate() {
                 let rg = layout.row(b);
                 let want = naive(&r[rg.clone()], &v[rg.clone()], &m[rg.clone()], &g[rg.clone()], 0.9, 0.8, last);
-                assert_eq!(&a[rg.clone()], &want[..], "row {b}");
+                // The blocks reassociate the recursion: float64 rounding apart, equal.
                 for (k, i) in rg.enumerate() {
                     let want_ret = if m[i] { want[k] + v[i] } else { 0.0 };
-                    assert_eq!(ret[i], want_ret);
+                    assert!(close(a[i], want[k]) && close(ret[i], want_ret), "row {b} position {k}");
+                    if !m[i] {
+                        assert_eq!((a[i], ret[i]), (0.0, 0.0));
+                    }
                 }
             }
         }
@@ -488,6 +610,17 @@ mod tests {
                 for (gated, masked) in [(true, true), (true, false), (false, true), (false, false)] {
                     assert!(!run(layout, &r[..len], &g[..len], p, gated, masked));
                 }
+            }
+            // γ = λ = g = 1 and rewards of ±2^33 in turn: the partial sums swing between
+            // 2^33 and order 1, so float32 outputs show float64 rounding and any
+            // difference in how the two loops cut a row into blocks.
+            let swing: Vec<f32> =
+                (0..len).map(|i| if m[i] { r[i] + if i % 2 == 0 { 8.589_935e9 } else { -8.589_935e9 } } else { 0.0 }).collect();
+            let unit = GaeParams { gamma: 1.0, lam: 1.0, lam_critic: 1.0, drop_masked_rewards: false };
+            let ones = vec![1.0f32; len];
+            for masked in [true, false] {
+                assert!(!run(layout, &swing, &ones, unit, true, masked));
+                assert!(!run(layout, &swing, &ones, unit, false, masked));
             }
             // Planted problems: each must be flagged the same way by both loops.
             let at = len / 2 + 1;

@@ -129,6 +129,52 @@ def test_decoupled_lam_critic(batch: Batch, gamma: float, lam: float) -> None:
     np.testing.assert_array_equal(same.returns, default.returns)
 
 
+@given(
+    lengths=st.lists(st.integers(0, 70), min_size=1, max_size=5),
+    runs=st.lists(st.tuples(st.booleans(), st.integers(1, 9)), min_size=1, max_size=30),
+    gated=st.booleans(),
+    lam_critic=st.sampled_from([None, 0.5]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_every_code_path_cuts_rows_the_same_way(
+    lengths: list[int], runs: list[tuple[bool, int]], gated: bool, lam_critic: float | None, seed: int
+) -> None:
+    """The recursion is evaluated over blocks of four positions counted from each row's
+    start (rust/gae.rs), so rows long enough to hold blocks give the same bits in every
+    layout, for every mask dtype (bool takes the AVX2 block loop, the others the scalar
+    loop) and for float64 inputs (whose float64 results, rounded once, are the float32
+    results)."""
+    B, T = len(lengths), max(lengths) + 3
+    rng = np.random.default_rng(seed)
+    pattern = np.concatenate([np.full(n, ok) for ok, n in runs])
+    valid = np.zeros((B, T), bool)
+    for b, n in enumerate(lengths):
+        valid[b, :n] = np.resize(pattern, n) if n else []
+    # With γ = λ = g = 1 and rewards of ±2^33 in turn (in some rows), the partial sums
+    # of the recursion swing between 2^33 and order 1 and round in float64 at a scale
+    # that float32 outputs of order 1 show: a path that cut a row differently would
+    # give different float32 bits.
+    sign = np.where(np.arange(T) % 2 == 0, 1.0, -1.0)[None, :]
+    big = 2.0**33 * sign * rng.integers(0, 2, size=(B, 1))
+    r = np.where(valid, big + rng.normal(size=(B, T)), 0).astype(np.float32)
+    v = rng.uniform(0, 1, size=(B, T)).astype(np.float32)
+    g = np.ones((B, T), np.float32) if gated else None
+    params = {"gamma": 1.0, "lam": 1.0, "lam_critic": lam_critic}
+    base = cc.gae(r, v, mask=valid, gates=g, **params)  # type: ignore[arg-type]
+    for dtype in (np.uint8, np.int32, np.float32):
+        other = cc.gae(r, v, mask=valid.astype(dtype), gates=g, **params)  # type: ignore[arg-type]
+        np.testing.assert_array_equal(other.advantages, base.advantages)
+        np.testing.assert_array_equal(other.returns, base.returns)
+    wide = cc.gae(r.astype(np.float64), v.astype(np.float64), mask=valid, gates=None if g is None else g.astype(np.float64), **params)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(wide.advantages.astype(np.float32), base.advantages)
+    np.testing.assert_array_equal(wide.returns.astype(np.float32), base.returns)
+    inside = np.arange(T)[None, :] < np.asarray(lengths)[:, None]
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    packed = cc.gae(r[inside], v[inside], mask=valid[inside], cu_seqlens=cu, gates=None if g is None else g[inside], **params)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(packed.advantages, base.advantages[inside])
+    np.testing.assert_array_equal(packed.returns, base.returns[inside])
+
+
 def test_empty_shapes() -> None:
     for shape in [(0, 5), (3, 0), (0, 0)]:
         z = np.zeros(shape)

@@ -1,23 +1,23 @@
 //! The AVX2 task loop for `f32` arrays with a bool mask (or none) and `f32` gates (or
 //! none), the layout of nearly every real call.
 //!
-//! Everything but the recursion, i.e. loading and widening the inputs, `gg = γ·g`,
-//! `δ = r + gg·V_next − V`, `gg·λ`, `R = A^c + V`, narrowing and storing, and the input
-//! checks, is done four positions at a time in AVX registers; only
-//! `A = δ + (gg·λ)·A_next` stays scalar. With a quarter of the instructions around
-//! the recursion, the core keeps far more of the backward stream in flight than the
-//! scalar step does, so loads and the recursion overlap instead of taking turns.
+//! A block of four valid positions is computed in AVX registers, lane k holding
+//! position `i + k`: loading and widening the inputs, `gg = γ·g`, `δ = r + gg·V_next −
+//! V`, `c = gg·λ`, the scan of [`super::unroll`] (two shuffle-multiply-add steps), `A =
+//! S + P·A_next`, `R = A^c + V`, narrowing and storing, and the input checks. From
+//! block to block the only dependency is one multiply and one add, so the core keeps
+//! many blocks in flight and the loads overlap the arithmetic.
 //!
 //! Like [`super::Kernel::task_body`], a task is one continuous backward stream: its rows
-//! from last to first, each backwards. (Tracing two rows at once so that their
-//! recursions overlap was tried and measured slower out of cache: two streams per
-//! array defeat the prefetchers, most of all on short rows.)
+//! from last to first, each backwards. (Tracing two rows at once was tried and measured
+//! slower out of cache: two streams per array defeat the prefetchers, most of all on
+//! short rows.)
 //!
-//! The arithmetic is the scalar step's, operation for operation and in `f64` (vector
-//! lanes round exactly like scalar instructions and nothing is fused), so the results
-//! are bit-identical to [`super::Streams::step`]; the tests compare the two builds.
-//! Blocks whose mask is neither all valid nor all masked, and the last `len % 4`
-//! positions of a row, take the scalar step.
+//! The arithmetic is that of [`super::Streams::block`] and [`super::Streams::step`],
+//! operation for operation and in `f64` (vector lanes round exactly like scalar
+//! instructions and nothing is fused), so the results are bit-identical to the scalar
+//! loop; the tests compare the two builds. Blocks whose mask is neither all valid nor
+//! all masked, and the last `len % 4` positions of a row, take the scalar step.
 
 use std::arch::x86_64::*;
 
@@ -64,12 +64,13 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
         let mut pending = task.rows.clone();
         let mut t = Trace::EMPTY;
         while self.refill(&mut t, &mut pending, &mut bad) {
-            while t.left() >= 4 {
-                self.block::<DUAL>(&mut t, &out, &mut flags);
-            }
-            // The row's first `len % 4` positions.
-            while t.left() > 0 {
+            // The row's last `len % 4` positions: blocks start at multiples of four from
+            // the row's first position, as in the scalar loop.
+            while t.left() % 4 != 0 {
                 self.scalar.step::<DUAL>(&mut t, &out);
+            }
+            while t.left() > 0 {
+                self.block::<DUAL>(&mut t, &out, &mut flags);
             }
         }
         let off = _mm_movemask_ps(_mm_cmplt_ps(flags.g_lo, _mm_setzero_ps()))
@@ -143,39 +144,35 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
         let v_up = _mm256_permute4x64_pd::<0b00_11_10_01>(v);
         let v_next = _mm256_blend_pd::<0b1000>(v_up, _mm256_set1_pd(t.v_next));
         let delta = _mm256_sub_pd(_mm256_add_pd(r, _mm256_mul_pd(gg, v_next)), v);
-        let d = lanes(delta);
-        let a = chain(d, lanes(_mm256_mul_pd(gg, _mm256_set1_pd(s.lam))), t.a);
-        let ac = if DUAL { chain(d, lanes(_mm256_mul_pd(gg, _mm256_set1_pd(s.lam_critic))), t.ac) } else { a };
-        t.a = a[0];
-        t.ac = ac[0];
+        let a = unroll(delta, _mm256_mul_pd(gg, _mm256_set1_pd(s.lam)), t.a);
+        let ac = if DUAL { unroll(delta, _mm256_mul_pd(gg, _mm256_set1_pd(s.lam_critic)), t.ac) } else { a };
+        t.a = _mm256_cvtsd_f64(a);
+        t.ac = _mm256_cvtsd_f64(ac);
         t.v_next = _mm256_cvtsd_f64(v);
         t.next = i;
-        _mm_storeu_ps(out.adv.wrapping_add(i), _mm256_cvtpd_ps(vector(a)));
-        _mm_storeu_ps(out.ret.wrapping_add(i), _mm256_cvtpd_ps(_mm256_add_pd(vector(ac), v)));
+        _mm_storeu_ps(out.adv.wrapping_add(i), _mm256_cvtpd_ps(a));
+        _mm_storeu_ps(out.ret.wrapping_add(i), _mm256_cvtpd_ps(_mm256_add_pd(ac, v)));
     }
 }
 
-/// The recursion over one block, from lane 3 down: `A_k = δ_k + c_k·A_{k+1}`, with
-/// `A_4 = next`.
+/// [`super::unroll`] in vector lanes (lane k = position k of the block): the same
+/// operations, the padding terms included (`δ_4 = 0`, `c_4 = 1` enter lane 3 of step
+/// one; `s_4 = s_5 = 0`, `p_4 = p_5 = 1` lanes 2 and 3 of step two).
+///
+/// # Safety
+/// The CPU has AVX2.
 #[inline(always)]
-fn chain(d: [f64; 4], c: [f64; 4], next: f64) -> [f64; 4] {
-    let a3 = d[3] + c[3] * next;
-    let a2 = d[2] + c[2] * a3;
-    let a1 = d[1] + c[1] * a2;
-    let a0 = d[0] + c[0] * a1;
-    [a0, a1, a2, a3]
-}
-
-/// The four lanes of a vector as an array (lane k at index k).
-#[inline(always)]
-fn lanes(x: __m256d) -> [f64; 4] {
-    // SAFETY: both types are four f64s with the same layout.
-    unsafe { std::mem::transmute::<__m256d, [f64; 4]>(x) }
-}
-
-/// An array as the lanes of a vector (index k in lane k).
-#[inline(always)]
-fn vector(x: [f64; 4]) -> __m256d {
-    // SAFETY: both types are four f64s with the same layout.
-    unsafe { std::mem::transmute::<[f64; 4], __m256d>(x) }
+unsafe fn unroll(d: __m256d, c: __m256d, next: f64) -> __m256d {
+    let (zero, one) = (_mm256_setzero_pd(), _mm256_set1_pd(1.0));
+    // Lane k + 1 into lane k.
+    let d_up = _mm256_blend_pd::<0b1000>(_mm256_permute4x64_pd::<0b11_11_10_01>(d), zero);
+    let c_up = _mm256_blend_pd::<0b1000>(_mm256_permute4x64_pd::<0b11_11_10_01>(c), one);
+    let s = _mm256_add_pd(d, _mm256_mul_pd(c, d_up));
+    let p = _mm256_mul_pd(c, c_up);
+    // Lanes k + 2 into lane k: the upper half moves down, zeros move in.
+    let s_up = _mm256_permute2f128_pd::<0x81>(s, s);
+    let p_up = _mm256_blend_pd::<0b1100>(_mm256_permute2f128_pd::<0x81>(p, p), one);
+    let big_s = _mm256_add_pd(s, _mm256_mul_pd(p, s_up));
+    let big_p = _mm256_mul_pd(p, p_up);
+    _mm256_add_pd(big_s, _mm256_mul_pd(big_p, _mm256_set1_pd(next)))
 }
