@@ -400,12 +400,7 @@ fn unroll(d: [f64; 4], c: [f64; 4], next: f64) -> [f64; 4] {
     let p = [c[0] * c[1], c[1] * c[2], c[2] * c[3], c[3] * 1.0];
     let big_s = [s[0] + p[0] * s[2], s[1] + p[1] * s[3], s[2] + p[2] * 0.0, s[3] + p[3] * 0.0];
     let big_p = [p[0] * p[2], p[1] * p[3], p[2] * 1.0, p[3] * 1.0];
-    [
-        big_s[0] + big_p[0] * next,
-        big_s[1] + big_p[1] * next,
-        big_s[2] + big_p[2] * next,
-        big_s[3] + big_p[3] * next,
-    ]
+    [big_s[0] + big_p[0] * next, big_s[1] + big_p[1] * next, big_s[2] + big_p[2] * next, big_s[3] + big_p[3] * next]
 }
 
 /// Output pointers of one task, shifted so that flat index `i` of the batch (inside
@@ -614,8 +609,9 @@ mod tests {
             // γ = λ = g = 1 and rewards of ±2^33 in turn: the partial sums swing between
             // 2^33 and order 1, so float32 outputs show float64 rounding and any
             // difference in how the two loops cut a row into blocks.
-            let swing: Vec<f32> =
-                (0..len).map(|i| if m[i] { r[i] + if i % 2 == 0 { 8.589_935e9 } else { -8.589_935e9 } } else { 0.0 }).collect();
+            let swing: Vec<f32> = (0..len)
+                .map(|i| if m[i] { r[i] + if i % 2 == 0 { 8.589_935e9 } else { -8.589_935e9 } } else { 0.0 })
+                .collect();
             let unit = GaeParams { gamma: 1.0, lam: 1.0, lam_critic: 1.0, drop_masked_rewards: false };
             let ones = vec![1.0f32; len];
             for masked in [true, false] {
