@@ -105,7 +105,7 @@ fn main() {
         let (mut pa, mut pret) = (vec![0f32; np_], vec![0f32; np_]);
         let (mut po1, mut po2) = (vec![0f32; np_], vec![0f32; np_]);
 
-        // A u8 mask has no AVX2 block loop: it times the scalar step loop on the same data.
+        // A u8 mask has no AVX2 block loop: it times the scalar loop on the same data.
         let mask8: Vec<u8> = mask.iter().map(|&b| b as u8).collect();
         let (mut tk, mut tf, mut tkp, mut tfp, mut tstep) = (vec![], vec![], vec![], vec![], vec![]);
         for _ in 0..rounds {
@@ -167,7 +167,7 @@ fn main() {
         println!("  plain row loop (no checks) {:.2} ms", median(ts) * 1e3);
 
         let (k, f, kp, fp) = (median(tk), median(tf), median(tkp), median(tfp));
-        println!("  scalar step loop (u8 mask) ratio {:.2}", median(tstep) / f);
+        println!("  scalar loop (u8 mask) ratio {:.2}", median(tstep) / f);
         println!(
             "{name}: padded kernel {:.2} ms floor {:.2} ms ratio {:.2} | packed kernel {:.2} ms floor {:.2} ms ratio {:.2}",
             k * 1e3, f * 1e3, k / f, kp * 1e3, fp * 1e3, kp / fp

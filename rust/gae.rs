@@ -13,18 +13,24 @@
 //! Operation order, all in `f64`: `gg = γ·g; δ = r + gg·V_next − V; c = gg·λ;
 //! c^c = gg·λ_c; R = A^c + V`. Masked positions get `A = R = 0`.
 //!
-//! The recursion is evaluated in blocks. A row is cut into blocks of four positions
-//! counted from its first position; a block of four valid positions is unrolled by
-//! [`unroll`] into `A_k = S_k + P_k·A_4` with `(S, P)` from a two-step suffix scan of
-//! `(δ, c)` inside the block, so that from one block to the next the dependency chain is
-//! one multiply and one add instead of four of each. Every other position (a block with
-//! a masked position, the row's last `len % 4` positions) takes the plain step
-//! `A = δ + c·A_next`. Because the cut is counted from the row's start, a row is cut the
-//! same way in both layouts and whatever the thread count, the mask's dtype or the code
-//! path, so all of these give bit-identical results. Against the sequential recursion
-//! of `comppo_core.reference.gae` the results differ by float64 rounding only (a few
-//! float64 ulps; float32 outputs, rounded once from float64, nearly always agree bit for
-//! bit).
+//! The recursion is evaluated in blocks. A row is cut into blocks of four consecutive
+//! positions counted from its first position; a block whose four positions are all
+//! valid is unrolled by [`unroll`] into `A_k = S_k + P_k·A_4` (`A_4` being the advantage
+//! just after the block) with `(S, P)` from a two-step suffix scan of `(δ, c)` inside the
+//! block, so that from one block to the next the dependency chain is one multiply and
+//! one add instead of four of each. Every other position (a block with a masked
+//! position, the row's last `len % 4` positions) takes the plain step
+//! `A = δ + c·A_next`, and so does a block whose sums overflow where the plain steps may
+//! not (float64 inputs near the largest double).
+//!
+//! Because the cut is counted from the row's start, a row is cut the same way whatever
+//! the thread count, the mask's dtype or the code path, and in both layouts as long as
+//! the row starts at the same position in both (right padding, which is how packed rows
+//! unpack): all of these give bit-identical results. Against the sequential recursion
+//! of `comppo_core.reference.gae` the results differ by float64 rounding of the
+//! reassociated sums: relative to the largest term summed, about 1e-16. On ordinary
+//! data float32 outputs, rounded once from float64, nearly always agree bit for bit;
+//! where the sums cancel (terms of 1e10 leaving a result of order 1) they need not.
 //!
 //! Shapes: `rewards`, `values`, `gates`, `mask`, `advantages`, `returns` are flat `[N]`
 //! arrays laid out by a [`Layout`]; `last_values` is `[B]`.
@@ -353,6 +359,7 @@ impl<F: Float, M: Mask, G: Gates> Streams<F, M, G> {
     #[inline(always)]
     unsafe fn block<const DUAL: bool>(&self, t: &mut Trace, out: &Out<F>) {
         let i = t.next - 4;
+        let before = *t;
         let (mut delta, mut c, mut c_critic, mut v) = ([0.0; 4], [0.0; 4], [0.0; 4], [0.0; 4]);
         let mut v_next = t.v_next;
         for k in (0..4).rev() {
@@ -371,6 +378,15 @@ impl<F: Float, M: Mask, G: Gates> Streams<F, M, G> {
         }
         let a = unroll(delta, c, t.a);
         let ac = if DUAL { unroll(delta, c_critic, t.ac) } else { a };
+        if overflowed(delta, c, t.a, a) | (DUAL && overflowed(delta, c_critic, t.ac, ac)) {
+            // A partial sum of the block overflowed where the one-position recursion may
+            // not (float64 inputs near the largest double): take the four steps instead.
+            *t = before;
+            for _ in 0..4 {
+                self.step::<DUAL>(t, out);
+            }
+            return;
+        }
         for k in 0..4 {
             *out.adv.wrapping_add(i + k) = F::from_f64(a[k]);
             *out.ret.wrapping_add(i + k) = F::from_f64(ac[k] + v[k]);
@@ -380,6 +396,16 @@ impl<F: Float, M: Mask, G: Gates> Streams<F, M, G> {
         t.v_next = v[0];
         t.next = i;
     }
+}
+
+/// Whether [`unroll`] turned finite inputs into a non-finite result. Only float64
+/// inputs within a few powers of two of the largest double can do this; float32 inputs
+/// (the only ones the [`blocks`] loop takes) keep every partial sum of a block below
+/// about 1e50, even with out-of-range gates, so that loop needs no such check.
+#[inline(always)]
+fn overflowed(d: [f64; 4], c: [f64; 4], next: f64, a: [f64; 4]) -> bool {
+    let finite = |x: [f64; 4]| x.iter().fold(true, |ok, v| ok & v.is_finite());
+    finite(d) & finite(c) & next.is_finite() & !finite(a)
 }
 
 /// The recursion `A_k = δ_k + c_k·A_{k+1}` over one block, `k = 3, 2, 1, 0`, given
@@ -466,6 +492,18 @@ mod tests {
                 assert!((got[k] - want[k]).abs() <= 8.0 * f64::EPSILON * scale, "{d:?} {c:?} {next}");
             }
         }
+    }
+
+    #[test]
+    fn blocks_fall_back_to_steps_on_overflow() {
+        // Summed in the block, 1e308 + 1e308 overflows at position 1; the one-position
+        // recursion gives A = [1e308, 1e308, 0, -1e308].
+        let layout = Layout::padded(1, 4, 4).unwrap();
+        let (r, v) = ([0.0, 1e308, 1e308, -1e308], [0.0; 4]);
+        let (mut a, mut ret) = ([0.0; 4], [0.0; 4]);
+        gae(&layout, &r, &v, AllValid, UnitGates, None, &GaeParams::new(1.0, 1.0), &mut a, &mut ret).unwrap();
+        assert_eq!(a, naive(&r, &v, &[true; 4], &[1.0; 4], 1.0, 1.0, 0.0)[..]);
+        assert!(a.iter().all(|x| x.is_finite()), "{a:?}");
     }
 
     #[test]
@@ -614,9 +652,9 @@ mod tests {
                 .collect();
             let unit = GaeParams { gamma: 1.0, lam: 1.0, lam_critic: 1.0, drop_masked_rewards: false };
             let ones = vec![1.0f32; len];
-            for masked in [true, false] {
-                assert!(!run(layout, &swing, &ones, unit, true, masked));
-                assert!(!run(layout, &swing, &ones, unit, false, masked));
+            for (p, masked) in [(unit, true), (unit, false), (GaeParams { lam_critic: 0.5, ..unit }, true)] {
+                assert!(!run(layout, &swing, &ones, p, true, masked));
+                assert!(!run(layout, &swing, &ones, p, false, masked));
             }
             // Planted problems: each must be flagged the same way by both loops.
             let at = len / 2 + 1;

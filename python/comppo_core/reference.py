@@ -192,8 +192,9 @@ def gae(
     The final float64 values are cast to the output dtype once.
 
     The Rust kernel computes the same terms but evaluates the recursion over blocks
-    of four valid positions (``A_k = S_k + P_k·A_{k+4}``, see ``rust/gae.rs``), so
-    it agrees with this loop to float64 rounding, not bit for bit.
+    of four consecutive valid positions (``A_k = S_k + P_k·A'``, ``A'`` the advantage
+    just after the block; see ``rust/gae.rs``), so it agrees with this loop to float64
+    rounding of the reassociated sums, not bit for bit.
 
     Args:
       rewards: ``[B, T]`` (padded) or ``[N]`` (packed) per-token rewards r.

@@ -30,7 +30,7 @@ use crate::layout::{Layout, Task};
 pub(super) struct Blocks<'a, M, G> {
     pub layout: &'a Layout<'a>,
     pub last_values: Option<&'a [f64]>,
-    /// The scalar step over the same arrays, for mixed blocks and the first
+    /// The scalar step over the same arrays, for mixed blocks and the last
     /// `len % 4` positions of each row.
     pub scalar: Streams<f32, M, G>,
     /// Mask bytes (bools), or null when every position is valid.
