@@ -208,7 +208,7 @@ fn f32_affines<F: Float, M: Mask>(
     Ok(match params.normalize {
         Normalize::Fixed { .. } => None,
         Normalize::Sequence => {
-            let moments = pool::map((0..rows).collect(), parallel, |b| row_moments(conc, mask, layout.row(b)));
+            let moments = pool::map_rows(layout, parallel, |b| row_moments(conc, mask, layout.row(b)));
             moments.iter().all(finite).then(|| moments.iter().map(affine).collect())
         }
         Normalize::Batch => match batch_moments(layout, conc, mask, "concentration") {
@@ -235,15 +235,14 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
     let rows = layout.rows();
 
     let parallel = n >= pool::PARALLEL_MIN;
-    let per_row = |f: &(dyn Fn(usize) -> f64 + Sync)| pool::map((0..rows).collect(), parallel, f);
+    let per_row = |f: &(dyn Fn(usize) -> f64 + Sync)| pool::map_rows(layout, parallel, f);
     let fast = if F::as_f32s(conc).is_some() { f32_affines(layout, conc, &mask, params)? } else { None };
     let affines: Vec<Affine> = if let Some(a) = fast {
         a
     } else {
         (|| -> Result<Vec<Affine>> {
             // Pass 1: per-row count, range and finiteness.
-            let ranges: Vec<Range> =
-                pool::map((0..rows).collect(), parallel, |b| row_range(conc, &mask, layout.row(b)));
+            let ranges: Vec<Range> = pool::map_rows(layout, parallel, |b| row_range(conc, &mask, layout.row(b)));
             if !ranges.iter().all(|r| r.finite) {
                 let e = first_offender(layout, &mask, |i, valid| {
                     let c = conc[i].to_f64();
@@ -259,7 +258,7 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
             }
             Ok(match params.normalize {
                 Normalize::Fixed { center, scale } => vec![Affine { k: 1.0, center, scale, zero: false }; rows],
-                Normalize::Sequence => pool::map((0..rows).collect(), parallel, |b| {
+                Normalize::Sequence => pool::map_rows(layout, parallel, |b| {
                     let r = &ranges[b];
                     if r.flat() {
                         return Affine::ZERO;

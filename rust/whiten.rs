@@ -107,8 +107,19 @@ mod avx2 {
 
     const _: () = assert!(ACC == 16, "four vectors of four f64 lanes");
 
+    /// What 16 consecutive mask positions hold.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub(super) enum Run {
+        Valid,
+        Masked,
+        Mixed,
+    }
+
     /// A mask element type the hand-vectorized loops read 16 positions at a time.
     pub(super) trait Lanes: Copy {
+        /// Whether positions `i..i + 16` are all valid, all masked, or mixed (real masks
+        /// come in long runs, so most blocks skip the widening in [`Lanes::validity`]).
+        unsafe fn run(m: *const Self, i: usize) -> Run;
         /// Validity of positions `i..i + 16` as four vectors of 0.0/1.0 (the portable
         /// loop's `valid as u8 as f64`), and how many are valid.
         unsafe fn validity(m: *const Self, i: usize) -> ([__m256d; 4], usize);
@@ -117,6 +128,15 @@ mod avx2 {
     }
 
     impl Lanes for bool {
+        #[inline(always)]
+        unsafe fn run(m: *const bool, i: usize) -> Run {
+            let bytes = _mm_loadu_si128(m.add(i) as *const __m128i);
+            match _mm_movemask_epi8(_mm_cmpeq_epi8(bytes, _mm_setzero_si128())) {
+                0 => Run::Valid,
+                0xFFFF => Run::Masked,
+                _ => Run::Mixed,
+            }
+        }
         #[inline(always)]
         unsafe fn validity(m: *const bool, i: usize) -> ([__m256d; 4], usize) {
             let bytes = _mm_loadu_si128(m.add(i) as *const __m128i);
@@ -137,6 +157,19 @@ mod avx2 {
     }
 
     impl Lanes for f32 {
+        #[inline(always)]
+        unsafe fn run(m: *const f32, i: usize) -> Run {
+            let zero = _mm_setzero_ps();
+            let mut valid = 0;
+            for q in 0..4 {
+                valid |= _mm_movemask_ps(_mm_cmpneq_ps(_mm_loadu_ps(m.add(i + 4 * q)), zero)) << (4 * q);
+            }
+            match valid {
+                0xFFFF => Run::Valid,
+                0 => Run::Masked,
+                _ => Run::Mixed,
+            }
+        }
         #[inline(always)]
         unsafe fn validity(m: *const f32, i: usize) -> ([__m256d; 4], usize) {
             let (zero, one) = (_mm_setzero_ps(), _mm_set1_ps(1.0));
@@ -209,11 +242,23 @@ mod avx2 {
         let (mean_v, inv_v, add_v, zero) =
             (_mm256_set1_pd(mean), _mm256_set1_pd(inv), _mm256_set1_pd(add), _mm256_setzero_pd());
         for b in (0..body).step_by(ACC) {
-            let ((ok, _), v) = (L::validity(mp, b), values(xp, b));
+            // All valid: `w·1 + 0` is `w + 0`. All masked: `w·0 + 0` is +0 (w is finite).
+            let run = L::run(mp, b);
+            if run == Run::Masked {
+                for q in 0..4 {
+                    _mm_storeu_ps(op.add(b + 4 * q), _mm_setzero_ps());
+                }
+                continue;
+            }
+            let ok = if run == Run::Mixed { Some(L::validity(mp, b).0) } else { None };
+            let v = values(xp, b);
             for q in 0..4 {
                 let w = _mm256_add_pd(_mm256_mul_pd(_mm256_sub_pd(v[q], mean_v), inv_v), add_v);
-                let w = _mm256_add_pd(_mm256_mul_pd(w, ok[q]), zero);
-                _mm_storeu_ps(op.add(b + 4 * q), _mm256_cvtpd_ps(w));
+                let w = match ok {
+                    Some(ok) => _mm256_mul_pd(w, ok[q]),
+                    None => w,
+                };
+                _mm_storeu_ps(op.add(b + 4 * q), _mm256_cvtpd_ps(_mm256_add_pd(w, zero)));
             }
         }
         for j in body..len {
@@ -238,15 +283,38 @@ mod avx2 {
         let body = len - len % ACC;
         let (mut sum, mut sq) = ([_mm256_setzero_pd(); 4], [_mm256_setzero_pd(); 4]);
         let mut n = 0usize;
+        // `x·0` of the all-masked blocks, summed in f32: NaN when one held NaN or ±inf.
+        // (Their `d = x·0` would add ±0 to `sum` and +0 to `sq`, which changes neither:
+        // the lanes start at +0 and never become −0.)
+        let mut masked = _mm_setzero_ps();
         for b in (0..body).step_by(ACC) {
-            let ((ok, valid), v) = (L::validity(mp, b), values(xp, b));
-            n += valid;
-            for q in 0..4 {
-                let d = _mm256_mul_pd(v[q], ok[q]);
-                sum[q] = _mm256_add_pd(sum[q], d);
-                sq[q] = _mm256_add_pd(sq[q], _mm256_mul_pd(d, d));
+            match L::run(mp, b) {
+                // `d = x·1` is `x`.
+                Run::Valid => {
+                    let v = values(xp, b);
+                    n += ACC;
+                    for q in 0..4 {
+                        sum[q] = _mm256_add_pd(sum[q], v[q]);
+                        sq[q] = _mm256_add_pd(sq[q], _mm256_mul_pd(v[q], v[q]));
+                    }
+                }
+                Run::Masked => {
+                    for q in 0..4 {
+                        masked = _mm_add_ps(masked, _mm_mul_ps(_mm_loadu_ps(xp.add(b + 4 * q)), _mm_setzero_ps()));
+                    }
+                }
+                Run::Mixed => {
+                    let ((ok, valid), v) = (L::validity(mp, b), values(xp, b));
+                    n += valid;
+                    for q in 0..4 {
+                        let d = _mm256_mul_pd(v[q], ok[q]);
+                        sum[q] = _mm256_add_pd(sum[q], d);
+                        sq[q] = _mm256_add_pd(sq[q], _mm256_mul_pd(d, d));
+                    }
+                }
             }
         }
+        let masked_finite = _mm_movemask_ps(_mm_cmpunord_ps(masked, masked)) == 0;
         let (mut sum, mut sq) = (lanes(sum), lanes(sq));
         for j in body..len {
             let ok = L::valid(mp, j);
@@ -255,7 +323,7 @@ mod avx2 {
             sum[0] += d;
             sq[0] += d * d;
         }
-        finish_row(n, sum.iter().sum(), sq.iter().sum(), |mean| {
+        let (moments, finite) = finish_row(n, sum.iter().sum(), sq.iter().sum(), |mean| {
             let mean_v = _mm256_set1_pd(mean);
             let mut sq = [_mm256_setzero_pd(); 4];
             for b in (0..body).step_by(ACC) {
@@ -272,7 +340,8 @@ mod avx2 {
                 m2[0] += d * d;
             }
             m2.iter().sum()
-        })
+        });
+        (moments, finite & masked_finite)
     }
 }
 
@@ -379,9 +448,8 @@ fn batch_moments_flagged<F: Float, M: Mask>(
     mask: &M,
     arg: &'static str,
 ) -> Result<(Moments, bool)> {
-    let rows = pool::map((0..layout.rows()).collect(), layout.len() >= pool::PARALLEL_MIN, |b| {
-        row_moments_flagged(x, mask, layout.row(b))
-    });
+    let rows =
+        pool::map_rows(layout, layout.len() >= pool::PARALLEL_MIN, |b| row_moments_flagged(x, mask, layout.row(b)));
     let masked_nonfinite = rows.iter().any(|r| r.1);
     let total = rows.into_iter().map(|r| r.0).fold(Moments::EMPTY, Moments::merge);
     if !(total.mean.is_finite() && total.m2.is_finite()) {
@@ -642,6 +710,30 @@ mod tests {
                         assert_eq!(bits32(&e), bits32(&a));
                         assert_eq!(bits32(&f), bits32(&a));
                     }
+                }
+            }
+        }
+        // Masks in runs (all-valid, all-masked and mixed 16-blocks in one row), with a
+        // NaN or ±inf planted at a masked position: the fast form must flag it as the
+        // portable one does.
+        let len = 300;
+        let m: Vec<bool> = (0..len).map(|i| (i / 37) % 2 == 0).collect();
+        for junk in [None, Some(f32::NAN), Some(f32::INFINITY), Some(f32::NEG_INFINITY)] {
+            for at in [40usize, 50, 60, 112, 140] {
+                assert!(!m[at]);
+                let mut x: Vec<f32> = (0..len).map(|_| next() as f32 - 0.5).collect();
+                if let Some(j) = junk {
+                    x[at] = j;
+                }
+                let bits = |(r, ok): (Moments, bool)| (r.n, r.mean.to_bits(), r.m2.to_bits(), ok);
+                let portable = row_moments_with(&x[..], &&m[..], 0..len, |v, ok| v * (ok as u8 as f64));
+                // SAFETY: AVX2 checked above; the range is the whole slices.
+                let fast = unsafe { avx2::row_moments_f32(&x, &m, 0..len) };
+                assert_eq!(portable.1, junk.is_none());
+                if junk.is_none() {
+                    assert_eq!(bits(portable), bits(fast));
+                } else {
+                    assert!(!fast.1, "junk {junk:?} at {at} not flagged");
                 }
             }
         }
