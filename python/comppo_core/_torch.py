@@ -153,7 +153,16 @@ def tensor_io(*array_params: str) -> Callable[[F], F]:
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if "torch" not in sys.modules:
+            torch = sys.modules.get("torch")
+            if torch is None:
+                return fn(*args, **kwargs)
+            # No tensor anywhere among the arguments (the NumPy calls of a PPO loop that
+            # imports torch): skip binding the signature, which costs more than the rest
+            # of a small call.
+            tensor = torch.Tensor
+            if not any(isinstance(a, tensor) for a in args) and not any(
+                isinstance(v, tensor) for v in kwargs.values()
+            ):
                 return fn(*args, **kwargs)
             try:
                 bound = sig.bind(*args, **kwargs)
