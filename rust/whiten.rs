@@ -108,7 +108,7 @@ mod avx2 {
     const _: () = assert!(ACC == 16, "four vectors of four f64 lanes");
 
     /// What 16 consecutive mask positions hold.
-    #[derive(Clone, Copy, PartialEq, Eq)]
+    #[derive(Clone, Copy)]
     pub(super) enum Run {
         Valid,
         Masked,
@@ -243,14 +243,16 @@ mod avx2 {
             (_mm256_set1_pd(mean), _mm256_set1_pd(inv), _mm256_set1_pd(add), _mm256_setzero_pd());
         for b in (0..body).step_by(ACC) {
             // All valid: `w·1 + 0` is `w + 0`. All masked: `w·0 + 0` is +0 (w is finite).
-            let run = L::run(mp, b);
-            if run == Run::Masked {
-                for q in 0..4 {
-                    _mm_storeu_ps(op.add(b + 4 * q), _mm_setzero_ps());
+            let ok = match L::run(mp, b) {
+                Run::Masked => {
+                    for q in 0..4 {
+                        _mm_storeu_ps(op.add(b + 4 * q), _mm_setzero_ps());
+                    }
+                    continue;
                 }
-                continue;
-            }
-            let ok = if run == Run::Mixed { Some(L::validity(mp, b).0) } else { None };
+                Run::Valid => None,
+                Run::Mixed => Some(L::validity(mp, b).0),
+            };
             let v = values(xp, b);
             for q in 0..4 {
                 let w = _mm256_add_pd(_mm256_mul_pd(_mm256_sub_pd(v[q], mean_v), inv_v), add_v);
