@@ -17,7 +17,7 @@
 //! positions counted from its first position; a block whose four positions are all
 //! valid is unrolled by [`unroll`] into `A_k = S_k + P_k·A_4` (`A_4` being the advantage
 //! just after the block) with `(S, P)` from a two-step suffix scan of `(δ, c)` inside the
-//! block, so that from one block to the next the dependency chain is one multiply and
+//! block (pairs of positions first, then the pairs), so that from one block to the next the dependency chain is one multiply and
 //! one add instead of four of each. Every other position (a block with a masked
 //! position, the row's last `len % 4` positions) takes the plain step
 //! `A = δ + c·A_next`, and so does a block whose sums overflow where the plain steps may
@@ -409,23 +409,26 @@ fn overflowed(d: [f64; 4], c: [f64; 4], next: f64, a: [f64; 4]) -> bool {
 }
 
 /// The recursion `A_k = δ_k + c_k·A_{k+1}` over one block, `k = 3, 2, 1, 0`, given
-/// `A_4 = next`, evaluated as `A_k = S_k + P_k·next`:
+/// `A_4 = next`, evaluated as `A_k = S_k + P_k·next`. First each pair of positions
+/// `(0, 1)`, `(2, 3)` is combined, then the pair `(2, 3)` is folded into `0` and `1`:
 ///
 /// ```text
-/// s_k = δ_k + c_k·δ_{k+1}      p_k = c_k·c_{k+1}      (δ_4 = 0, c_4 = 1)
-/// S_k = s_k + p_k·s_{k+2}      P_k = p_k·p_{k+2}      (s_4 = s_5 = 0, p_4 = p_5 = 1)
+/// s = [δ0 + c0·δ1, δ1 + c1·0, δ2 + c2·δ3, δ3 + c3·0]     p = [c0·c1, c1·1, c2·c3, c3·1]
+/// S = [s0 + p0·s2, s1 + p1·s2, s2 + p2·0, s3 + p3·0]     P = [p0·p2, p1·p2, p2·1, p3·1]
 /// ```
 ///
 /// `S` and `P` do not depend on `next`, so they are computed while the previous block's
 /// chain is still in flight. This is the definition of the kernel's arithmetic:
 /// [`blocks`] performs exactly these operations (the padding terms `·0`, `·1` included)
-/// in vector lanes.
+/// in vector lanes. The pairing is what makes the vector version cheap: the first step
+/// only moves values inside each 128-bit half of a register, and the second moves one
+/// value per vector across halves.
 #[inline(always)]
 fn unroll(d: [f64; 4], c: [f64; 4], next: f64) -> [f64; 4] {
-    let s = [d[0] + c[0] * d[1], d[1] + c[1] * d[2], d[2] + c[2] * d[3], d[3] + c[3] * 0.0];
-    let p = [c[0] * c[1], c[1] * c[2], c[2] * c[3], c[3] * 1.0];
-    let big_s = [s[0] + p[0] * s[2], s[1] + p[1] * s[3], s[2] + p[2] * 0.0, s[3] + p[3] * 0.0];
-    let big_p = [p[0] * p[2], p[1] * p[3], p[2] * 1.0, p[3] * 1.0];
+    let s = [d[0] + c[0] * d[1], d[1] + c[1] * 0.0, d[2] + c[2] * d[3], d[3] + c[3] * 0.0];
+    let p = [c[0] * c[1], c[1] * 1.0, c[2] * c[3], c[3] * 1.0];
+    let big_s = [s[0] + p[0] * s[2], s[1] + p[1] * s[2], s[2] + p[2] * 0.0, s[3] + p[3] * 0.0];
+    let big_p = [p[0] * p[2], p[1] * p[2], p[2] * 1.0, p[3] * 1.0];
     [big_s[0] + big_p[0] * next, big_s[1] + big_p[1] * next, big_s[2] + big_p[2] * next, big_s[3] + big_p[3] * next]
 }
 
@@ -637,9 +640,11 @@ mod tests {
         };
         let one = GaeParams { gamma: 0.99, lam: 0.95, lam_critic: 0.95, drop_masked_rewards: false };
         let two = GaeParams { lam_critic: 1.0, ..one };
+        // γ = 1 takes the blocks' `gg = g` path.
+        let undiscounted = GaeParams { gamma: 1.0, ..one };
         for layout in [&packed, &padded] {
             let len = layout.len();
-            for p in [one, two] {
+            for p in [one, two, undiscounted] {
                 for (gated, masked) in [(true, true), (true, false), (false, true), (false, false)] {
                     assert!(!run(layout, &r[..len], &g[..len], p, gated, masked));
                 }
@@ -667,6 +672,10 @@ mod tests {
             assert!(run(layout, &r[..len], &bad_g, one, true, true));
             bad_g[valid] = -0.25;
             assert!(run(layout, &r[..len], &bad_g, two, true, false));
+            bad_g[valid] = f32::NAN;
+            assert!(run(layout, &r[..len], &bad_g, undiscounted, true, true));
+            bad_g[valid] = f32::INFINITY;
+            assert!(run(layout, &r[..len], &bad_g, one, true, false));
             let masked_at = (at..len).find(|&i| !m[i]).unwrap();
             let mut masked_r = r[..len].to_vec();
             masked_r[masked_at] = 0.5;
@@ -674,6 +683,30 @@ mod tests {
             let drop = GaeParams { drop_masked_rewards: true, ..one };
             assert!(!run(layout, &masked_r, &g[..len], drop, false, true));
         }
+    }
+
+    #[test]
+    fn negative_zero_gates_are_valid() {
+        // The blocks' gate check compares bit patterns, under which −0.0 looks out of
+        // range: the batch is then scanned exactly, which must accept it.
+        let (b, t) = (4, 64);
+        let layout = Layout::padded(b, t, b * t).unwrap();
+        let mut s = 3u64;
+        let r: Vec<f32> = (0..b * t).map(|_| lcg(&mut s) as f32 - 0.5).collect();
+        let v: Vec<f32> = (0..b * t).map(|_| lcg(&mut s) as f32).collect();
+        let mut g: Vec<f32> = (0..b * t).map(|_| lcg(&mut s) as f32).collect();
+        for i in (0..b * t).step_by(5) {
+            g[i] = 0.0;
+        }
+        let p = GaeParams::new(1.0, 0.95);
+        let (mut a, mut ret) = (vec![0f32; b * t], vec![0f32; b * t]);
+        gae(&layout, &r, &v, AllValid, &g[..], None, &p, &mut a, &mut ret).unwrap();
+        for i in (0..b * t).step_by(5) {
+            g[i] = -0.0;
+        }
+        let (mut a2, mut ret2) = (vec![0f32; b * t], vec![0f32; b * t]);
+        gae(&layout, &r, &v, AllValid, &g[..], None, &p, &mut a2, &mut ret2).unwrap();
+        assert_eq!((a, ret), (a2, ret2));
     }
 
     #[test]

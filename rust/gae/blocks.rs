@@ -8,6 +8,17 @@
 //! block to block the only dependency is one multiply and one add, so the core keeps
 //! many blocks in flight and the loads overlap the arithmetic.
 //!
+//! What limits the loop is then one execution port: on the Zen cores this was tuned on,
+//! the widening and narrowing conversions and every shuffle that moves a value between
+//! the two 128-bit halves of a register share it (`vpermpd` costs about two slots), while
+//! multiplies, adds and in-half shuffles have ports to spare. So the loop keeps
+//! cross-half moves to four per block: `V_next` comes from this block's and the previous
+//! block's `V` (one `vperm2f128`, not a permute plus a broadcast), the scan's first step
+//! stays inside the halves, its second step moves one value per vector (`vmovddup` then
+//! `vperm2f128`, written in assembly because the compiler would merge the pair into a
+//! `vpermpd`), and the carry is one broadcast. With γ = 1, `gg` is the gate itself (`1·g
+//! = g` exactly), and the gate range is checked with one integer maximum over the bits.
+//!
 //! Like [`super::Kernel::task_body`], a task is one continuous backward stream: its rows
 //! from last to first, each backwards. (Tracing two rows at once was tried and measured
 //! slower out of cache: two streams per array defeat the prefetchers, most of all on
@@ -41,10 +52,12 @@ pub(super) struct Blocks<'a, M, G> {
 
 /// Task-wide results of the block checks, reduced once at the end of the task.
 struct Flags {
-    /// Smallest and largest valid gate seen in blocks (NaN gates are skipped: they
-    /// make the trace NaN, which [`super::finish`] catches).
-    g_lo: __m128,
-    g_hi: __m128,
+    /// The largest bit pattern of a valid gate seen in blocks, as an unsigned integer.
+    /// Gates in [+0, 1] are exactly the patterns up to that of 1.0 (`0x3F80_0000`);
+    /// negative gates, NaN and +inf lie above it. So does −0.0, a valid gate: the
+    /// check only marks the task suspicious, and the exact scan that follows finds
+    /// nothing wrong.
+    g_bits: __m128i,
     /// Lanes that saw a nonzero (or NaN) reward in an all-masked block.
     masked_reward: __m128,
 }
@@ -59,7 +72,8 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
     pub(super) unsafe fn task<const DUAL: bool>(&self, task: &Task, adv: &mut [f32], ret: &mut [f32]) -> bool {
         let base = task.span.start;
         let out = Out { adv: adv.as_mut_ptr().wrapping_sub(base), ret: ret.as_mut_ptr().wrapping_sub(base) };
-        let mut flags = Flags { g_lo: _mm_setzero_ps(), g_hi: _mm_set1_ps(1.0), masked_reward: _mm_setzero_ps() };
+        let mut flags = Flags { g_bits: _mm_setzero_si128(), masked_reward: _mm_setzero_ps() };
+        let unit_gamma = self.scalar.gamma == 1.0;
         let mut bad = false;
         let mut pending = task.rows.clone();
         let mut t = Trace::EMPTY;
@@ -69,14 +83,19 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
             while t.left() % 4 != 0 {
                 self.scalar.step::<DUAL>(&mut t, &out);
             }
+            // Lane 0 holds `V_next`, the value after the next block (see `block`).
+            let mut v_after = _mm256_set1_pd(t.v_next);
             while t.left() > 0 {
-                self.block::<DUAL>(&mut t, &out, &mut flags);
+                if unit_gamma {
+                    self.block::<DUAL, true>(&mut t, &out, &mut flags, &mut v_after);
+                } else {
+                    self.block::<DUAL, false>(&mut t, &out, &mut flags, &mut v_after);
+                }
             }
         }
-        let off = _mm_movemask_ps(_mm_cmplt_ps(flags.g_lo, _mm_setzero_ps()))
-            | _mm_movemask_ps(_mm_cmpgt_ps(flags.g_hi, _mm_set1_ps(1.0)))
-            | _mm_movemask_ps(flags.masked_reward);
-        bad | (off != 0)
+        let one = _mm_set1_epi32(0x3F80_0000);
+        let gates_off = _mm_movemask_epi8(_mm_cmpeq_epi32(_mm_max_epu32(flags.g_bits, one), one)) != 0xFFFF;
+        gates_off | bad | (_mm_movemask_ps(flags.masked_reward) != 0)
     }
 
     /// When `t` has finished its row, records the row's verdict in `bad` and loads
@@ -98,12 +117,20 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
     }
 
     /// Four backward steps of `t`: positions `t.next − 4 .. t.next`, lane k of a
-    /// vector holding position `t.next − 4 + k`.
+    /// vector holding position `t.next − 4 + k`. `v_after` holds `t.v_next` in lane 0
+    /// (the `V` vector of the previous block, or a broadcast after single steps); it is
+    /// updated for the next block. `UNIT_GAMMA`: γ = 1.
     ///
     /// # Safety
     /// `t` has at least four positions left; the CPU has AVX2.
     #[inline(always)]
-    unsafe fn block<const DUAL: bool>(&self, t: &mut Trace, out: &Out<f32>, flags: &mut Flags) {
+    unsafe fn block<const DUAL: bool, const UNIT_GAMMA: bool>(
+        &self,
+        t: &mut Trace,
+        out: &Out<f32>,
+        flags: &mut Flags,
+        v_after: &mut __m256d,
+    ) {
         let s = &self.scalar;
         let i = t.next - 4;
         if !self.mask.is_null() {
@@ -123,6 +150,7 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
                 for _ in 0..4 {
                     s.step::<DUAL>(t, out);
                 }
+                *v_after = _mm256_set1_pd(t.v_next);
                 return;
             }
         }
@@ -134,15 +162,18 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
             gamma
         } else {
             let g = _mm_loadu_ps(self.gates.add(i));
-            // min/max return their second operand when either is NaN: NaN gates never
-            // enter the accumulators.
-            flags.g_lo = _mm_min_ps(g, flags.g_lo);
-            flags.g_hi = _mm_max_ps(g, flags.g_hi);
-            _mm256_mul_pd(gamma, _mm256_cvtps_pd(g))
+            flags.g_bits = _mm_max_epu32(flags.g_bits, _mm_castps_si128(g));
+            // With γ = 1, γ·g = g exactly.
+            if UNIT_GAMMA {
+                _mm256_cvtps_pd(g)
+            } else {
+                _mm256_mul_pd(gamma, _mm256_cvtps_pd(g))
+            }
         };
-        // V_next of lane k is V of lane k + 1; lane 3 takes the trace's.
-        let v_up = _mm256_permute4x64_pd::<0b00_11_10_01>(v);
-        let v_next = _mm256_blend_pd::<0b1000>(v_up, _mm256_set1_pd(t.v_next));
+        // V_next of lane k is V of lane k + 1; lane 3 takes the trace's (lane 0 of
+        // `v_after`): [v2, v3, a0, a1] from the halves, then [v1, v2, v3, a0].
+        let v_next = _mm256_shuffle_pd::<0b0101>(v, _mm256_permute2f128_pd::<0x21>(v, *v_after));
+        *v_after = v;
         let delta = _mm256_sub_pd(_mm256_add_pd(r, _mm256_mul_pd(gg, v_next)), v);
         let a = unroll(delta, _mm256_mul_pd(gg, _mm256_set1_pd(s.lam)), t.a);
         let ac = if DUAL { unroll(delta, _mm256_mul_pd(gg, _mm256_set1_pd(s.lam_critic)), t.ac) } else { a };
@@ -156,23 +187,42 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
 }
 
 /// [`super::unroll`] in vector lanes (lane k = position k of the block): the same
-/// operations, the padding terms included (`δ_4 = 0`, `c_4 = 1` enter lane 3 of step
-/// one; `s_4 = s_5 = 0`, `p_4 = p_5 = 1` lanes 2 and 3 of step two).
+/// operations, the padding terms included (`δ = 0`, `c = 1` enter lanes 1 and 3 of step
+/// one; `s = 0`, `p = 1` lanes 2 and 3 of step two).
 ///
 /// # Safety
 /// The CPU has AVX2.
 #[inline(always)]
 unsafe fn unroll(d: __m256d, c: __m256d, next: f64) -> __m256d {
     let (zero, one) = (_mm256_setzero_pd(), _mm256_set1_pd(1.0));
-    // Lane k + 1 into lane k.
-    let d_up = _mm256_blend_pd::<0b1000>(_mm256_permute4x64_pd::<0b11_11_10_01>(d), zero);
-    let c_up = _mm256_blend_pd::<0b1000>(_mm256_permute4x64_pd::<0b11_11_10_01>(c), one);
-    let s = _mm256_add_pd(d, _mm256_mul_pd(c, d_up));
-    let p = _mm256_mul_pd(c, c_up);
-    // Lanes k + 2 into lane k: the upper half moves down, zeros move in.
-    let s_up = _mm256_permute2f128_pd::<0x81>(s, s);
-    let p_up = _mm256_blend_pd::<0b1100>(_mm256_permute2f128_pd::<0x81>(p, p), one);
-    let big_s = _mm256_add_pd(s, _mm256_mul_pd(p, s_up));
-    let big_p = _mm256_mul_pd(p, p_up);
+    // [x1, 0, x3, 0] and [c1, 1, c3, 1]: odd lanes moved down inside each half.
+    let d_pair = _mm256_unpackhi_pd(d, zero);
+    let c_pair = _mm256_unpackhi_pd(c, one);
+    let s = _mm256_add_pd(d, _mm256_mul_pd(c, d_pair));
+    let p = _mm256_mul_pd(c, c_pair);
+    let big_s = _mm256_add_pd(s, _mm256_mul_pd(p, lane2_down(s, zero)));
+    let big_p = _mm256_mul_pd(p, lane2_down(p, one));
     _mm256_add_pd(big_s, _mm256_mul_pd(big_p, _mm256_set1_pd(next)))
+}
+
+/// `[x2, x2, fill0, fill1]`: lane 2 of `x` copied to lanes 0 and 1, the low half of
+/// `fill` above it. One in-half `vmovddup` and one
+/// `vperm2f128`, in assembly: left to itself the compiler merges the two into a
+/// `vpermpd` plus a blend, which costs the loop's busiest port twice as much.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn lane2_down(x: __m256d, fill: __m256d) -> __m256d {
+    let y: __m256d;
+    std::arch::asm!(
+        "vmovddup {y}, {x}",
+        "vperm2f128 {y}, {y}, {fill}, 0x21",
+        x = in(ymm_reg) x,
+        fill = in(ymm_reg) fill,
+        y = out(ymm_reg) y,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    y
 }
