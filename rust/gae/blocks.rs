@@ -70,10 +70,31 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
     /// The CPU has AVX2; the layout was validated against every array.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn task<const DUAL: bool>(&self, task: &Task, adv: &mut [f32], ret: &mut [f32]) -> bool {
+        // One instance of the loop per case, so that no block tests what the task knows.
+        match (self.scalar.gamma == 1.0, self.mask.is_null(), self.gates.is_null()) {
+            (true, true, true) => self.rows::<DUAL, true, false, false>(task, adv, ret),
+            (true, true, false) => self.rows::<DUAL, true, false, true>(task, adv, ret),
+            (true, false, true) => self.rows::<DUAL, true, true, false>(task, adv, ret),
+            (true, false, false) => self.rows::<DUAL, true, true, true>(task, adv, ret),
+            (false, true, true) => self.rows::<DUAL, false, false, false>(task, adv, ret),
+            (false, true, false) => self.rows::<DUAL, false, false, true>(task, adv, ret),
+            (false, false, true) => self.rows::<DUAL, false, true, false>(task, adv, ret),
+            (false, false, false) => self.rows::<DUAL, false, true, true>(task, adv, ret),
+        }
+    }
+
+    /// [`Self::task`] for known `UNIT_GAMMA` (γ = 1), `MASKED` (`mask` is not null) and
+    /// `GATED` (`gates` is not null).
+    #[target_feature(enable = "avx2")]
+    unsafe fn rows<const DUAL: bool, const UNIT_GAMMA: bool, const MASKED: bool, const GATED: bool>(
+        &self,
+        task: &Task,
+        adv: &mut [f32],
+        ret: &mut [f32],
+    ) -> bool {
         let base = task.span.start;
         let out = Out { adv: adv.as_mut_ptr().wrapping_sub(base), ret: ret.as_mut_ptr().wrapping_sub(base) };
         let mut flags = Flags { g_bits: _mm_setzero_si128(), masked_reward: _mm_setzero_ps() };
-        let unit_gamma = self.scalar.gamma == 1.0;
         let mut bad = false;
         let mut pending = task.rows.clone();
         let mut t = Trace::EMPTY;
@@ -86,11 +107,7 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
             // Lane 0 holds `V_next`, the value after the next block (see `block`).
             let mut v_after = _mm256_set1_pd(t.v_next);
             while t.left() > 0 {
-                if unit_gamma {
-                    self.block::<DUAL, true>(&mut t, &out, &mut flags, &mut v_after);
-                } else {
-                    self.block::<DUAL, false>(&mut t, &out, &mut flags, &mut v_after);
-                }
+                self.block::<DUAL, UNIT_GAMMA, MASKED, GATED>(&mut t, &out, &mut flags, &mut v_after);
             }
         }
         let one = _mm_set1_epi32(0x3F80_0000);
@@ -119,12 +136,12 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
     /// Four backward steps of `t`: positions `t.next − 4 .. t.next`, lane k of a
     /// vector holding position `t.next − 4 + k`. `v_after` holds `t.v_next` in lane 0
     /// (the `V` vector of the previous block, or a broadcast after single steps); it is
-    /// updated for the next block. `UNIT_GAMMA`: γ = 1.
+    /// updated for the next block. `UNIT_GAMMA`, `MASKED`, `GATED`: as for [`Self::rows`].
     ///
     /// # Safety
     /// `t` has at least four positions left; the CPU has AVX2.
     #[inline(always)]
-    unsafe fn block<const DUAL: bool, const UNIT_GAMMA: bool>(
+    unsafe fn block<const DUAL: bool, const UNIT_GAMMA: bool, const MASKED: bool, const GATED: bool>(
         &self,
         t: &mut Trace,
         out: &Out<f32>,
@@ -133,7 +150,7 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
     ) {
         let s = &self.scalar;
         let i = t.next - 4;
-        if !self.mask.is_null() {
+        if MASKED {
             let m = (self.mask.add(i) as *const u32).read_unaligned();
             if m == 0 {
                 _mm_storeu_ps(out.adv.wrapping_add(i), _mm_setzero_ps());
@@ -157,7 +174,7 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
         let r = _mm256_cvtps_pd(_mm_loadu_ps(s.rewards.add(i)));
         let v = _mm256_cvtps_pd(_mm_loadu_ps(s.values.add(i)));
         let gamma = _mm256_set1_pd(s.gamma);
-        let gg = if self.gates.is_null() {
+        let gg = if !GATED {
             // γ·1 = γ exactly.
             gamma
         } else {
