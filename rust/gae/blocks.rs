@@ -33,6 +33,9 @@
 use std::arch::x86_64::*;
 
 use super::{Out, Streams, Trace};
+
+/// Four bool mask bytes, all true.
+const ALL_VALID_4: u32 = 0x0101_0101;
 use crate::element::{Gates, Mask};
 use crate::layout::{Layout, Task};
 
@@ -107,7 +110,27 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
             // Lane 0 holds `V_next`, the value after the next block (see `block`).
             let mut v_after = _mm256_set1_pd(t.v_next);
             while t.left() > 0 {
-                self.block::<DUAL, UNIT_GAMMA, MASKED, GATED>(&mut t, &out, &mut flags, &mut v_after);
+                // The all-valid blocks from here down, as one pipelined run; else one
+                // block of any kind.
+                let blocks = t.left() / 4;
+                if !MASKED {
+                    let valid = |k: usize| k < blocks;
+                    self.valid_run::<DUAL, UNIT_GAMMA, GATED>(valid, &mut t, &out, &mut flags, &mut v_after);
+                    continue;
+                }
+                let top = t.next;
+                let word = |k: usize| (self.mask.add(top - 4 * (k + 1)) as *const u32).read_unaligned();
+                match word(0) {
+                    ALL_VALID_4 => {
+                        let valid = |k: usize| k < blocks && word(k) == ALL_VALID_4;
+                        self.valid_run::<DUAL, UNIT_GAMMA, GATED>(valid, &mut t, &out, &mut flags, &mut v_after);
+                    }
+                    0 => {
+                        let n = (1..blocks).find(|&k| word(k) != 0).unwrap_or(blocks);
+                        self.masked_run(n, &mut t, &out, &mut flags);
+                    }
+                    _ => self.block::<DUAL, UNIT_GAMMA, MASKED, GATED>(&mut t, &out, &mut flags, &mut v_after),
+                }
             }
         }
         let one = _mm_set1_epi32(0x3F80_0000);
@@ -153,17 +176,10 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
         if MASKED {
             let m = (self.mask.add(i) as *const u32).read_unaligned();
             if m == 0 {
-                _mm_storeu_ps(out.adv.wrapping_add(i), _mm_setzero_ps());
-                _mm_storeu_ps(out.ret.wrapping_add(i), _mm_setzero_ps());
-                if s.strict {
-                    let r = _mm_loadu_ps(s.rewards.add(i));
-                    flags.masked_reward =
-                        _mm_or_ps(flags.masked_reward, _mm_cmp_ps::<_CMP_NEQ_UQ>(r, _mm_setzero_ps()));
-                }
-                t.next = i;
+                self.masked_run(1, t, out, flags);
                 return;
             }
-            if m != 0x0101_0101 {
+            if m != ALL_VALID_4 {
                 for _ in 0..4 {
                     s.step::<DUAL>(t, out);
                 }
@@ -171,6 +187,83 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
                 return;
             }
         }
+        let f = self.front::<DUAL, UNIT_GAMMA, GATED>(i, v_after, &mut flags.g_bits);
+        self.back::<DUAL>(i, scan::<DUAL>(f), t, out);
+    }
+
+    /// The `n` all-masked blocks below `t.next`: zeros out, and (unless masked rewards
+    /// are dropped) a check that their rewards are zero.
+    #[inline(always)]
+    unsafe fn masked_run(&self, n: usize, t: &mut Trace, out: &Out<f32>, flags: &mut Flags) {
+        let s = &self.scalar;
+        for _ in 0..n {
+            let i = t.next - 4;
+            _mm_storeu_ps(out.adv.wrapping_add(i), _mm_setzero_ps());
+            _mm_storeu_ps(out.ret.wrapping_add(i), _mm_setzero_ps());
+            if s.strict {
+                let r = _mm_loadu_ps(s.rewards.add(i));
+                flags.masked_reward = _mm_or_ps(flags.masked_reward, _mm_cmp_ps::<_CMP_NEQ_UQ>(r, _mm_setzero_ps()));
+            }
+            t.next = i;
+        }
+    }
+
+    /// A run of all-valid blocks below `t.next`, block k (counted down from `t.next`)
+    /// taken while `valid(k)`, which holds for k = 0. The run is software-pipelined:
+    /// each block goes through three stages, [`Self::front`] (loads, `δ`, `c`),
+    /// [`scan`] (`S`, `P`) and [`Self::back`] (the carry, `R`, stores), and each turn
+    /// of the loop runs the front of block k, the scan of block k − 1 and the back of
+    /// block k − 2. Every block's own path from loads to stores is long (about 45
+    /// cycles); written one block after another, the core's scheduler fills up with
+    /// blocks waiting on it before it reaches the next block's loads. Interleaved, the
+    /// independent work of three blocks sits side by side in program order. The
+    /// operations on each block are those of [`Self::block`], so the results are the
+    /// same bits.
+    ///
+    /// # Safety
+    /// Every block for which `valid` holds lies in `t`'s row and is all valid; the CPU
+    /// has AVX2.
+    #[inline(always)]
+    unsafe fn valid_run<const DUAL: bool, const UNIT_GAMMA: bool, const GATED: bool>(
+        &self,
+        valid: impl Fn(usize) -> bool,
+        t: &mut Trace,
+        out: &Out<f32>,
+        flags: &mut Flags,
+        v_after: &mut __m256d,
+    ) {
+        let top = t.next;
+        let at = |k: usize| top - 4 * (k + 1);
+        let f0 = self.front::<DUAL, UNIT_GAMMA, GATED>(at(0), v_after, &mut flags.g_bits);
+        if !valid(1) {
+            self.back::<DUAL>(at(0), scan::<DUAL>(f0), t, out);
+            return;
+        }
+        let mut front = self.front::<DUAL, UNIT_GAMMA, GATED>(at(1), v_after, &mut flags.g_bits);
+        let mut scanned = scan::<DUAL>(f0);
+        let mut k = 2;
+        while valid(k) {
+            let next_front = self.front::<DUAL, UNIT_GAMMA, GATED>(at(k), v_after, &mut flags.g_bits);
+            let next_scanned = scan::<DUAL>(front);
+            self.back::<DUAL>(at(k - 2), scanned, t, out);
+            (front, scanned) = (next_front, next_scanned);
+            k += 1;
+        }
+        let last = scan::<DUAL>(front);
+        self.back::<DUAL>(at(k - 2), scanned, t, out);
+        self.back::<DUAL>(at(k - 1), last, t, out);
+    }
+
+    /// Stage one of an all-valid block at `i`: widened inputs, `δ`, `c` (and `c^c`).
+    /// `v_after` holds `V_next` in lane 0 and becomes this block's `V`.
+    #[inline(always)]
+    unsafe fn front<const DUAL: bool, const UNIT_GAMMA: bool, const GATED: bool>(
+        &self,
+        i: usize,
+        v_after: &mut __m256d,
+        g_bits: &mut __m128i,
+    ) -> Front {
+        let s = &self.scalar;
         let r = _mm256_cvtps_pd(_mm_loadu_ps(s.rewards.add(i)));
         let v = _mm256_cvtps_pd(_mm_loadu_ps(s.values.add(i)));
         let gamma = _mm256_set1_pd(s.gamma);
@@ -179,7 +272,7 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
             gamma
         } else {
             let g = _mm_loadu_ps(self.gates.add(i));
-            flags.g_bits = _mm_max_epu32(flags.g_bits, _mm_castps_si128(g));
+            *g_bits = _mm_max_epu32(*g_bits, _mm_castps_si128(g));
             // With γ = 1, γ·g = g exactly.
             if UNIT_GAMMA {
                 _mm256_cvtps_pd(g)
@@ -191,35 +284,76 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
         // `v_after`): [v2, v3, a0, a1] from the halves, then [v1, v2, v3, a0].
         let v_next = _mm256_shuffle_pd::<0b0101>(v, _mm256_permute2f128_pd::<0x21>(v, *v_after));
         *v_after = v;
-        let delta = _mm256_sub_pd(_mm256_add_pd(r, _mm256_mul_pd(gg, v_next)), v);
-        let a = unroll(delta, _mm256_mul_pd(gg, _mm256_set1_pd(s.lam)), t.a);
-        let ac = if DUAL { unroll(delta, _mm256_mul_pd(gg, _mm256_set1_pd(s.lam_critic)), t.ac) } else { a };
+        Front {
+            delta: _mm256_sub_pd(_mm256_add_pd(r, _mm256_mul_pd(gg, v_next)), v),
+            c: _mm256_mul_pd(gg, _mm256_set1_pd(s.lam)),
+            c_critic: if DUAL { _mm256_mul_pd(gg, _mm256_set1_pd(s.lam_critic)) } else { _mm256_setzero_pd() },
+            v,
+        }
+    }
+
+    /// Stage three of an all-valid block at `i`: `A = S + P·A_next` (the trace's),
+    /// `R = A^c + V`, the stores, and the trace moved past the block.
+    #[inline(always)]
+    unsafe fn back<const DUAL: bool>(&self, i: usize, b: Scanned, t: &mut Trace, out: &Out<f32>) {
+        let a = _mm256_add_pd(b.s, _mm256_mul_pd(b.p, _mm256_set1_pd(t.a)));
+        let ac = if DUAL { _mm256_add_pd(b.s_critic, _mm256_mul_pd(b.p_critic, _mm256_set1_pd(t.ac))) } else { a };
         t.a = _mm256_cvtsd_f64(a);
         t.ac = _mm256_cvtsd_f64(ac);
-        t.v_next = _mm256_cvtsd_f64(v);
+        t.v_next = _mm256_cvtsd_f64(b.v);
         t.next = i;
         _mm_storeu_ps(out.adv.wrapping_add(i), _mm256_cvtpd_ps(a));
-        _mm_storeu_ps(out.ret.wrapping_add(i), _mm256_cvtpd_ps(_mm256_add_pd(ac, v)));
+        _mm_storeu_ps(out.ret.wrapping_add(i), _mm256_cvtpd_ps(_mm256_add_pd(ac, b.v)));
     }
 }
 
-/// [`super::unroll`] in vector lanes (lane k = position k of the block): the same
-/// operations, the padding terms included (`δ = 0`, `c = 1` enter lanes 1 and 3 of step
-/// one; `s = 0`, `p = 1` lanes 2 and 3 of step two).
+/// An all-valid block after [`Blocks::front`].
+#[derive(Clone, Copy)]
+struct Front {
+    delta: __m256d,
+    c: __m256d,
+    /// `c^c` (with a decoupled critic λ; unused otherwise).
+    c_critic: __m256d,
+    v: __m256d,
+}
+
+/// An all-valid block after [`scan`]: `A = S + P·A_next` (and the critic's), and `V`.
+#[derive(Clone, Copy)]
+struct Scanned {
+    s: __m256d,
+    p: __m256d,
+    s_critic: __m256d,
+    p_critic: __m256d,
+    v: __m256d,
+}
+
+/// Stage two of an all-valid block: the scan of [`unroll`] for `c` (and `c^c`).
 ///
 /// # Safety
 /// The CPU has AVX2.
 #[inline(always)]
-unsafe fn unroll(d: __m256d, c: __m256d, next: f64) -> __m256d {
+unsafe fn scan<const DUAL: bool>(f: Front) -> Scanned {
+    let (s, p) = unroll(f.delta, f.c);
+    let (s_critic, p_critic) = if DUAL { unroll(f.delta, f.c_critic) } else { (s, p) };
+    Scanned { s, p, s_critic, p_critic, v: f.v }
+}
+
+/// [`super::unroll`] in vector lanes (lane k = position k of the block), up to `(S, P)`
+/// (the caller then forms `A = S + P·A_next`): the same operations, the padding terms
+/// included (`δ = 0`, `c = 1` enter lanes 1 and 3 of step one; `s = 0`, `p = 1` lanes
+/// 2 and 3 of step two).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn unroll(d: __m256d, c: __m256d) -> (__m256d, __m256d) {
     let (zero, one) = (_mm256_setzero_pd(), _mm256_set1_pd(1.0));
     // [x1, 0, x3, 0] and [c1, 1, c3, 1]: odd lanes moved down inside each half.
     let d_pair = _mm256_unpackhi_pd(d, zero);
     let c_pair = _mm256_unpackhi_pd(c, one);
     let s = _mm256_add_pd(d, _mm256_mul_pd(c, d_pair));
     let p = _mm256_mul_pd(c, c_pair);
-    let big_s = _mm256_add_pd(s, _mm256_mul_pd(p, lane2_down(s, zero)));
-    let big_p = _mm256_mul_pd(p, lane2_down(p, one));
-    _mm256_add_pd(big_s, _mm256_mul_pd(big_p, _mm256_set1_pd(next)))
+    (_mm256_add_pd(s, _mm256_mul_pd(p, lane2_down(s, zero))), _mm256_mul_pd(p, lane2_down(p, one)))
 }
 
 /// `[x2, x2, fill0, fill1]`: lane 2 of `x` copied to lanes 0 and 1, the low half of
