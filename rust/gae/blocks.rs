@@ -5,13 +5,19 @@
 //! position `i + k`: loading and widening the inputs, `gg = γ·g`, `δ = r + gg·V_next −
 //! V`, `c = gg·λ`, the scan of [`super::unroll`] (two shuffle-multiply-add steps), `A =
 //! S + P·A_next`, `R = A^c + V`, narrowing and storing, and the input checks. From
-//! block to block the only dependency is one multiply and one add, so the core keeps
-//! many blocks in flight and the loads overlap the arithmetic.
+//! block to block the only dependency is one multiply and one add.
 //!
-//! What limits the loop is then one execution port: on the Zen cores this was tuned on,
-//! the widening and narrowing conversions and every shuffle that moves a value between
-//! the two 128-bit halves of a register share it (`vpermpd` costs about two slots), while
-//! multiplies, adds and in-half shuffles have ports to spare. So the loop keeps
+//! What limits the loop then is how many blocks the core keeps in flight: a block's own
+//! path from loads to stores is about 45 cycles, and the scheduler fills with blocks
+//! waiting on it. So runs of all-valid blocks are software-pipelined
+//! ([`Blocks::valid_run`]): each turn does the front of one block, the scan of the one
+//! before and the back of the one before that. Runs of all-masked blocks take a tight
+//! loop of their own, and the loop is compiled once per case (γ = 1, mask given, gates
+//! given), so no block re-tests what the task knows.
+//!
+//! The busiest port also matters: on the Zen cores this was tuned on, the widening and
+//! narrowing conversions and every shuffle that moves a value between the two 128-bit
+//! halves of a register share it (`vpermpd` costs about two slots). So the loop keeps
 //! cross-half moves to four per block: `V_next` comes from this block's and the previous
 //! block's `V` (one `vperm2f128`, not a permute plus a broadcast), the scan's first step
 //! stays inside the halves, its second step moves one value per vector (`vmovddup` then
@@ -33,11 +39,11 @@
 use std::arch::x86_64::*;
 
 use super::{Out, Streams, Trace};
+use crate::element::{Gates, Mask};
+use crate::layout::{Layout, Task};
 
 /// Four bool mask bytes, all true.
 const ALL_VALID_4: u32 = 0x0101_0101;
-use crate::element::{Gates, Mask};
-use crate::layout::{Layout, Task};
 
 /// The `f32` streams of one call, as raw pointers indexed by flat position.
 #[derive(Clone, Copy)]
