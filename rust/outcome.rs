@@ -87,8 +87,8 @@ impl Hasher for IdHasher {
 /// bit pattern of an `f64` (read back with [`id_at`]) and overwritten with the
 /// advantage in the last pass, which saves allocating (and page-faulting) an index
 /// array per call.
-fn dense_ids(groups: &[i64], ids: &mut [f64]) -> usize {
-    let (lo, hi) = groups.iter().fold((i64::MAX, i64::MIN), |(lo, hi), &g| (lo.min(g), hi.max(g)));
+/// `lo` and `hi` are the smallest and largest id.
+fn dense_ids(groups: &[i64], (lo, hi): (i64, i64), ids: &mut [f64]) -> usize {
     let span = (hi as i128 - lo as i128) as u128;
     if !groups.is_empty() && span < (4 * groups.len() as u128 + 1024) {
         // ids in a compact range: a direct table
@@ -119,13 +119,31 @@ fn id_at(slot: &f64) -> usize {
     slot.to_bits() as usize
 }
 
+/// `table[id]` for a per-group table and an index from [`dense_ids`], without a bounds
+/// test in the per-sequence loops: every index `dense_ids` stores is below the number
+/// of groups it returns, which is the length of every per-group table.
+#[inline(always)]
+fn group<T>(table: &[T], id: usize) -> &T {
+    debug_assert!(id < table.len());
+    // SAFETY: see above; `id < table.len()`.
+    unsafe { table.get_unchecked(id) }
+}
+
+/// [`group`], mutable.
+#[inline(always)]
+fn group_mut<T>(table: &mut [T], id: usize) -> &mut T {
+    debug_assert!(id < table.len());
+    // SAFETY: as for [`group`].
+    unsafe { table.get_unchecked_mut(id) }
+}
+
 /// First pass: the dense group index of every sequence (into `ids`) and each group's
-/// running sums.
-fn index_and_sum(scores: &[f64], groups: &[i64], ids: &mut [f64]) -> Vec<Group> {
-    let n_groups = dense_ids(groups, ids);
+/// running sums. `id_range` as for [`dense_ids`].
+fn index_and_sum(scores: &[f64], groups: &[i64], id_range: (i64, i64), ids: &mut [f64]) -> Vec<Group> {
+    let n_groups = dense_ids(groups, id_range, ids);
     let mut sums = vec![Group::EMPTY; n_groups];
     for (&s, id) in scores.iter().zip(ids.iter()) {
-        sums[id_at(id)].add(s);
+        group_mut(&mut sums, id_at(id)).add(s);
     }
     sums
 }
@@ -175,11 +193,16 @@ pub fn group_advantages(
             got: format!("{eps}"),
         });
     }
-    if !scores.iter().fold(true, |ok, s| ok & s.is_finite()) {
+    // One pass over both inputs: the scores are finite, and the range of the ids.
+    let (lo, hi, scores_finite) = scores
+        .iter()
+        .zip(groups)
+        .fold((i64::MAX, i64::MIN, true), |(lo, hi, ok), (s, &g)| (lo.min(g), hi.max(g), ok & s.is_finite()));
+    if !scores_finite {
         let i = scores.iter().position(|s| !s.is_finite()).unwrap_or(0);
         return Err(KernelError::NonFiniteIndex { arg: "scores", index: i, value: scores[i] });
     }
-    let mut sums = index_and_sum(scores, groups, out);
+    let mut sums = index_and_sum(scores, groups, (lo, hi), out);
     // Groups whose scores are all beyond 2^±500 are summed again scaled by a power of
     // two, so that neither their sums overflow nor their squared deviations underflow.
     let extreme = |gr: &Group| {
@@ -216,8 +239,8 @@ pub fn group_advantages(
             // k ≡ 1: the same sums without the multiplications by one
             for (&s, id) in scores.iter().zip(out.iter()) {
                 let id = id_at(id);
-                let d = s - means[id];
-                sq_dev[id] += d * d;
+                let d = s - group(&means, id);
+                *group_mut(&mut sq_dev, id) += d * d;
             }
         }
     }
@@ -226,6 +249,8 @@ pub fn group_advantages(
         Singleton::Zero => Affine::ZERO,
         Singleton::Raw => Affine::RAW,
     };
+    // From here `finite` tracks the advantages.
+    let mut finite = true;
     if method == Method::Rloo {
         // a = (s·k − (total − s·k)/(n − 1)) / k: not affine in one division, so its own loop.
         let rules: Vec<Option<(f64, f64, f64)>> = sums
@@ -241,6 +266,7 @@ pub fn group_advantages(
                 None if gr.n == 1 => (s * singleton_rule.k - singleton_rule.center) / singleton_rule.scale,
                 None => 0.0,
             };
+            finite &= o.is_finite();
         }
     } else {
         let rules: Vec<Affine> = sums
@@ -262,11 +288,12 @@ pub fn group_advantages(
             })
             .collect();
         for (o, &s) in out.iter_mut().zip(scores) {
-            let r = rules[id_at(o)];
+            let r = group(&rules, id_at(o));
             *o = (s * r.k - r.center) / r.scale;
+            finite &= o.is_finite();
         }
     }
-    if !out.iter().fold(true, |ok, a| ok & a.is_finite()) {
+    if !finite {
         let i = out.iter().position(|a| !a.is_finite()).unwrap_or(0);
         return Err(KernelError::Parameter {
             arg: "scores",
