@@ -151,10 +151,14 @@ pub fn split_by_tasks<'o, T>(mut out: &'o mut [T], tasks: &[Task]) -> Vec<&'o mu
     pieces
 }
 
-/// How many positions one parallel task should cover: enough to amortise scheduling,
-/// few enough that every thread gets several tasks.
+/// How many positions one parallel task should cover: enough to amortise scheduling
+/// (about a microsecond per task), few enough that every thread gets many tasks. Rows
+/// of a padded batch differ in how much of them is valid, so tasks of equal size take
+/// unequal time, and the last one a thread takes decides when the call ends: 32 tasks
+/// per thread left the GAE kernel 1–22% faster on W1 and W2 than 8 did (two threads,
+/// one process, alternating).
 pub fn task_size(n: usize, threads: usize) -> usize {
-    (n / (threads.max(1) * 8)).clamp(1 << 14, 1 << 20)
+    (n / (threads.max(1) * 32)).clamp(1 << 14, 1 << 20)
 }
 
 #[cfg(test)]
