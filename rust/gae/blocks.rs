@@ -113,7 +113,7 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
             while t.left() % 4 != 0 {
                 self.scalar.step::<DUAL>(&mut t, &out);
             }
-            // Lane 0 holds `V_next`, the value after the next block (see `block`).
+            // Lane 0 holds `V_next`, the value after the next block (see `front`).
             let mut v_after = _mm256_set1_pd(t.v_next);
             while t.left() > 0 {
                 // The all-valid blocks from here down, as one pipelined run; else one
@@ -135,7 +135,7 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
                         let n = (1..blocks).find(|&k| word(k) != 0).unwrap_or(blocks);
                         self.masked_run(n, &mut t, &out, &mut flags);
                     }
-                    _ => self.block::<DUAL, UNIT_GAMMA, MASKED, GATED>(&mut t, &out, &mut flags, &mut v_after),
+                    _ => self.mixed_block::<DUAL>(&mut t, &out, &mut v_after),
                 }
             }
         }
@@ -162,39 +162,17 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
         true
     }
 
-    /// Four backward steps of `t`: positions `t.next − 4 .. t.next`, lane k of a
-    /// vector holding position `t.next − 4 + k`. `v_after` holds `t.v_next` in lane 0
-    /// (the `V` vector of the previous block, or a broadcast after single steps); it is
-    /// updated for the next block. `UNIT_GAMMA`, `MASKED`, `GATED`: as for [`Self::rows`].
+    /// A block with both valid and masked positions: four single steps of the scalar
+    /// loop. `v_after` is reset to the trace's `V_next` for the blocks that follow.
     ///
     /// # Safety
-    /// `t` has at least four positions left; the CPU has AVX2.
+    /// `t` has at least four positions left.
     #[inline(always)]
-    unsafe fn block<const DUAL: bool, const UNIT_GAMMA: bool, const MASKED: bool, const GATED: bool>(
-        &self,
-        t: &mut Trace,
-        out: &Out<f32>,
-        flags: &mut Flags,
-        v_after: &mut __m256d,
-    ) {
-        let s = &self.scalar;
-        let i = t.next - 4;
-        if MASKED {
-            let m = (self.mask.add(i) as *const u32).read_unaligned();
-            if m == 0 {
-                self.masked_run(1, t, out, flags);
-                return;
-            }
-            if m != ALL_VALID_4 {
-                for _ in 0..4 {
-                    s.step::<DUAL>(t, out);
-                }
-                *v_after = _mm256_set1_pd(t.v_next);
-                return;
-            }
+    unsafe fn mixed_block<const DUAL: bool>(&self, t: &mut Trace, out: &Out<f32>, v_after: &mut __m256d) {
+        for _ in 0..4 {
+            self.scalar.step::<DUAL>(t, out);
         }
-        let f = self.front::<DUAL, UNIT_GAMMA, GATED>(i, v_after, &mut flags.g_bits);
-        self.back::<DUAL>(i, scan::<DUAL>(f), t, out);
+        *v_after = _mm256_set1_pd(t.v_next);
     }
 
     /// The `n` all-masked blocks below `t.next`: zeros out, and (unless masked rewards
@@ -222,9 +200,8 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
     /// block k − 2. Every block's own path from loads to stores is long (about 45
     /// cycles); written one block after another, the core's scheduler fills up with
     /// blocks waiting on it before it reaches the next block's loads. Interleaved, the
-    /// independent work of three blocks sits side by side in program order. The
-    /// operations on each block are those of [`Self::block`], so the results are the
-    /// same bits.
+    /// independent work of three blocks sits side by side in program order. A run of
+    /// one block takes the three stages in a row.
     ///
     /// # Safety
     /// Every block for which `valid` holds lies in `t`'s row and is all valid; the CPU
@@ -260,8 +237,10 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
         self.back::<DUAL>(at(k - 1), last, t, out);
     }
 
-    /// Stage one of an all-valid block at `i`: widened inputs, `δ`, `c` (and `c^c`).
-    /// `v_after` holds `V_next` in lane 0 and becomes this block's `V`.
+    /// Stage one of an all-valid block at `i` (lane k of a vector holds position
+    /// `i + k`): widened inputs, `δ`, `c` (and `c^c`). `v_after` holds `V_next` in lane
+    /// 0 (the previous block's `V`, or a broadcast of the trace's) and becomes this
+    /// block's `V`.
     #[inline(always)]
     unsafe fn front<const DUAL: bool, const UNIT_GAMMA: bool, const GATED: bool>(
         &self,
