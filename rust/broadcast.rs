@@ -4,7 +4,7 @@
 use crate::checks::check_len;
 use crate::element::{Float, Mask};
 use crate::error::{KernelError, Result};
-use crate::layout::{split_by_tasks, task_size, Layout};
+use crate::layout::Layout;
 use crate::pool;
 
 pub fn broadcast<F: Float, M: Mask>(layout: &Layout, per_row: &[F], mask: M, out: &mut [F]) -> Result<()> {
@@ -21,10 +21,7 @@ pub fn broadcast<F: Float, M: Mask>(layout: &Layout, per_row: &[F], mask: M, out
     if let Some(b) = per_row.iter().position(|x| !x.to_f64().is_finite()) {
         return Err(KernelError::NonFiniteIndex { arg: "per_sequence", index: b, value: per_row[b].to_f64() });
     }
-    let tasks = layout.tasks(task_size(n, pool::num_threads()));
-    let pieces = split_by_tasks(out, &tasks);
-    let work: Vec<_> = tasks.iter().zip(pieces).collect();
-    pool::map(work, n >= pool::PARALLEL_MIN, |(task, piece)| {
+    pool::map_pieces(layout, out, |task, piece| {
         for b in task.rows.clone() {
             let value = per_row[b];
             for i in layout.row(b) {

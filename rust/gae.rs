@@ -17,8 +17,8 @@
 //! positions counted from its first position; a block whose four positions are all
 //! valid is unrolled by [`unroll`] into `A_k = S_k + P_k·A_4` (`A_4` being the advantage
 //! just after the block) with `(S, P)` from a two-step suffix scan of `(δ, c)` inside the
-//! block (pairs of positions first, then the pairs), so that from one block to the next the dependency chain is one multiply and
-//! one add instead of four of each. Every other position (a block with a masked
+//! block (pairs of positions first, then the two pairs), so that from one block to the
+//! next the dependency chain is one multiply and one add instead of four of each. Every other position (a block with a masked
 //! position, the row's last `len % 4` positions) takes the plain step
 //! `A = δ + c·A_next`, and so does a block whose sums overflow where the plain steps may
 //! not (float64 inputs near the largest double).
@@ -49,7 +49,7 @@ use crate::checks::{check_len, check_row_values, first_bad_token};
 use crate::element::MaskSlice;
 use crate::element::{Float, Gates, Mask};
 use crate::error::{check_unit_interval, Result};
-use crate::layout::{split_by_tasks, task_size, Layout, Task};
+use crate::layout::{split_by_tasks, Layout, Task};
 use crate::pool;
 
 #[cfg(target_arch = "x86_64")]
@@ -167,7 +167,7 @@ impl Trace {
 impl<F: Float, M: Mask, G: Gates> Kernel<'_, F, M, G> {
     /// Runs every task on the pool; returns whether any task saw a suspicious input.
     fn run<const DUAL: bool>(&self, advantages: &mut [F], returns: &mut [F]) -> bool {
-        let tasks = self.layout.tasks(task_size(self.layout.len(), pool::num_threads()));
+        let tasks = pool::tasks(self.layout);
         let adv = split_by_tasks(advantages, &tasks);
         let ret = split_by_tasks(returns, &tasks);
         let work: Vec<_> = tasks.iter().zip(adv).zip(ret).collect();

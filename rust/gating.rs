@@ -18,7 +18,7 @@
 use crate::checks::{check_len, first_offender, KernelErrorAt};
 use crate::element::{Float, Mask};
 use crate::error::{KernelError, Result};
-use crate::layout::{split_by_tasks, task_size, Layout};
+use crate::layout::Layout;
 use crate::pool;
 use crate::whiten::{batch_moments, row_moments, Moments};
 
@@ -285,10 +285,7 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
         })()?
     };
 
-    let tasks = layout.tasks(task_size(n, pool::num_threads()));
-    let pieces = split_by_tasks(out, &tasks);
-    let work: Vec<_> = tasks.iter().zip(pieces).collect();
-    pool::map(work, parallel, |(task, piece)| {
+    pool::map_pieces(layout, out, |task, piece| {
         for b in task.rows.clone() {
             let span = layout.row(b);
             let o = &mut piece[span.start - task.span.start..span.end - task.span.start];

@@ -86,8 +86,7 @@ impl Hasher for IdHasher {
 /// `ids` is the caller's output buffer, used as scratch: each index is stored as the
 /// bit pattern of an `f64` (read back with [`id_at`]) and overwritten with the
 /// advantage in the last pass, which saves allocating (and page-faulting) an index
-/// array per call.
-/// `lo` and `hi` are the smallest and largest id.
+/// array per call. `lo` and `hi` are the smallest and largest id.
 fn dense_ids(groups: &[i64], (lo, hi): (i64, i64), ids: &mut [f64]) -> usize {
     let span = (hi as i128 - lo as i128) as u128;
     if !groups.is_empty() && span < (4 * groups.len() as u128 + 1024) {

@@ -6,6 +6,7 @@
 //! Results never depend on the size: every kernel computes each row independently and
 //! reduces across rows in row order.
 
+use crate::layout::{split_by_tasks, task_size, Layout, Task};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -74,16 +75,30 @@ pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// tens of microseconds (more in a VM), more than the work.
 pub const PARALLEL_MIN: usize = 1 << 15;
 
-/// `(0..layout.rows()).map(f)` in row order, run by [`map`] over tasks of whole
-/// consecutive rows ([`crate::layout::Layout::tasks`]) rather than one item per row:
-/// handing an item over costs ~0.1 µs, as much as a short row's work.
-pub fn map_rows<R: Send>(
-    layout: &crate::layout::Layout,
-    parallel: bool,
-    f: impl Fn(usize) -> R + Sync + Send,
+/// The tasks a parallel pass over `layout` is cut into: runs of whole consecutive rows
+/// of about [`task_size`] positions for the current number of threads.
+pub fn tasks(layout: &Layout) -> Vec<Task> {
+    layout.tasks(task_size(layout.len(), num_threads()))
+}
+
+/// `(0..layout.rows()).map(f)` in row order, run by [`map`] over the [`tasks`] rather
+/// than one item per row: handing an item over costs ~0.1 µs, as much as a short row's
+/// work.
+pub fn map_rows<R: Send>(layout: &Layout, parallel: bool, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
+    map(tasks(layout), parallel, |task| task.rows.map(&f).collect::<Vec<R>>()).into_iter().flatten().collect()
+}
+
+/// `f(task, piece)` for each of the [`tasks`], in task order, where `piece` is the part
+/// of `out` (an `[N]` array laid out by `layout`) that covers the task's span. Runs in
+/// parallel for batches of at least [`PARALLEL_MIN`] positions.
+pub fn map_pieces<T: Send, R: Send>(
+    layout: &Layout,
+    out: &mut [T],
+    f: impl Fn(&Task, &mut [T]) -> R + Sync + Send,
 ) -> Vec<R> {
-    let tasks = layout.tasks(crate::layout::task_size(layout.len(), num_threads()));
-    map(tasks, parallel, |task| task.rows.map(&f).collect::<Vec<R>>()).into_iter().flatten().collect()
+    let tasks = tasks(layout);
+    let work: Vec<_> = tasks.iter().zip(split_by_tasks(out, &tasks)).collect();
+    map(work, layout.len() >= PARALLEL_MIN, |(task, piece)| f(task, piece))
 }
 
 /// `items.map(f)` in order. When `parallel` (and there are at least two items and two

@@ -13,7 +13,7 @@
 use crate::checks::{check_len, check_row_values, first_bad_token};
 use crate::element::{Float, Gates, Mask};
 use crate::error::{check_unit_interval, Result};
-use crate::layout::{split_by_tasks, task_size, Layout};
+use crate::layout::Layout;
 use crate::pool;
 
 /// TD targets written into `out`. On error the contents of `out` are unspecified.
@@ -37,10 +37,7 @@ pub fn td_targets<F: Float, M: Mask, G: Gates>(
     check_len("out", Some(out.len()), n)?;
     check_row_values("last_values", last_values, layout.rows())?;
 
-    let tasks = layout.tasks(task_size(n, pool::num_threads()));
-    let pieces = split_by_tasks(out, &tasks);
-    let work: Vec<_> = tasks.iter().zip(pieces).collect();
-    let suspicious = pool::map(work, n >= pool::PARALLEL_MIN, |(task, piece)| {
+    let suspicious = pool::map_pieces(layout, out, |task, piece| {
         let mut bad = false;
         for b in task.rows.clone() {
             let row = layout.row(b);

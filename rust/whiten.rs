@@ -14,7 +14,7 @@
 use crate::checks::{check_len, first_offender, KernelErrorAt};
 use crate::element::{Float, Mask};
 use crate::error::{KernelError, Result};
-use crate::layout::{split_by_tasks, task_size, Layout};
+use crate::layout::Layout;
 use crate::pool;
 
 /// `Some($body)` with `$m` bound to the mask's typed slice when hand-vectorized loops
@@ -480,12 +480,7 @@ pub fn masked_whiten<F: Float, M: Mask>(
 ) -> Result<()> {
     check_len("out", Some(out.len()), layout.len())?;
     let map = WhitenMap::new(layout, x, &mask, shift_mean, eps)?;
-    let tasks = layout.tasks(task_size(layout.len(), pool::num_threads()));
-    let pieces = split_by_tasks(out, &tasks);
-    let work: Vec<_> = tasks.iter().zip(pieces).collect();
-    pool::map(work, layout.len() >= pool::PARALLEL_MIN, |(task, piece)| {
-        map.write(&x[task.span.clone()], task.span.start, piece)
-    });
+    pool::map_pieces(layout, out, |task, piece| map.write(&x[task.span.clone()], task.span.start, piece));
     Ok(())
 }
 
@@ -499,10 +494,7 @@ pub fn masked_whiten_in_place<F: Float, M: Mask>(
     eps: f64,
 ) -> Result<()> {
     let map = WhitenMap::new(layout, x, &mask, shift_mean, eps)?;
-    let tasks = layout.tasks(task_size(layout.len(), pool::num_threads()));
-    let pieces = split_by_tasks(x, &tasks);
-    let work: Vec<_> = tasks.iter().zip(pieces).collect();
-    pool::map(work, layout.len() >= pool::PARALLEL_MIN, |(task, piece)| map.write_in_place(task.span.start, piece));
+    pool::map_pieces(layout, x, |task, piece| map.write_in_place(task.span.start, piece));
     Ok(())
 }
 

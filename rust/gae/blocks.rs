@@ -342,9 +342,9 @@ unsafe fn unroll(d: __m256d, c: __m256d) -> (__m256d, __m256d) {
 }
 
 /// `[x2, x2, fill0, fill1]`: lane 2 of `x` copied to lanes 0 and 1, the low half of
-/// `fill` above it. One in-half `vmovddup` and one
-/// `vperm2f128`, in assembly: left to itself the compiler merges the two into a
-/// `vpermpd` plus a blend, which costs the loop's busiest port twice as much.
+/// `fill` above it. One in-half `vmovddup` and one `vperm2f128`, in assembly: left to
+/// itself the compiler merges the two into a `vpermpd` plus a blend, which costs the
+/// loop's busiest port twice as much.
 ///
 /// # Safety
 /// The CPU has AVX2.
