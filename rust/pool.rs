@@ -7,7 +7,8 @@
 //! reduces across rows in row order.
 
 use crate::layout::{split_by_tasks, task_size, Layout, Task};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub const ENV_VAR: &str = "COMPPO_NUM_THREADS";
@@ -110,8 +111,9 @@ pub fn map_pieces<T: Send, R: Send>(
 /// for waking the workers before any work starts, and leaves the caller idle: a batch
 /// of 8 × 4096 tokens took longer on two threads than on one.)
 ///
-/// Which thread computes an item never changes its result, so results do not depend on
-/// the number of threads.
+/// The call waits only for the helpers that joined, and it waits by spinning: see
+/// [`Helpers`]. Which thread computes an item never changes its result, so results do
+/// not depend on the number of threads.
 pub fn map<I: Send, R: Send>(items: Vec<I>, parallel: bool, f: impl Fn(I) -> R + Sync + Send) -> Vec<R> {
     let threads = num_threads();
     let n = items.len();
@@ -133,24 +135,106 @@ pub fn map<I: Send, R: Send>(items: Vec<I>, parallel: bool, f: impl Fn(I) -> R +
             *results[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
         }
     };
-    pool().in_place_scope(|scope| {
-        for _ in 1..threads.min(n) {
-            scope.spawn(|_| work());
-        }
-        work();
-    });
+    Helpers::run(&pool(), threads.min(n) - 1, &work);
     results
         .into_iter()
         .map(|r| r.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every item was claimed and computed"))
         .collect()
 }
 
+/// The helpers of one [`map`] call: pool jobs that run the call's `work` too, and the
+/// handshake that lets the call return without waiting for the ones that never started.
+///
+/// A scoped spawn (`rayon::scope`) would make the call wait until every helper job has
+/// run, and block on a lock while it waits. On the 2-vCPU VMs this was tuned on, waking
+/// a sleeping thread takes 50–70 µs: a helper that wakes after the caller has claimed
+/// every item would still hold the call up that long, and so would waking the caller
+/// when it blocked for a helper's last item (measured: 25–70 µs of every 800 µs call).
+/// Here instead a helper *joins* (counts itself `active`) only while the call is still
+/// open; the caller, when its own loop runs out of items, closes the call and spins
+/// until no helper is active. A helper that arrives later finds it closed and leaves
+/// without touching the call's data. Both sides use sequentially consistent order, so
+/// either the caller sees the helper active or the helper sees the call closed.
+struct Helpers {
+    active: AtomicUsize,
+    closed: AtomicBool,
+    panicked: AtomicBool,
+}
+
+/// `work` with its lifetime erased, for the pool's `'static` jobs: it is only called
+/// by a helper that joined the open call (see [`Helpers`]), and the call outlives
+/// every joined helper.
+struct WorkPtr(*const (dyn Fn() + Sync));
+
+// SAFETY: the pointee is `Sync`, so it may be shared with (and called from) any thread.
+unsafe impl Send for WorkPtr {}
+
+impl Helpers {
+    /// Runs `work` on the calling thread and on up to `count` pool workers, and returns
+    /// once no worker can touch it any more. A panic in `work` on any thread is raised
+    /// here after every joined helper has left.
+    fn run(pool: &rayon::ThreadPool, count: usize, work: &(dyn Fn() + Sync)) {
+        let shared = Arc::new(Helpers {
+            active: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+        });
+        // SAFETY (of the transmute): only the lifetime changes; see `WorkPtr`.
+        let erased: *const (dyn Fn() + Sync + 'static) =
+            unsafe { std::mem::transmute(work as *const (dyn Fn() + Sync)) };
+        for _ in 0..count {
+            let (shared, job) = (shared.clone(), WorkPtr(erased));
+            pool.spawn(move || {
+                let job = job; // the whole wrapper, not its raw (non-`Send`) field
+                shared.active.fetch_add(1, Ordering::SeqCst);
+                if !shared.closed.load(Ordering::SeqCst) {
+                    // SAFETY: joined while the call was open, so `run` is still waiting
+                    // for this helper and `work` is alive.
+                    let work = unsafe { &*job.0 };
+                    if catch_unwind(AssertUnwindSafe(work)).is_err() {
+                        shared.panicked.store(true, Ordering::SeqCst);
+                    }
+                }
+                shared.active.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+        let own = catch_unwind(AssertUnwindSafe(work));
+        shared.closed.store(true, Ordering::SeqCst);
+        // A joined helper holds at most the one item it is computing (a task of 1/32
+        // of a thread's share), so the wait is short: spin, then yield the core if the
+        // helper's thread was descheduled.
+        let mut spins = 0u32;
+        while shared.active.load(Ordering::SeqCst) != 0 {
+            if spins < 1 << 16 {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        if let Err(payload) = own {
+            resume_unwind(payload);
+        }
+        if shared.panicked.load(Ordering::SeqCst) {
+            panic!("a comppo pool worker panicked");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The pool size is global: tests that set it run one at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     #[test]
     fn set_then_get() {
+        let _serial = serial();
         set_num_threads(3);
         assert_eq!(num_threads(), 3);
         assert_eq!(install(rayon::current_num_threads), 3);
@@ -158,5 +242,45 @@ mod tests {
         assert_eq!(install(rayon::current_num_threads), 1);
         assert_eq!(map((0..100).collect(), true, |x: i32| x * 2), (0..100).map(|x| x * 2).collect::<Vec<_>>());
         assert_eq!(map(vec![3], false, |x: i32| x + 1), vec![4]);
+    }
+
+    /// Many short calls in a row: helpers that arrive after the caller has closed a
+    /// call must leave it alone (the items borrow the call's stack), and every result
+    /// must come back in order whoever computed it.
+    #[test]
+    fn helpers_that_arrive_late_leave_the_call_alone() {
+        let _serial = serial();
+        set_num_threads(2);
+        for round in 0..2000u64 {
+            let data: Vec<u64> = (0..8).map(|i| i * round).collect();
+            let items: Vec<usize> = (0..data.len()).collect();
+            let spin = (round % 7) as usize * 50;
+            let out = map(items, true, |i| {
+                for _ in 0..spin {
+                    std::hint::spin_loop();
+                }
+                data[i] + 1
+            });
+            assert_eq!(out, data.iter().map(|x| x + 1).collect::<Vec<_>>());
+        }
+    }
+
+    /// A panic in an item, on whichever thread, reaches the caller once no helper is
+    /// running, and the pool keeps working afterwards.
+    #[test]
+    fn a_panicking_item_reaches_the_caller() {
+        let _serial = serial();
+        set_num_threads(2);
+        for bad in [0usize, 63] {
+            let caught = catch_unwind(|| {
+                map((0..64).collect(), true, |i: usize| {
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                    assert!(i != bad, "item {i} fails");
+                    i
+                })
+            });
+            assert!(caught.is_err());
+        }
+        assert_eq!(map((0..64).collect(), true, |i: usize| i * 3), (0..64).map(|i| i * 3).collect::<Vec<_>>());
     }
 }
