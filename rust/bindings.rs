@@ -16,6 +16,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyType};
 
+mod plain;
+
 /// The package's Python exception class for each kernel error (one match, exhaustive).
 fn to_pyerr(py: Python<'_>, e: KernelError) -> PyErr {
     let class = match &e {
@@ -564,6 +566,8 @@ fn get_num_threads() -> usize {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gae, m)?)?;
+    m.add_function(wrap_pyfunction!(plain::gae_plain, m)?)?;
+    m.add_function(wrap_pyfunction!(plain::masked_whiten_plain, m)?)?;
     m.add_function(wrap_pyfunction!(td_targets, m)?)?;
     m.add_function(wrap_pyfunction!(gates_from_concentration, m)?)?;
     m.add_function(wrap_pyfunction!(group_advantages, m)?)?;

@@ -11,11 +11,13 @@ __all__ = [
     "broadcast",
     "credit_stats",
     "gae",
+    "gae_plain",
     "gates_from_concentration",
     "get_num_threads",
     "group_advantages",
     "masked_whiten",
     "masked_whiten_in_place",
+    "masked_whiten_plain",
     "set_num_threads",
     "td_targets",
 ]
@@ -38,6 +40,19 @@ def gae(
     last_values: npt.NDArray[np.float64] | None,
     drop_masked_rewards: bool,
 ) -> None: ...
+def gae_plain(
+    rewards: object,
+    values: object,
+    mask: object,
+    cu_seqlens: object,
+    gates: object,
+    last_values: object,
+    out: object,
+    gamma: object,
+    lam: object,
+    lam_critic: object,
+    masked_rewards: object,
+) -> tuple[npt.NDArray[np.floating], npt.NDArray[np.floating]] | None: ...
 def td_targets(
     rewards: npt.NDArray[np.floating],
     values: npt.NDArray[np.floating],
@@ -101,6 +116,14 @@ def masked_whiten_in_place(
     shift_mean: bool,
     eps: float,
 ) -> None: ...
+def masked_whiten_plain(
+    x: object,
+    mask: object,
+    cu_seqlens: object,
+    shift_mean: object,
+    eps: object,
+    out: object,
+) -> npt.NDArray[np.floating] | None: ...
 def credit_stats(
     x: npt.NDArray[np.floating],
     *,

@@ -66,7 +66,6 @@ def _prepare(rewards: Any, values: Any, mask: Any, cu_seqlens: Any, gates: Any, 
     )
 
 
-@tensor_io("rewards", "values", "mask", "cu_seqlens", "gates", "last_values")
 def gae(
     rewards: Any,
     values: Any,
@@ -104,6 +103,43 @@ def gae(
       ``GAEResult(advantages, returns)`` shaped like ``rewards``, in its dtype (float16
       is computed in float32; accumulation is float64 whatever the dtype).
     """
+    # NumPy arrays the kernel takes as they are go straight to it (see rust/bindings/plain.rs);
+    # anything else (tensors, other dtypes or layouts, bad arguments) takes the general path.
+    plain = _core.gae_plain(rewards, values, mask, cu_seqlens, gates, last_values, out, gamma, lam, lam_critic, masked_rewards)
+    if plain is not None:
+        return GAEResult(*plain)
+    return _gae(
+        rewards,
+        values,
+        mask=mask,
+        cu_seqlens=cu_seqlens,
+        gates=gates,
+        gamma=gamma,
+        lam=lam,
+        lam_critic=lam_critic,
+        last_values=last_values,
+        masked_rewards=masked_rewards,
+        out=out,
+    )
+
+
+@tensor_io("rewards", "values", "mask", "cu_seqlens", "gates", "last_values")
+def _gae(
+    rewards: Any,
+    values: Any,
+    *,
+    mask: Any,
+    cu_seqlens: Any,
+    gates: Any,
+    gamma: float,
+    lam: float,
+    lam_critic: float | None,
+    last_values: Any,
+    masked_rewards: str,
+    out: tuple[np.ndarray, np.ndarray] | None,
+) -> GAEResult:
+    """:func:`gae` for any arguments: converts them (tensors, other dtypes, strided
+    arrays) or raises the error that names the first bad one."""
     x = _prepare(rewards, values, mask, cu_seqlens, gates, last_values, gamma)
     lam_ = check_unit("lam", lam)
     lam_c = lam_ if lam_critic is None else check_unit("lam_critic", lam_critic)

@@ -24,7 +24,6 @@ from .errors import DTypeError, ParameterError, ShapeError
 __all__ = ["masked_whiten"]
 
 
-@tensor_io("x", "mask", "cu_seqlens")
 def masked_whiten(
     x: Any,
     *,
@@ -49,6 +48,19 @@ def masked_whiten(
     Returns:
       shaped like ``x``, in its dtype (float16 via float32; integers give float64).
     """
+    # NumPy arrays the kernel takes as they are go straight to it (see rust/bindings/plain.rs);
+    # anything else (tensors, other dtypes, out=x, bad arguments) takes the general path.
+    plain = _core.masked_whiten_plain(x, mask, cu_seqlens, shift_mean, eps, out)
+    if plain is not None:
+        return plain
+    return _masked_whiten(x, mask=mask, cu_seqlens=cu_seqlens, shift_mean=shift_mean, eps=eps, out=out)
+
+
+@tensor_io("x", "mask", "cu_seqlens")
+def _masked_whiten(x: Any, *, mask: Any, cu_seqlens: Any, shift_mean: bool, eps: float, out: np.ndarray | None) -> np.ndarray:
+    """:func:`masked_whiten` for any arguments: converts them (tensors, other dtypes,
+    strided arrays), whitens in place for ``out=x``, or raises the error that names the
+    first bad one."""
     arr = as_numpy(x, "x")
     compute, output = float_dtypes(arr, "x")
     lay = layout_of(arr, "x", mask, cu_seqlens)

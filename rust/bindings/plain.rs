@@ -1,0 +1,331 @@
+//! The plain path of `comppo_core.gae` and `comppo_core.masked_whiten`.
+//!
+//! When every array argument of a call is a NumPy array the kernel takes as it is
+//! (native `float32` or `float64`, a `bool` mask, `int64` `cu_seqlens`, `float64`
+//! `last_values`, all C-contiguous and shaped as the layout says; outputs of the input
+//! dtype, writeable and apart from every input) and every scalar is in range, these
+//! functions compute the result at once and return it. Otherwise they return `None`
+//! having touched nothing, and the Python layer takes its general path, which converts
+//! the arguments or raises the error that names the first bad one. So the two paths
+//! differ only in speed: the kernels, and so the results and the kernels' own errors
+//! (NaN, gate range, masked rewards, `cu_seqlens` values), are the same.
+//!
+//! Why: the general path runs a few hundred Python operations (coercion, layout
+//! objects, output checks). Right after a large batch has streamed through the CPU's
+//! caches, as in a training loop or `benches/compare.py`, each of them misses the
+//! caches: on the 64 × 16384 batch of W2 the general path took ~140 µs before the
+//! kernel started, in a call of ~850 µs. These checks take ~10 µs.
+
+use super::{layout, to_pyerr, FloatDtype};
+use crate::element::{AllValid, UnitGates};
+use crate::gae::GaeParams;
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+/// `a` as a C-contiguous array of `T` with exactly `shape`, or None.
+fn plain<'a, 'py, T: numpy::Element>(
+    a: &'a Bound<'py, PyAny>,
+    shape: &[usize],
+) -> Option<&'a Bound<'py, PyArrayDyn<T>>> {
+    let a = a.cast::<PyArrayDyn<T>>().ok()?;
+    (a.shape() == shape && a.is_c_contiguous()).then_some(a)
+}
+
+/// An optional argument: `Some(None)` when absent, `Some(Some(array))` when plain,
+/// `None` when present but not plain.
+fn plain_opt<'a, 'py, T: numpy::Element>(
+    a: &'a Option<Bound<'py, PyAny>>,
+    shape: &[usize],
+) -> Option<Option<&'a Bound<'py, PyArrayDyn<T>>>> {
+    match a {
+        None => Some(None),
+        Some(a) => plain::<T>(a, shape).map(Some),
+    }
+}
+
+/// The bytes an array's data occupies (the arrays here are C-contiguous).
+fn bytes<T: numpy::Element, D: numpy::ndarray::Dimension>(
+    a: &Bound<'_, numpy::PyArray<T, D>>,
+) -> std::ops::Range<usize> {
+    let start = a.data() as usize;
+    start..start + a.len() * std::mem::size_of::<T>()
+}
+
+/// Whether any output overlaps an input or an output before it.
+fn any_overlap(outputs: &[std::ops::Range<usize>], inputs: &[std::ops::Range<usize>]) -> bool {
+    let meet = |a: &std::ops::Range<usize>, b: &std::ops::Range<usize>| a.start < b.end && b.start < a.end;
+    outputs.iter().enumerate().any(|(k, o)| inputs.iter().chain(&outputs[..k]).any(|i| meet(o, i)))
+}
+
+/// A scalar argument as a float in [0, 1], or None.
+fn unit(x: &Bound<'_, PyAny>) -> Option<f64> {
+    x.extract::<f64>().ok().filter(|v| (0.0..=1.0).contains(v))
+}
+
+/// The layout of a plain call: padded `[B, T]`, or packed `[N]` with `int64` offsets.
+struct PlainLayout<'a, 'py> {
+    rows: usize,
+    /// `(B, T)` when padded, `(0, 0)` when packed.
+    grid: (usize, usize),
+    cu_seqlens: Option<&'a Bound<'py, PyArray1<i64>>>,
+}
+
+/// The layout of a call whose first array has `shape`, or None when it is not plain.
+fn plain_layout<'a, 'py>(shape: &[usize], cu_seqlens: &'a Option<Bound<'py, PyAny>>) -> Option<PlainLayout<'a, 'py>> {
+    match (cu_seqlens, shape) {
+        (None, &[rows, cols]) => Some(PlainLayout { rows, grid: (rows, cols), cu_seqlens: None }),
+        (Some(cu), &[_]) => {
+            let cu = cu.cast::<PyArray1<i64>>().ok().filter(|cu| cu.is_c_contiguous() && cu.len() > 0)?;
+            Some(PlainLayout { rows: cu.len() - 1, grid: (0, 0), cu_seqlens: Some(cu) })
+        }
+        _ => None,
+    }
+}
+
+/// A read borrow of an optional array: `Some(None)` when absent, None when the borrow
+/// fails (an overlapping write borrow elsewhere).
+fn read_opt<'py, T: numpy::Element, D: numpy::ndarray::Dimension>(
+    a: Option<&Bound<'py, numpy::PyArray<T, D>>>,
+) -> Option<Option<numpy::PyReadonlyArray<'py, T, D>>> {
+    match a {
+        None => Some(None),
+        Some(a) => a.try_readonly().ok().map(Some),
+    }
+}
+
+/// Comp-GAE on the plain path: `(advantages, returns)`, or None (see the module).
+#[pyfunction]
+#[pyo3(signature = (rewards, values, mask, cu_seqlens, gates, last_values, out, gamma, lam, lam_critic, masked_rewards))]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gae_plain<'py>(
+    py: Python<'py>,
+    rewards: Bound<'py, PyAny>,
+    values: Bound<'py, PyAny>,
+    mask: Option<Bound<'py, PyAny>>,
+    cu_seqlens: Option<Bound<'py, PyAny>>,
+    gates: Option<Bound<'py, PyAny>>,
+    last_values: Option<Bound<'py, PyAny>>,
+    out: Option<Bound<'py, PyAny>>,
+    gamma: Bound<'py, PyAny>,
+    lam: Bound<'py, PyAny>,
+    lam_critic: Option<Bound<'py, PyAny>>,
+    masked_rewards: Bound<'py, PyAny>,
+) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+    let Some(params) = gae_params(&gamma, &lam, &lam_critic, &masked_rewards) else { return Ok(None) };
+    let call = GaeArgs { rewards, values, mask, cu_seqlens, gates, last_values, out, params };
+    if call.rewards.is_instance_of::<PyArrayDyn<f32>>() {
+        gae_typed::<f32>(py, &call)
+    } else if call.rewards.is_instance_of::<PyArrayDyn<f64>>() {
+        gae_typed::<f64>(py, &call)
+    } else {
+        Ok(None)
+    }
+}
+
+fn gae_params(
+    gamma: &Bound<'_, PyAny>,
+    lam: &Bound<'_, PyAny>,
+    lam_critic: &Option<Bound<'_, PyAny>>,
+    masked_rewards: &Bound<'_, PyAny>,
+) -> Option<GaeParams> {
+    let (gamma, lam) = (unit(gamma)?, unit(lam)?);
+    let lam_critic = match lam_critic {
+        None => lam,
+        Some(l) => unit(l)?,
+    };
+    let drop_masked_rewards = match masked_rewards.extract::<&str>().ok()? {
+        "error" => false,
+        "drop" => true,
+        _ => return None,
+    };
+    Some(GaeParams { gamma, lam, lam_critic, drop_masked_rewards })
+}
+
+struct GaeArgs<'py> {
+    rewards: Bound<'py, PyAny>,
+    values: Bound<'py, PyAny>,
+    mask: Option<Bound<'py, PyAny>>,
+    cu_seqlens: Option<Bound<'py, PyAny>>,
+    gates: Option<Bound<'py, PyAny>>,
+    last_values: Option<Bound<'py, PyAny>>,
+    out: Option<Bound<'py, PyAny>>,
+    params: GaeParams,
+}
+
+/// The outputs of a plain call: `out`'s arrays when it is a tuple of `count` plain,
+/// writeable arrays, fresh arrays when it is None; else None.
+fn plain_outputs<'py, F: FloatDtype>(
+    py: Python<'py>,
+    out: &Option<Bound<'py, PyAny>>,
+    shape: &[usize],
+    count: usize,
+) -> Option<Vec<Bound<'py, PyArrayDyn<F>>>> {
+    match out {
+        // SAFETY: the kernels write every position of their outputs.
+        None => Some((0..count).map(|_| unsafe { PyArrayDyn::<F>::new(py, shape, false) }).collect()),
+        Some(out) => {
+            let out = out.cast::<PyTuple>().ok().filter(|t| t.len() == count)?;
+            out.iter().map(|o| plain::<F>(&o, shape).cloned()).collect()
+        }
+    }
+}
+
+fn gae_typed<'py, F: FloatDtype>(
+    py: Python<'py>,
+    c: &GaeArgs<'py>,
+) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+    let Some(GaeBorrows { outs, mut adv, mut ret, r, v, g, m, lv, cu, grid }) = gae_borrows::<F>(py, c) else {
+        return Ok(None);
+    };
+    let (r, v) = (r.as_slice().expect("contiguous"), v.as_slice().expect("contiguous"));
+    let g = g.as_ref().map(|g| g.as_slice().expect("contiguous"));
+    let m = m.as_ref().map(|m| m.as_slice().expect("contiguous"));
+    let lv = lv.as_ref().map(|lv| lv.as_slice().expect("contiguous"));
+    let cu = cu.as_ref().map(|cu| cu.as_slice().expect("contiguous"));
+    let (adv_s, ret_s) = (adv.as_slice_mut().expect("contiguous"), ret.as_slice_mut().expect("contiguous"));
+    let lay = layout(py, cu, grid, r.len())?;
+    let p = c.params;
+    let result = match (m, g) {
+        (None, None) => py.detach(|| crate::gae::gae(&lay, r, v, AllValid, UnitGates, lv, &p, adv_s, ret_s)),
+        (None, Some(g)) => py.detach(|| crate::gae::gae(&lay, r, v, AllValid, g, lv, &p, adv_s, ret_s)),
+        (Some(m), None) => py.detach(|| crate::gae::gae(&lay, r, v, m, UnitGates, lv, &p, adv_s, ret_s)),
+        (Some(m), Some(g)) => py.detach(|| crate::gae::gae(&lay, r, v, m, g, lv, &p, adv_s, ret_s)),
+    };
+    result.map_err(|e| to_pyerr(py, e))?;
+    drop((adv, ret));
+    let mut outs = outs.into_iter().map(Bound::into_any);
+    Ok(Some((outs.next().expect("two outputs"), outs.next().expect("two outputs"))))
+}
+
+/// The arrays of a plain GAE call, borrowed.
+struct GaeBorrows<'py, F: FloatDtype> {
+    /// The two outputs, to return.
+    outs: Vec<Bound<'py, PyArrayDyn<F>>>,
+    adv: numpy::PyReadwriteArrayDyn<'py, F>,
+    ret: numpy::PyReadwriteArrayDyn<'py, F>,
+    r: numpy::PyReadonlyArrayDyn<'py, F>,
+    v: numpy::PyReadonlyArrayDyn<'py, F>,
+    g: Option<numpy::PyReadonlyArrayDyn<'py, F>>,
+    m: Option<numpy::PyReadonlyArrayDyn<'py, bool>>,
+    lv: Option<numpy::PyReadonlyArrayDyn<'py, f64>>,
+    cu: Option<numpy::PyReadonlyArray1<'py, i64>>,
+    grid: (usize, usize),
+}
+
+/// The borrowed arrays of a GAE call, or None when any argument is not plain.
+fn gae_borrows<'py, F: FloatDtype>(py: Python<'py>, c: &GaeArgs<'py>) -> Option<GaeBorrows<'py, F>> {
+    let r = c.rewards.cast::<PyArrayDyn<F>>().ok().filter(|r| r.is_c_contiguous())?;
+    let shape = r.shape().to_vec();
+    let lay = plain_layout(&shape, &c.cu_seqlens)?;
+    let v = plain::<F>(&c.values, &shape)?;
+    let g = plain_opt::<F>(&c.gates, &shape)?;
+    let m = plain_opt::<bool>(&c.mask, &shape)?;
+    let lv = plain_opt::<f64>(&c.last_values, &[lay.rows])?;
+    let outs = plain_outputs::<F>(py, &c.out, &shape, 2)?;
+    let mut inputs = vec![bytes(r), bytes(v)];
+    inputs.extend(g.map(bytes).into_iter().chain(m.map(bytes)).chain(lv.map(bytes)).chain(lay.cu_seqlens.map(bytes)));
+    let out_bytes: Vec<_> = outs.iter().map(bytes).collect();
+    if c.out.is_some() && any_overlap(&out_bytes, &inputs) {
+        return None;
+    }
+    // A read-only `out` fails to borrow here and takes the general path, which names it.
+    let (adv, ret) = (outs[0].try_readwrite().ok()?, outs[1].try_readwrite().ok()?);
+    Some(GaeBorrows {
+        r: r.try_readonly().ok()?,
+        v: v.try_readonly().ok()?,
+        g: read_opt(g)?,
+        m: read_opt(m)?,
+        lv: read_opt(lv)?,
+        cu: read_opt(lay.cu_seqlens)?,
+        grid: lay.grid,
+        adv,
+        ret,
+        outs,
+    })
+}
+
+/// Masked whitening on the plain path: the whitened array, or None (see the module).
+/// `out` is None or a plain array apart from `x` and `mask` (`out=x`, whitening in
+/// place, takes the general path).
+#[pyfunction]
+#[pyo3(signature = (x, mask, cu_seqlens, shift_mean, eps, out))]
+pub(super) fn masked_whiten_plain<'py>(
+    py: Python<'py>,
+    x: Bound<'py, PyAny>,
+    mask: Option<Bound<'py, PyAny>>,
+    cu_seqlens: Option<Bound<'py, PyAny>>,
+    shift_mean: Bound<'py, PyAny>,
+    eps: Bound<'py, PyAny>,
+    out: Option<Bound<'py, PyAny>>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Ok(shift_mean) = shift_mean.cast::<pyo3::types::PyBool>().map(|b| b.is_true()) else { return Ok(None) };
+    let Some(eps) = eps.extract::<f64>().ok().filter(|e| e.is_finite() && *e >= 0.0) else { return Ok(None) };
+    let call = WhitenArgs { x, mask, cu_seqlens, shift_mean, eps, out };
+    if call.x.is_instance_of::<PyArrayDyn<f32>>() {
+        whiten_typed::<f32>(py, &call)
+    } else if call.x.is_instance_of::<PyArrayDyn<f64>>() {
+        whiten_typed::<f64>(py, &call)
+    } else {
+        Ok(None)
+    }
+}
+
+struct WhitenArgs<'py> {
+    x: Bound<'py, PyAny>,
+    mask: Option<Bound<'py, PyAny>>,
+    cu_seqlens: Option<Bound<'py, PyAny>>,
+    shift_mean: bool,
+    eps: f64,
+    out: Option<Bound<'py, PyAny>>,
+}
+
+fn whiten_typed<'py, F: FloatDtype>(py: Python<'py>, c: &WhitenArgs<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Some((out, mut o, x, m, cu, grid)) = whiten_borrows::<F>(py, c) else { return Ok(None) };
+    let xs = x.as_slice().expect("contiguous");
+    let os = o.as_slice_mut().expect("contiguous");
+    let m = m.as_ref().map(|m| m.as_slice().expect("contiguous"));
+    let cu = cu.as_ref().map(|cu| cu.as_slice().expect("contiguous"));
+    let lay = layout(py, cu, grid, xs.len())?;
+    let (shift_mean, eps) = (c.shift_mean, c.eps);
+    let result = match m {
+        None => py.detach(|| crate::whiten::masked_whiten(&lay, xs, AllValid, shift_mean, eps, os)),
+        Some(m) => py.detach(|| crate::whiten::masked_whiten(&lay, xs, m, shift_mean, eps, os)),
+    };
+    result.map_err(|e| to_pyerr(py, e))?;
+    drop(o);
+    Ok(Some(out.into_any()))
+}
+
+/// The output (to return, and borrowed) and the borrowed inputs of a whitening call;
+/// None when any argument is not plain.
+#[allow(clippy::type_complexity)]
+fn whiten_borrows<'py, F: FloatDtype>(
+    py: Python<'py>,
+    c: &WhitenArgs<'py>,
+) -> Option<(
+    Bound<'py, PyArrayDyn<F>>,
+    numpy::PyReadwriteArrayDyn<'py, F>,
+    numpy::PyReadonlyArrayDyn<'py, F>,
+    Option<numpy::PyReadonlyArrayDyn<'py, bool>>,
+    Option<numpy::PyReadonlyArray1<'py, i64>>,
+    (usize, usize),
+)> {
+    let x = c.x.cast::<PyArrayDyn<F>>().ok().filter(|x| x.is_c_contiguous())?;
+    let shape = x.shape().to_vec();
+    let lay = plain_layout(&shape, &c.cu_seqlens)?;
+    let m = plain_opt::<bool>(&c.mask, &shape)?;
+    let out = match &c.out {
+        // SAFETY: the kernel writes every position of its output.
+        None => unsafe { PyArrayDyn::<F>::new(py, &shape[..], false) },
+        Some(o) if o.is(&c.x) => return None,
+        Some(o) => plain::<F>(o, &shape)?.clone(),
+    };
+    let mut inputs = vec![bytes(x)];
+    inputs.extend(m.map(bytes).into_iter().chain(lay.cu_seqlens.map(bytes)));
+    if c.out.is_some() && any_overlap(&[bytes(&out)], &inputs) {
+        return None;
+    }
+    let o = out.try_readwrite().ok()?;
+    Some((out, o, x.try_readonly().ok()?, read_opt(m)?, read_opt(lay.cu_seqlens)?, lay.grid))
+}

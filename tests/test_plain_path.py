@@ -1,0 +1,291 @@
+"""The plain path of ``gae`` (rust/bindings/plain.rs) against the general path.
+
+``comppo_core.gae`` first offers its arguments to ``_core.gae_plain``, which computes
+at once when every array is a NumPy array the kernel takes as it is, and otherwise
+returns None having touched nothing; the general path (``advantages._gae``) then
+converts the arguments or raises. These tests pin that the plain path is taken for the
+common call, that it gives bit-identical results to the general one, and that every
+other kind of argument falls through to the general path with its result or error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import comppo_core as cc
+from comppo_core import _core
+from comppo_core.advantages import _gae
+
+from strategies import FLOATS, assert_unchanged, batches, unit_interval
+
+GENERAL_DEFAULTS: dict[str, Any] = {
+    "mask": None,
+    "cu_seqlens": None,
+    "gates": None,
+    "gamma": 1.0,
+    "lam": 1.0,
+    "lam_critic": None,
+    "last_values": None,
+    "masked_rewards": "error",
+    "out": None,
+}
+
+
+def plain(rewards: Any, values: Any, **kw: Any) -> Any:
+    """``_core.gae_plain`` with ``gae``'s keywords."""
+    a = {**GENERAL_DEFAULTS, **kw}
+    return _core.gae_plain(
+        rewards, values, a["mask"], a["cu_seqlens"], a["gates"], a["last_values"], a["out"],
+        a["gamma"], a["lam"], a["lam_critic"], a["masked_rewards"],
+    )  # fmt: skip
+
+
+def general(rewards: Any, values: Any, **kw: Any) -> Any:
+    return _gae(rewards, values, **{**GENERAL_DEFAULTS, **kw})
+
+
+def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
+    """``("ok", result)`` or ``("raised", (type, message))``."""
+    try:
+        return "ok", fn()
+    except Exception as e:  # noqa: BLE001 - compared as a value
+        return "raised", (type(e), str(e))
+
+
+def assert_same_outcome(a: tuple[str, Any], b: tuple[str, Any]) -> None:
+    assert a[0] == b[0], (a, b)
+    if a[0] == "raised":
+        assert a[1] == b[1]
+    else:
+        for x, y in zip(a[1], b[1]):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            np.testing.assert_array_equal(x, y)
+
+
+@given(
+    batch=batches(dtypes=FLOATS),
+    packed=st.booleans(),
+    gamma=unit_interval(),
+    lam=unit_interval(),
+    lam_critic=st.none() | unit_interval(),
+    with_out=st.booleans(),
+)
+def test_plain_path_is_taken_and_equals_the_general_path(
+    batch: Any, packed: bool, gamma: float, lam: float, lam_critic: float | None, with_out: bool
+) -> None:
+    if batch.mask is not None and batch.mask.dtype != np.bool_:
+        batch.mask = batch.valid.copy()
+    batch.cu_dtype = np.dtype(np.int64)
+    r, v, kw = batch.packed() if packed else batch.padded()
+    kw.update(gamma=gamma, lam=lam, lam_critic=lam_critic)
+    before = [r.copy(), v.copy(), *(None if x is None else x.copy() for x in kw.values() if isinstance(x, np.ndarray))]
+    out = (np.full_like(r, 7.0), np.full_like(r, 7.0)) if with_out else None
+    got = plain(r, v, out=out, **kw)
+    assert got is not None, "the common call must take the plain path"
+    if with_out:
+        assert got[0] is out[0] and got[1] is out[1]
+    want = general(r, v, **kw)
+    assert_same_outcome(("ok", got), ("ok", want))
+    assert_same_outcome(("ok", cc.gae(r, v, **kw)), ("ok", want))
+    after = [r, v, *(x for x in kw.values() if isinstance(x, np.ndarray))]
+    assert_unchanged(before, after)
+
+
+def _batch(dtype: Any = np.float32) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    mask = np.ones((3, 8), bool)
+    mask[0, 5:] = False
+    mask[2, 2:4] = False
+    rewards = (rng.standard_normal((3, 8)) * mask).astype(dtype)
+    return {
+        "rewards": rewards,
+        "values": rng.standard_normal((3, 8)).astype(dtype),
+        "mask": mask,
+        "gates": rng.uniform(0.5, 1.0, (3, 8)).astype(dtype),
+    }
+
+
+def _not_plain_cases() -> dict[str, Callable[[], dict[str, Any]]]:
+    """Calls the plain path must hand to the general path, as keyword dicts."""
+
+    def case(**change: Any) -> Callable[[], dict[str, Any]]:
+        def make() -> dict[str, Any]:
+            kw = _batch()
+            for k, f in change.items():
+                kw[k] = f(kw) if callable(f) else f
+            return kw
+
+        return make
+
+    shared = np.zeros(64, np.float32)
+    cases = {
+        "float16 rewards": case(rewards=lambda k: k["rewards"].astype(np.float16)),
+        "integer rewards": case(rewards=lambda k: np.round(k["rewards"]).astype(np.int64)),
+        "strided rewards": case(rewards=lambda k: np.repeat(k["rewards"], 2, axis=1)[:, ::2]),
+        "fortran values": case(values=lambda k: np.asfortranarray(k["values"])),
+        "big-endian values": case(values=lambda k: k["values"].astype(">f4")),
+        "float64 gates with float32 rewards": case(gates=lambda k: k["gates"].astype(np.float64)),
+        "list values": case(values=lambda k: k["values"].tolist()),
+        "uint8 mask": case(mask=lambda k: k["mask"].astype(np.uint8)),
+        "mask of another shape": case(mask=lambda k: k["mask"][:, :4].copy()),
+        "3-D rewards": case(rewards=lambda k: k["rewards"][None], values=lambda k: k["values"][None],
+                            mask=lambda k: k["mask"][None], gates=lambda k: k["gates"][None]),
+        "1-D rewards without cu_seqlens": case(rewards=lambda k: k["rewards"].reshape(-1),
+                                               values=lambda k: k["values"].reshape(-1), mask=None, gates=None),
+        "float32 last_values": case(last_values=np.zeros(3, np.float32)),
+        "last_values of the wrong length": case(last_values=np.zeros(4)),
+        "gamma above 1": case(gamma=1.5),
+        "gamma NaN": case(gamma=float("nan")),
+        "gamma a string": case(gamma="0.9"),
+        "lam_critic below 0": case(lam_critic=-0.1),
+        "unknown masked_rewards": case(masked_rewards="ignore"),
+        "out a list": case(out=lambda k: [np.empty_like(k["rewards"]), np.empty_like(k["rewards"])]),
+        "out of another dtype": case(out=lambda k: (np.empty((3, 8)), np.empty((3, 8)))),
+        "out read-only": case(out=lambda k: (np.empty_like(k["rewards"]), np.empty_like(k["rewards"]).copy())),
+        "out the same array twice": case(out=lambda k: (lambda a: (a, a))(np.empty_like(k["rewards"]))),
+        "out is rewards": case(out=lambda k: (k["rewards"], np.empty_like(k["rewards"]))),
+        "out overlaps values through another object": case(
+            values=lambda k: _put(shared[:24], k["values"]).reshape(3, 8),
+            out=lambda k: (np.empty_like(k["rewards"]), np.frombuffer(shared.data, np.float32)[8:32].reshape(3, 8)),
+        ),
+    }
+    return cases
+
+
+def _put(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
+    dst[...] = src.reshape(dst.shape)
+    return dst
+
+
+@pytest.mark.parametrize("name", list(_not_plain_cases()))
+def test_other_arguments_take_the_general_path(name: str) -> None:
+    kw = _not_plain_cases()[name]()
+    if name == "out read-only":
+        kw["out"][1].flags.writeable = False
+    r, v = kw.pop("rewards"), kw.pop("values")
+    assert plain(r, v, **kw) is None
+    assert_same_outcome(outcome(lambda: cc.gae(r, v, **kw)), outcome(lambda: general(r, v, **kw)))
+
+
+def test_packed_cu_seqlens_must_be_int64_for_the_plain_path() -> None:
+    kw = _batch()
+    r, v = kw["rewards"].reshape(-1), kw["values"].reshape(-1)
+    for cu in (np.array([0, 8, 16, 24], np.int32), np.array([[0, 8, 16, 24]]), np.array([], np.int64)):
+        assert plain(r, v, cu_seqlens=cu) is None
+        assert_same_outcome(outcome(lambda: cc.gae(r, v, cu_seqlens=cu)), outcome(lambda: general(r, v, cu_seqlens=cu)))
+    cu = np.array([0, 8, 16, 24], np.int64)
+    assert plain(r, v, cu_seqlens=cu) is not None
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda k: k["rewards"].__setitem__((1, 3), np.nan),
+        lambda k: k["gates"].__setitem__((2, 6), 1.5),
+        lambda k: k["rewards"].__setitem__((0, 6), 2.0),  # a reward on a masked token
+        lambda k: k["values"].__setitem__((2, 0), np.inf),
+    ],
+)
+def test_kernel_errors_are_the_same_on_both_paths(spoil: Callable[[dict[str, Any]], None]) -> None:
+    kw = _batch()
+    spoil(kw)
+    r, v = kw.pop("rewards"), kw.pop("values")
+    got, want = outcome(lambda: plain(r, v, **kw)), outcome(lambda: general(r, v, **kw))
+    assert got[0] == "raised"
+    assert_same_outcome(got, want)
+
+
+def test_packed_layout_errors_are_the_same_on_both_paths() -> None:
+    kw = _batch()
+    r, v = kw["rewards"].reshape(-1), kw["values"].reshape(-1)
+    for cu in ([1, 8, 16, 24], [0, 8, 4, 24], [0, 8, 16, 23]):
+        cu64 = np.array(cu, np.int64)
+        got, want = outcome(lambda: plain(r, v, cu_seqlens=cu64)), outcome(lambda: general(r, v, cu_seqlens=cu64))
+        assert got[0] == "raised"
+        assert_same_outcome(got, want)
+
+
+def test_tensors_take_the_general_path() -> None:
+    torch = pytest.importorskip("torch")
+    kw = _batch()
+    r, v = torch.from_numpy(kw["rewards"]), torch.from_numpy(kw["values"])
+    assert plain(r, v, mask=torch.from_numpy(kw["mask"])) is None
+    adv, ret = cc.gae(r, v, mask=torch.from_numpy(kw["mask"]))
+    assert isinstance(adv, torch.Tensor) and isinstance(ret, torch.Tensor)
+    want = general(kw["rewards"], kw["values"], mask=kw["mask"])
+    np.testing.assert_array_equal(adv.numpy(), want[0])
+
+
+# ---------------------------------------------------------------- masked_whiten
+from comppo_core.whitening import _masked_whiten  # noqa: E402
+
+
+def whiten_plain(x: Any, mask: Any = None, cu_seqlens: Any = None, shift_mean: Any = True, eps: Any = 1e-8, out: Any = None) -> Any:
+    return _core.masked_whiten_plain(x, mask, cu_seqlens, shift_mean, eps, out)
+
+
+def whiten_general(x: Any, mask: Any = None, cu_seqlens: Any = None, shift_mean: Any = True, eps: Any = 1e-8, out: Any = None) -> Any:
+    return _masked_whiten(x, mask=mask, cu_seqlens=cu_seqlens, shift_mean=shift_mean, eps=eps, out=out)
+
+
+@given(batch=batches(dtypes=FLOATS), packed=st.booleans(), shift_mean=st.booleans(), with_out=st.booleans())
+def test_whiten_plain_path_is_taken_and_equals_the_general_path(
+    batch: Any, packed: bool, shift_mean: bool, with_out: bool
+) -> None:
+    if batch.mask is not None and batch.mask.dtype != np.bool_:
+        batch.mask = batch.valid.copy()
+    batch.cu_dtype = np.dtype(np.int64)
+    x, _, kw = batch.packed() if packed else batch.padded()
+    kw = {"mask": kw["mask"], "cu_seqlens": kw.get("cu_seqlens")}
+    before = [x.copy(), None if kw["mask"] is None else kw["mask"].copy()]
+    out = np.full_like(x, 7.0) if with_out else None
+    got = outcome(lambda: (whiten_plain(x, shift_mean=shift_mean, out=out, **kw),))
+    want = outcome(lambda: (whiten_general(x, shift_mean=shift_mean, **kw),))
+    if got[0] == "ok":  # else the kernel raised (fewer than two valid tokens): compared below
+        assert got[1][0] is not None, "the common call must take the plain path"
+        assert not with_out or got[1][0] is out
+    assert_same_outcome(got, want)
+    assert_same_outcome(outcome(lambda: (cc.masked_whiten(x, shift_mean=shift_mean, **kw),)), want)
+    assert_unchanged(before, [x, kw["mask"]])
+
+
+def _whiten_not_plain_cases() -> dict[str, Callable[[], dict[str, Any]]]:
+    def case(**change: Any) -> Callable[[], dict[str, Any]]:
+        def make() -> dict[str, Any]:
+            b = _batch()
+            kw = {"x": b["rewards"], "mask": b["mask"]}
+            for k, f in change.items():
+                kw[k] = f(kw) if callable(f) else f
+            return kw
+
+        return make
+
+    return {
+        "float16 x": case(x=lambda k: k["x"].astype(np.float16)),
+        "strided x": case(x=lambda k: np.repeat(k["x"], 2, axis=1)[:, ::2]),
+        "int8 mask": case(mask=lambda k: k["mask"].astype(np.int8)),
+        "eps negative": case(eps=-1.0),
+        "eps infinite": case(eps=float("inf")),
+        "shift_mean not a bool": case(shift_mean=1),
+        "out=x (in place)": case(out=lambda k: k["x"]),
+        "out of another dtype": case(out=np.empty((3, 8))),
+        "out a view of x": case(out=lambda k: k["x"][:, :]),
+        "out a tuple": case(out=lambda k: (np.empty_like(k["x"]),)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_whiten_not_plain_cases()))
+def test_whiten_other_arguments_take_the_general_path(name: str) -> None:
+    kw = _whiten_not_plain_cases()[name]()
+    assert whiten_plain(**kw) is None
+    if name == "out=x (in place)":  # whitens x itself: compare on copies
+        kw2 = {**kw, "x": kw["x"].copy()}
+        kw2["out"] = kw2["x"]
+        assert_same_outcome(outcome(lambda: (cc.masked_whiten(**kw),)), outcome(lambda: (whiten_general(**kw2),)))
+        return
+    assert_same_outcome(outcome(lambda: (cc.masked_whiten(**kw),)), outcome(lambda: (whiten_general(**kw),)))
