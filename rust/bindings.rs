@@ -374,6 +374,28 @@ fn gates_from_concentration<'py>(
     by_dtype!(concentration, gates_typed(py, &concentration, &mut out, &mask, cu, shape, &params))
 }
 
+/// The `method` argument of `group_advantages`.
+fn group_method(method: &str) -> Option<crate::outcome::Method> {
+    use crate::outcome::Method;
+    Some(match method {
+        "grpo" => Method::Grpo,
+        "drgrpo" => Method::DrGrpo,
+        "rloo" => Method::Rloo,
+        "reinforce_baseline" => Method::ReinforceBaseline,
+        _ => return None,
+    })
+}
+
+/// The `singleton` argument of `group_advantages`.
+fn group_singleton(singleton: &str) -> Option<crate::outcome::Singleton> {
+    use crate::outcome::Singleton;
+    Some(match singleton {
+        "zero" => Singleton::Zero,
+        "raw" => Singleton::Raw,
+        _ => return None,
+    })
+}
+
 /// Group-relative outcome advantages into a preallocated float64 `out`.
 #[pyfunction]
 #[pyo3(signature = (scores, groups, out, *, method, eps, singleton))]
@@ -386,26 +408,19 @@ fn group_advantages<'py>(
     eps: f64,
     singleton: &str,
 ) -> PyResult<()> {
-    use crate::outcome::{Method, Singleton};
-    let method = match method {
-        "grpo" => Method::Grpo,
-        "drgrpo" => Method::DrGrpo,
-        "rloo" => Method::Rloo,
-        "reinforce_baseline" => Method::ReinforceBaseline,
-        other => {
-            return Err(raise(
-                py,
-                "ParameterError",
-                format!("method: expected one of 'grpo', 'drgrpo', 'rloo', 'reinforce_baseline', got {other:?}"),
-            ))
-        }
+    let Some(method) = group_method(method) else {
+        return Err(raise(
+            py,
+            "ParameterError",
+            format!("method: expected one of 'grpo', 'drgrpo', 'rloo', 'reinforce_baseline', got {method:?}"),
+        ));
     };
-    let singleton = match singleton {
-        "zero" => Singleton::Zero,
-        "raw" => Singleton::Raw,
-        other => {
-            return Err(raise(py, "ParameterError", format!("singleton: expected one of 'zero', 'raw', got {other:?}")))
-        }
+    let Some(singleton) = group_singleton(singleton) else {
+        return Err(raise(
+            py,
+            "ParameterError",
+            format!("singleton: expected one of 'zero', 'raw', got {singleton:?}"),
+        ));
     };
     let s = contiguous(py, "scores", &scores)?;
     let g = contiguous(py, "groups", &groups)?;
@@ -568,6 +583,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gae, m)?)?;
     m.add_function(wrap_pyfunction!(plain::gae_plain, m)?)?;
     m.add_function(wrap_pyfunction!(plain::masked_whiten_plain, m)?)?;
+    m.add_function(wrap_pyfunction!(plain::group_advantages_plain, m)?)?;
     m.add_function(wrap_pyfunction!(td_targets, m)?)?;
     m.add_function(wrap_pyfunction!(gates_from_concentration, m)?)?;
     m.add_function(wrap_pyfunction!(group_advantages, m)?)?;

@@ -289,3 +289,63 @@ def test_whiten_other_arguments_take_the_general_path(name: str) -> None:
         assert_same_outcome(outcome(lambda: (cc.masked_whiten(**kw),)), outcome(lambda: (whiten_general(**kw2),)))
         return
     assert_same_outcome(outcome(lambda: (cc.masked_whiten(**kw),)), outcome(lambda: (whiten_general(**kw),)))
+
+
+# ---------------------------------------------------------------- group_advantages
+from comppo_core.outcomes import _group_advantages  # noqa: E402
+
+GROUP_METHODS = ["grpo", "drgrpo", "rloo", "reinforce_baseline"]
+
+
+@given(
+    scores=st.lists(st.floats(-1e6, 1e6), max_size=40),
+    n_groups=st.integers(1, 6),
+    method=st.sampled_from(GROUP_METHODS),
+    singleton=st.sampled_from(["zero", "raw"]),
+    eps=st.sampled_from([0.0, 1e-6, 0.5]),
+    data=st.data(),
+)
+def test_group_plain_path_is_taken_and_equals_the_general_path(
+    scores: list[float], n_groups: int, method: str, singleton: str, eps: float, data: Any
+) -> None:
+    s = np.array(scores, np.float64)
+    g = np.array(data.draw(st.lists(st.integers(-3, n_groups), min_size=len(s), max_size=len(s))), np.int64)
+    before = [s.copy(), g.copy()]
+    got = _core.group_advantages_plain(s, g, method, eps, singleton)
+    assert got is not None and got.dtype == np.float64
+    want = _group_advantages(s, g, method=method, eps=eps, singleton=singleton)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(cc.group_advantages(s, g, method=method, eps=eps, singleton=singleton), want)
+    assert_unchanged(before, [s, g])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"scores": np.arange(6, dtype=np.float32)},
+        {"scores": np.arange(6)},
+        {"scores": np.arange(12.0)[::2]},
+        {"scores": np.arange(6.0).reshape(2, 3)},
+        {"groups": np.array([0, 0, 1, 1, 2, 2], np.int32)},
+        {"groups": np.array(["a", "a", "b", "b", "c", "c"])},
+        {"groups": [0, 0, 1, 1, 2, 2]},
+        {"groups": np.zeros(5, np.int64)},
+        {"method": "ppo"},
+        {"singleton": "drop"},
+        {"eps": -1.0},
+        {"eps": float("nan")},
+        {"scores": np.array([0.0, 1.0, np.nan, 3.0, 4.0, 5.0])},  # plain: the kernel raises
+    ],
+)
+def test_group_other_arguments_take_the_general_path(change: dict[str, Any]) -> None:
+    kw: dict[str, Any] = {"scores": np.arange(6.0), "groups": np.array([0, 0, 1, 1, 2, 2]), "method": "grpo",
+                          "eps": 1e-6, "singleton": "zero", **change}  # fmt: skip
+    plain_kernel_error = "scores" in change and np.isnan(np.asarray(change["scores"], dtype=float)).any()
+    if not plain_kernel_error:
+        assert _core.group_advantages_plain(kw["scores"], kw["groups"], kw["method"], kw["eps"], kw["singleton"]) is None
+    s, g = kw.pop("scores"), kw.pop("groups")
+    got = outcome(lambda: (cc.group_advantages(s, g, **kw),))
+    want = outcome(lambda: (_group_advantages(s, g, **kw),))
+    assert_same_outcome(got, want)
+    if plain_kernel_error:
+        assert got[0] == "raised"

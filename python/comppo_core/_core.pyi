@@ -15,6 +15,7 @@ __all__ = [
     "gates_from_concentration",
     "get_num_threads",
     "group_advantages",
+    "group_advantages_plain",
     "masked_whiten",
     "masked_whiten_in_place",
     "masked_whiten_plain",
@@ -89,6 +90,9 @@ def group_advantages(
     eps: float,
     singleton: str,
 ) -> None: ...
+def group_advantages_plain(
+    scores: object, groups: object, method: object, eps: object, singleton: object
+) -> npt.NDArray[np.float64] | None: ...
 def broadcast(
     per_sequence: npt.NDArray[np.floating],
     out: npt.NDArray[np.floating],

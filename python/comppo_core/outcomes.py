@@ -55,7 +55,6 @@ def _group_ids(groups: Any, n: int) -> np.ndarray:
     raise DTypeError(f"groups: expected integer ids (or string labels), got dtype {g.dtype}")
 
 
-@tensor_io("scores", "groups")
 def group_advantages(
     scores: Any,
     groups: Any,
@@ -79,6 +78,18 @@ def group_advantages(
       ``scores`` (float64 for integer scores). verl's REINFORCE++-baseline then whitens the
       token-level result: ``masked_whiten(broadcast(a, mask=m), mask=m)``.
     """
+    # float64 scores and int64 ids go straight to the kernel (see rust/bindings/plain.rs);
+    # anything else (tensors, other dtypes, labels, bad arguments) takes the general path.
+    plain = _core.group_advantages_plain(scores, groups, method, eps, singleton)
+    if plain is not None:
+        return plain
+    return _group_advantages(scores, groups, method=method, eps=eps, singleton=singleton)
+
+
+@tensor_io("scores", "groups")
+def _group_advantages(scores: Any, groups: Any, *, method: str, eps: float, singleton: str) -> np.ndarray:
+    """:func:`group_advantages` for any arguments: converts them (tensors, other dtypes,
+    string labels) or raises the error that names the first bad one."""
     s = as_numpy(scores, "scores")
     if s.ndim != 1:
         raise ShapeError(f"scores: expected a 1-D [B] array, one score per sequence, got shape {s.shape}")

@@ -1,4 +1,4 @@
-//! The plain path of `comppo_core.gae` and `comppo_core.masked_whiten`.
+//! The plain path of `comppo_core.gae`, `masked_whiten` and `group_advantages`.
 //!
 //! When every array argument of a call is a NumPy array the kernel takes as it is
 //! (native `float32` or `float64`, a `bool` mask, `int64` `cu_seqlens`, `float64`
@@ -16,7 +16,7 @@
 //! caches: on the 64 × 16384 batch of W2 the general path took ~140 µs before the
 //! kernel started, in a call of ~850 µs. These checks take ~10 µs.
 
-use super::{layout, to_pyerr, FloatDtype};
+use super::{group_method, group_singleton, layout, to_pyerr, FloatDtype};
 use crate::element::{AllValid, UnitGates};
 use crate::gae::GaeParams;
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
@@ -328,4 +328,38 @@ fn whiten_borrows<'py, F: FloatDtype>(
     }
     let o = out.try_readwrite().ok()?;
     Some((out, o, x.try_readonly().ok()?, read_opt(m)?, read_opt(lay.cu_seqlens)?, lay.grid))
+}
+
+/// Group-relative advantages on the plain path: the `float64` advantages, or None
+/// (see the module). Plain here means `float64` scores and `int64` ids, both 1-D and
+/// C-contiguous, of one length.
+#[pyfunction]
+#[pyo3(signature = (scores, groups, method, eps, singleton))]
+pub(super) fn group_advantages_plain<'py>(
+    py: Python<'py>,
+    scores: Bound<'py, PyAny>,
+    groups: Bound<'py, PyAny>,
+    method: Bound<'py, PyAny>,
+    eps: Bound<'py, PyAny>,
+    singleton: Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let method = method.extract::<&str>().ok().and_then(group_method);
+    let singleton = singleton.extract::<&str>().ok().and_then(group_singleton);
+    let eps = eps.extract::<f64>().ok().filter(|e| e.is_finite() && *e >= 0.0);
+    let (Some(method), Some(singleton), Some(eps)) = (method, singleton, eps) else { return Ok(None) };
+    let Some(s) = scores.cast::<PyArray1<f64>>().ok().filter(|s| s.is_c_contiguous()) else { return Ok(None) };
+    let n = s.len();
+    let Some(g) = groups.cast::<PyArray1<i64>>().ok().filter(|g| g.is_c_contiguous() && g.len() == n) else {
+        return Ok(None);
+    };
+    // SAFETY: the kernel writes every position of its output.
+    let out = unsafe { PyArray1::<f64>::new(py, n, false) };
+    let (Ok(sr), Ok(gr), Ok(mut o)) = (s.try_readonly(), g.try_readonly(), out.try_readwrite()) else {
+        return Ok(None);
+    };
+    let (ss, gs) = (sr.as_slice().expect("contiguous"), gr.as_slice().expect("contiguous"));
+    let os = o.as_slice_mut().expect("contiguous");
+    py.detach(|| crate::outcome::group_advantages(ss, gs, method, eps, singleton, os)).map_err(|e| to_pyerr(py, e))?;
+    drop(o);
+    Ok(Some(out.into_any()))
 }
