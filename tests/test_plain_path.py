@@ -349,3 +349,61 @@ def test_group_other_arguments_take_the_general_path(change: dict[str, Any]) -> 
     assert_same_outcome(got, want)
     if plain_kernel_error:
         assert got[0] == "raised"
+
+
+# ---------------------------------------------------------------- unaligned arrays
+def _unaligned(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous but unaligned copy of ``a`` (a view one byte into a buffer)."""
+    buf = np.zeros(a.nbytes + 1, np.uint8)
+    out = buf[1:].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    assert out.flags.c_contiguous and not out.flags.aligned
+    return out
+
+
+@pytest.mark.parametrize("which", ["rewards", "values", "gates", "last_values", "cu_seqlens", "out"])
+def test_unaligned_arrays_are_read_or_named_never_a_panic(which: str) -> None:
+    """An unaligned view cannot be read as a Rust slice: the plain path hands it on,
+    the general path copies inputs and names an unaligned ``out``."""
+    kw = _batch()
+    r, v = kw.pop("rewards"), kw.pop("values")
+    packed = which == "cu_seqlens"
+    if packed:
+        m = kw.pop("mask")
+        r, v, kw["gates"] = r[m], v[m], kw["gates"][m]
+        kw["cu_seqlens"] = np.concatenate([[0], np.cumsum(m.sum(axis=1))]).astype(np.int64)
+    kw["last_values"] = np.array([0.5, -1.0, 2.0])
+    want = general(r, v, **kw)
+    if which == "rewards":
+        r = _unaligned(r)
+    elif which == "values":
+        v = _unaligned(v)
+    elif which == "out":
+        kw["out"] = (_unaligned(np.zeros_like(r)), np.zeros_like(r))
+    else:
+        kw[which] = _unaligned(kw[which])
+    assert plain(r, v, **kw) is None
+    if which == "out":
+        with pytest.raises(cc.ShapeError, match=r"out \(advantages\): expected a writeable, aligned C-contiguous array"):
+            cc.gae(r, v, **kw)
+        return
+    got = cc.gae(r, v, **kw)
+    assert_same_outcome(("ok", got), ("ok", want))
+
+
+def test_unaligned_whitening_and_group_arguments_never_panic() -> None:
+    x = np.random.default_rng(2).standard_normal((3, 8)).astype(np.float32)
+    m = np.ones((3, 8), bool)
+    want = whiten_general(x, m)
+    assert whiten_plain(_unaligned(x), m) is None
+    np.testing.assert_array_equal(cc.masked_whiten(_unaligned(x), mask=m), want)
+    with pytest.raises(cc.ShapeError, match="aligned"):
+        cc.masked_whiten(x, mask=m, out=_unaligned(np.zeros_like(x)))
+    inplace = _unaligned(x)
+    assert cc.masked_whiten(inplace, mask=m, out=inplace) is inplace
+    np.testing.assert_array_equal(inplace, want)
+    s, g = np.arange(6.0), np.array([0, 0, 1, 1, 2, 2])
+    want_g = _group_advantages(s, g, method="grpo", eps=1e-6, singleton="zero")
+    for args in ((_unaligned(s), g), (s, _unaligned(g))):
+        assert _core.group_advantages_plain(*args, "grpo", 1e-6, "zero") is None
+        np.testing.assert_array_equal(cc.group_advantages(*args), want_g)

@@ -21,6 +21,13 @@ KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 KERNEL_MASKS = tuple(np.dtype(t) for t in (np.bool_, np.uint8, np.int8, np.int32, np.int64, np.float32, np.float64))
 
 
+def kernel_array(x: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """``x`` as the kernels read it: C-contiguous and aligned, of ``dtype`` when given.
+    No copy when it already is; an unaligned view (say, into a byte buffer at an odd
+    offset) is copied, as a strided one is."""
+    return np.require(x, dtype=dtype, requirements=("C", "A"))
+
+
 def as_numpy(x: Any, name: str) -> np.ndarray:
     """A NumPy view of ``x`` (NumPy array, ``__dlpack__`` producer or array-like)."""
     if isinstance(x, np.ndarray):
@@ -83,7 +90,7 @@ def _as_cu_seqlens(cu: Any) -> np.ndarray:
         raise DTypeError(f"cu_seqlens: expected int32 or int64 offsets, got dtype {arr.dtype}")
     if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
         raise ShapeError("cu_seqlens: offsets exceed int64")
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    return kernel_array(arr, np.int64)
 
 
 def _as_mask(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
@@ -94,7 +101,7 @@ def _as_mask(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
         raise DTypeError(f"mask: expected a bool, integer or float array, got dtype {arr.dtype}")
     if arr.dtype not in KERNEL_MASKS:
         arr = arr != 0
-    return np.ascontiguousarray(arr).reshape(-1)
+    return kernel_array(arr).reshape(-1)
 
 
 def layout_of(primary: np.ndarray, name: str, mask: Any, cu_seqlens: Any) -> Layout:
@@ -127,7 +134,7 @@ def flat_float(x: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np
         raise ShapeError(f"{name}: expected shape {shape} like the first array, got {arr.shape}")
     if arr.dtype.kind not in "biuf":
         raise DTypeError(f"{name}: expected a float array, got dtype {arr.dtype}")
-    return np.ascontiguousarray(arr, dtype=dtype).reshape(-1)
+    return kernel_array(arr, dtype).reshape(-1)
 
 
 def per_row(x: Any, name: str, rows: int) -> np.ndarray | None:
@@ -139,7 +146,7 @@ def per_row(x: Any, name: str, rows: int) -> np.ndarray | None:
         raise DTypeError(f"{name}: expected a float array, got dtype {arr.dtype}")
     if arr.shape != (rows,):
         raise ShapeError(f"{name}: expected shape ({rows},), one value per sequence, got {arr.shape}")
-    return np.ascontiguousarray(arr, dtype=np.float64)
+    return kernel_array(arr, np.float64)
 
 
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
@@ -209,8 +216,8 @@ class Outputs:
                 raise ShapeError(f"{arg}: expected shape {self.shape}, got {buf.shape}")
             if buf.dtype != self.output:
                 raise DTypeError(f"{arg}: expected dtype {self.output} (the output dtype), got {buf.dtype}")
-            if not (buf.flags.c_contiguous and buf.flags.writeable):
-                raise ShapeError(f"{arg}: expected a writeable C-contiguous array")
+            if not (buf.flags.c_contiguous and buf.flags.aligned and buf.flags.writeable):
+                raise ShapeError(f"{arg}: expected a writeable, aligned C-contiguous array")
             for other in [*bufs, *(i for i in inputs if i is not None)]:
                 if np.may_share_memory(buf, other):
                     raise ShapeError(f"{arg}: shares memory with an input or another output; pass separate buffers")

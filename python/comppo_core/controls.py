@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._torch import tensor_io
-from ._arrays import as_numpy, float_dtypes, layout_of
+from ._arrays import as_numpy, float_dtypes, kernel_array, layout_of
 from .errors import NonFiniteError
 
 __all__ = ["by_position", "constant", "shuffle"]
@@ -41,7 +41,7 @@ def _valid_tokens(gates: Any, mask: Any, cu_seqlens: Any) -> tuple[np.ndarray, _
     g = as_numpy(gates, "gates")
     float_dtypes(g, "gates")  # rejects non-numeric dtypes
     lay = layout_of(g, "gates", mask, cu_seqlens)
-    flat = np.ascontiguousarray(g).reshape(-1)
+    flat = kernel_array(g).reshape(-1)
     if lay.cu_seqlens is None:
         b, t = lay.grid
         rows = np.repeat(np.arange(b, dtype=np.int64), t)

@@ -30,6 +30,7 @@ from ._arrays import (
     check_choice,
     check_finite,
     float_dtypes,
+    kernel_array,
 )
 from .errors import DTypeError, ParameterError, ShapeError
 
@@ -49,7 +50,7 @@ def _group_ids(groups: Any, n: int) -> np.ndarray:
     if g.dtype.kind in "iub":
         if g.dtype.kind == "u" and g.size and int(g.max()) > np.iinfo(np.int64).max:
             return np.unique(g, return_inverse=True)[1].astype(np.int64)
-        return np.ascontiguousarray(g, dtype=np.int64)
+        return kernel_array(g, np.int64)
     if g.dtype.kind in "USO":
         return np.unique(g, return_inverse=True)[1].astype(np.int64).reshape(-1)
     raise DTypeError(f"groups: expected integer ids (or string labels), got dtype {g.dtype}")
@@ -95,7 +96,7 @@ def _group_advantages(scores: Any, groups: Any, *, method: str, eps: float, sing
         raise ShapeError(f"scores: expected a 1-D [B] array, one score per sequence, got shape {s.shape}")
     if s.dtype.kind not in "biuf":
         raise DTypeError(f"scores: expected real numbers, got dtype {s.dtype}")
-    s64 = np.ascontiguousarray(s, dtype=np.float64)
+    s64 = kernel_array(s, np.float64)
     ids = _group_ids(groups, s.shape[0])
     check_choice("method", method, GROUP_METHODS)
     check_choice("singleton", singleton, ("zero", "raw"))
@@ -143,7 +144,7 @@ def broadcast(per_sequence: Any, *, mask: Any = None, cu_seqlens: Any = None) ->
             raise ShapeError(f"cu_seqlens: expected offsets ending at N >= 0, got {n}")
         flat_mask = None if mask is None else _as_mask(mask, (n,))
         lay = Layout(shape=(n,), grid=(0, 0), cu_seqlens=cu, mask=flat_mask)
-    a_flat = np.ascontiguousarray(a, dtype=compute)
+    a_flat = kernel_array(a, compute)
     outs = Outputs(("tokens",), lay.shape, compute, output, None, ())
     _core.broadcast(a_flat, *outs.kernel, **lay.kernel_args())
     return outs.finish()[0]

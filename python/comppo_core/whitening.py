@@ -83,8 +83,8 @@ def _whiten_in_place(
         raise ShapeError("out (whitened): out=x whitens x in place, but x is read-only")
     if x.dtype.kind != "f":
         raise DTypeError(f"out (whitened): out=x needs a float array to hold the result, got dtype {x.dtype}")
-    if x.dtype == compute and x.flags.c_contiguous:
+    if x.dtype == compute and x.flags.c_contiguous and x.flags.aligned:
         _core.masked_whiten_in_place(x.reshape(-1), shift_mean=shift_mean, eps=eps, **lay.kernel_args())
-    else:  # float16 (computed in float32) or strided: whiten into a fresh array, copy back
+    else:  # float16 (computed in float32), strided or unaligned: whiten into a fresh array, copy back
         x[...] = masked_whiten(x, mask=mask, cu_seqlens=cu_seqlens, shift_mean=shift_mean, eps=eps)
     return x

@@ -23,13 +23,19 @@ use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-/// `a` as a C-contiguous array of `T` with exactly `shape`, or None.
+/// Whether the kernels can read `a`'s data as a slice: C-contiguous and aligned (a
+/// view into a byte buffer at an odd offset is contiguous but not aligned).
+fn readable<'py>(a: &impl PyUntypedArrayMethods<'py>) -> bool {
+    a.is_c_contiguous() && a.is_aligned()
+}
+
+/// `a` as a C-contiguous, aligned array of `T` with exactly `shape`, or None.
 fn plain<'a, 'py, T: numpy::Element>(
     a: &'a Bound<'py, PyAny>,
     shape: &[usize],
 ) -> Option<&'a Bound<'py, PyArrayDyn<T>>> {
     let a = a.cast::<PyArrayDyn<T>>().ok()?;
-    (a.shape() == shape && a.is_c_contiguous()).then_some(a)
+    (a.shape() == shape && readable(a)).then_some(a)
 }
 
 /// An optional argument: `Some(None)` when absent, `Some(Some(array))` when plain,
@@ -76,7 +82,7 @@ fn plain_layout<'a, 'py>(shape: &[usize], cu_seqlens: &'a Option<Bound<'py, PyAn
     match (cu_seqlens, shape) {
         (None, &[rows, cols]) => Some(PlainLayout { rows, grid: (rows, cols), cu_seqlens: None }),
         (Some(cu), &[_]) => {
-            let cu = cu.cast::<PyArray1<i64>>().ok().filter(|cu| cu.is_c_contiguous() && cu.len() > 0)?;
+            let cu = cu.cast::<PyArray1<i64>>().ok().filter(|cu| readable(*cu) && cu.len() > 0)?;
             Some(PlainLayout { rows: cu.len() - 1, grid: (0, 0), cu_seqlens: Some(cu) })
         }
         _ => None,
@@ -215,7 +221,7 @@ struct GaeBorrows<'py, F: FloatDtype> {
 
 /// The borrowed arrays of a GAE call, or None when any argument is not plain.
 fn gae_borrows<'py, F: FloatDtype>(py: Python<'py>, c: &GaeArgs<'py>) -> Option<GaeBorrows<'py, F>> {
-    let r = c.rewards.cast::<PyArrayDyn<F>>().ok().filter(|r| r.is_c_contiguous())?;
+    let r = c.rewards.cast::<PyArrayDyn<F>>().ok().filter(|r| readable(*r))?;
     let shape = r.shape().to_vec();
     let lay = plain_layout(&shape, &c.cu_seqlens)?;
     let v = plain::<F>(&c.values, &shape)?;
@@ -311,7 +317,7 @@ fn whiten_borrows<'py, F: FloatDtype>(
     Option<numpy::PyReadonlyArray1<'py, i64>>,
     (usize, usize),
 )> {
-    let x = c.x.cast::<PyArrayDyn<F>>().ok().filter(|x| x.is_c_contiguous())?;
+    let x = c.x.cast::<PyArrayDyn<F>>().ok().filter(|x| readable(*x))?;
     let shape = x.shape().to_vec();
     let lay = plain_layout(&shape, &c.cu_seqlens)?;
     let m = plain_opt::<bool>(&c.mask, &shape)?;
@@ -347,9 +353,9 @@ pub(super) fn group_advantages_plain<'py>(
     let singleton = singleton.extract::<&str>().ok().and_then(group_singleton);
     let eps = eps.extract::<f64>().ok().filter(|e| e.is_finite() && *e >= 0.0);
     let (Some(method), Some(singleton), Some(eps)) = (method, singleton, eps) else { return Ok(None) };
-    let Some(s) = scores.cast::<PyArray1<f64>>().ok().filter(|s| s.is_c_contiguous()) else { return Ok(None) };
+    let Some(s) = scores.cast::<PyArray1<f64>>().ok().filter(|s| readable(*s)) else { return Ok(None) };
     let n = s.len();
-    let Some(g) = groups.cast::<PyArray1<i64>>().ok().filter(|g| g.is_c_contiguous() && g.len() == n) else {
+    let Some(g) = groups.cast::<PyArray1<i64>>().ok().filter(|g| readable(*g) && g.len() == n) else {
         return Ok(None);
     };
     // SAFETY: the kernel writes every position of its output.
