@@ -16,8 +16,6 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyType};
 
-mod plain;
-
 /// The package's Python exception class for each kernel error (one match, exhaustive).
 fn to_pyerr(py: Python<'_>, e: KernelError) -> PyErr {
     let class = match &e {
@@ -211,6 +209,9 @@ macro_rules! with_gates {
         }
     };
 }
+
+// After the macros above, which it uses.
+mod plain;
 
 struct GaeCall<'a, 'py> {
     rewards: Floats<'py>,

@@ -192,11 +192,9 @@ fn gae_typed<'py, F: FloatDtype>(
     let (adv_s, ret_s) = (adv.as_slice_mut().expect("contiguous"), ret.as_slice_mut().expect("contiguous"));
     let lay = layout(py, cu, grid, r.len())?;
     let p = c.params;
-    let result = match (m, g) {
-        (None, None) => py.detach(|| crate::gae::gae(&lay, r, v, AllValid, UnitGates, lv, &p, adv_s, ret_s)),
-        (None, Some(g)) => py.detach(|| crate::gae::gae(&lay, r, v, AllValid, g, lv, &p, adv_s, ret_s)),
-        (Some(m), None) => py.detach(|| crate::gae::gae(&lay, r, v, m, UnitGates, lv, &p, adv_s, ret_s)),
-        (Some(m), Some(g)) => py.detach(|| crate::gae::gae(&lay, r, v, m, g, lv, &p, adv_s, ret_s)),
+    let result = match m {
+        None => with_gates!(g, |g| py.detach(|| crate::gae::gae(&lay, r, v, AllValid, g, lv, &p, adv_s, ret_s))),
+        Some(m) => with_gates!(g, |g| py.detach(|| crate::gae::gae(&lay, r, v, m, g, lv, &p, adv_s, ret_s))),
     };
     result.map_err(|e| to_pyerr(py, e))?;
     drop((adv, ret));
@@ -228,27 +226,19 @@ fn gae_borrows<'py, F: FloatDtype>(py: Python<'py>, c: &GaeArgs<'py>) -> Option<
     let g = plain_opt::<F>(&c.gates, &shape)?;
     let m = plain_opt::<bool>(&c.mask, &shape)?;
     let lv = plain_opt::<f64>(&c.last_values, &[lay.rows])?;
-    let outs = plain_outputs::<F>(py, &c.out, &shape, 2)?;
     let mut inputs = vec![bytes(r), bytes(v)];
     inputs.extend(g.map(bytes).into_iter().chain(m.map(bytes)).chain(lv.map(bytes)).chain(lay.cu_seqlens.map(bytes)));
+    let (r, v) = (r.try_readonly().ok()?, v.try_readonly().ok()?);
+    let (g, m, lv, cu) = (read_opt(g)?, read_opt(m)?, read_opt(lv)?, read_opt(lay.cu_seqlens)?);
+    // The outputs last, so that a call that falls through has allocated nothing.
+    let outs = plain_outputs::<F>(py, &c.out, &shape, 2)?;
     let out_bytes: Vec<_> = outs.iter().map(bytes).collect();
     if c.out.is_some() && any_overlap(&out_bytes, &inputs) {
         return None;
     }
     // A read-only `out` fails to borrow here and takes the general path, which names it.
     let (adv, ret) = (outs[0].try_readwrite().ok()?, outs[1].try_readwrite().ok()?);
-    Some(GaeBorrows {
-        r: r.try_readonly().ok()?,
-        v: v.try_readonly().ok()?,
-        g: read_opt(g)?,
-        m: read_opt(m)?,
-        lv: read_opt(lv)?,
-        cu: read_opt(lay.cu_seqlens)?,
-        grid: lay.grid,
-        adv,
-        ret,
-        outs,
-    })
+    Some(GaeBorrows { outs, adv, ret, r, v, g, m, lv, cu, grid: lay.grid })
 }
 
 /// Masked whitening on the plain path: the whitened array, or None (see the module).
