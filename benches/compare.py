@@ -9,7 +9,8 @@ Workloads (float32, each row's length uniform in [T/2, T], gates uniform in [0.5
     W1  padded 512 × 4096       W2  padded 64 × 16384
     W3  padded 4096 × 512       W4  W1's data packed ([N] + cu_seqlens)
 
-Columns, all measured in one run, interleaved round by round (median of rounds):
+Columns, all measured in one run, interleaved round by round (median of the rounds;
+each table row runs at least --rounds rounds and at least --min-seconds seconds):
 
     comppo        cc.gae(...) allocating its two outputs, as a user calls it
     comppo out=   cc.gae(..., out=(adv, ret)) into preallocated buffers
@@ -163,16 +164,26 @@ if numba is not None:
 
 
 # ---------------------------------------------------------------- timing
-def measure(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Median seconds per call, running the candidates round-robin so drift hits all alike."""
+def measure(fns: dict[str, Callable[[], object]], rounds: int, min_seconds: float = 0.0) -> dict[str, float]:
+    """Median seconds per call, running the candidates round-robin so drift hits all alike.
+
+    At least ``rounds`` rounds, and more until ``min_seconds`` have passed. On the
+    development VM the noise comes in windows of about a quarter of a second in which
+    one set of buffers streams up to 1.6x slower than usual while the others do not
+    (any candidate's, at random); a median over half a second of rounds can fall inside
+    one such window, a median over several seconds does not.
+    """
     times: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():  # warm-up (JIT, page cache, thread pools)
         fn()
-    for _ in range(rounds):
+    start = time.perf_counter()
+    done = 0
+    while done < rounds or time.perf_counter() - start < min_seconds:
         for name, fn in fns.items():
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
+        done += 1
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -195,7 +206,7 @@ def reference_time(w: Workload, max_tokens: int) -> float:
     return (time.perf_counter() - t0) / frac
 
 
-def run(workloads: list[Workload], rounds: int, ref_tokens: int, with_torch: bool) -> list[dict]:
+def run(workloads: list[Workload], rounds: int, ref_tokens: int, with_torch: bool, min_seconds: float) -> list[dict]:
     rows = []
     for w in workloads:
         adv = np.empty_like(w.rewards)
@@ -221,7 +232,7 @@ def run(workloads: list[Workload], rounds: int, ref_tokens: int, with_torch: boo
             tm = torch.from_numpy(w.mask.astype(np.float32))
             fns["torch loop"] = lambda: verl_original.gae_loop(tr, tv, tm, GAMMA, LAM, tg)
         slow = {k: fns.pop(k) for k in ["torch loop"] if k in fns}
-        t = measure(fns, rounds)
+        t = measure(fns, rounds, min_seconds)
         t.update(measure(slow, max(1, rounds // 10)) if slow else {})
         t["reference"] = reference_time(w, ref_tokens)
         rows.append({"workload": w.name, "elements": w.elements, "tokens": w.tokens, **t})
@@ -292,7 +303,7 @@ if numba is not None:
             o[i] = x[i] + np.float32(m[i])
 
 
-def run_outcomes(rounds: int, with_torch: bool) -> list[dict]:
+def run_outcomes(rounds: int, with_torch: bool, min_seconds: float) -> list[dict]:
     rng = np.random.default_rng(5)
     n_seq, group = 65_536, 16
     scores = rng.standard_normal(n_seq)
@@ -305,7 +316,7 @@ def run_outcomes(rounds: int, with_torch: bool) -> list[dict]:
         ts, tg = torch.from_numpy(scores), torch.from_numpy(groups)
         fns["torch"] = lambda: torch_grpo(ts, tg)
     assert np.allclose(cc.group_advantages(scores, groups), numpy_grpo(scores, groups), rtol=1e-9, atol=1e-12)
-    rows = [{"workload": f"group_advantages {n_seq}/{group}", **measure(fns, rounds)}]
+    rows = [{"workload": f"group_advantages {n_seq}/{group}", **measure(fns, rounds, min_seconds)}]
 
     w = make_padded("W1", 512, 4096, 1)
     x = cc.gae(w.rewards, w.values, mask=w.mask, gates=w.gates, gamma=GAMMA, lam=LAM).advantages
@@ -324,7 +335,7 @@ def run_outcomes(rounds: int, with_torch: bool) -> list[dict]:
         tx, tm = torch.from_numpy(x), torch.from_numpy(m.astype(np.float32))
         fns["torch"] = lambda: verl_original.masked_whiten(tx, tm)
     assert np.allclose(cc.masked_whiten(x, mask=m), numpy_whiten(x, m), atol=1e-5)
-    rows.append({"workload": "masked_whiten W1", **measure(fns, rounds)})
+    rows.append({"workload": "masked_whiten W1", **measure(fns, rounds, min_seconds)})
     return rows
 
 
@@ -343,7 +354,7 @@ def report_outcomes(rows: list[dict]) -> str:
 
 
 # ---------------------------------------------------------------- verl drop-in
-def run_dropins(rounds: int) -> list[dict]:
+def run_dropins(rounds: int, min_seconds: float) -> list[dict]:
     from comppo_core.integrations import verl as verl_dropin
 
     w = make_padded("W1", 512, 4096, 1)
@@ -360,7 +371,7 @@ def run_dropins(rounds: int) -> list[dict]:
         "drop-in (torch CPU)": lambda: verl_dropin.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM),
         "numpy path": numpy_path,
     }
-    t = measure(fns, rounds)
+    t = measure(fns, rounds, min_seconds)
     t["verl loop"] = measure({"verl loop": lambda: verl_original.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)}, max(3, rounds // 4))[
         "verl loop"
     ]
@@ -386,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", default="W1,W2,W3,W4")
     p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--quick", action="store_true", help="fewer rounds")
+    p.add_argument("--min-seconds", type=float, default=4.0,
+                   help="keep adding rounds until each table row has run this long (default 4)")
+    p.add_argument("--quick", action="store_true", help="fewer rounds, no minimum time")
     p.add_argument("--ref-tokens", type=int, default=100_000, help="elements the reference is timed on")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--threads", type=int, default=None)
@@ -397,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         if numba is not None:
             numba.set_num_threads(a.threads)
     rounds = 8 if a.quick else a.rounds
+    min_seconds = 0.0 if a.quick else a.min_seconds
     want = a.workloads.split(",") if a.only in (None, "gae") else []
     w1 = make_padded("W1 padded 512x4096", 512, 4096, 1) if {"W1", "W4"} & set(want) else None
     all_w = {
@@ -409,14 +423,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"comppo-core {cc.__version__}, threads={cc.get_num_threads()}, numba={'yes' if numba else 'no'}, "
           f"torch={'yes' if torch is not None and not a.no_torch else 'no'}, python {sys.version.split()[0]}")
     if a.only in (None, "gae"):
-        rows = run(workloads, rounds, a.ref_tokens, not a.no_torch)
+        rows = run(workloads, rounds, a.ref_tokens, not a.no_torch, min_seconds)
         print(report(rows))
     if a.only in (None, "outcomes"):
         print()
-        print(report_outcomes(run_outcomes(rounds, not a.no_torch)))
+        print(report_outcomes(run_outcomes(rounds, not a.no_torch, min_seconds)))
     if a.only in (None, "dropins") and torch is not None and not a.no_torch:
         print()
-        print(report_dropins(run_dropins(rounds)))
+        print(report_dropins(run_dropins(rounds, min_seconds)))
     return 0
 
 
