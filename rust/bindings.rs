@@ -583,6 +583,7 @@ fn get_num_threads() -> usize {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gae, m)?)?;
     m.add_function(wrap_pyfunction!(plain::gae_plain, m)?)?;
+    m.add_function(wrap_pyfunction!(plain::td_targets_plain, m)?)?;
     m.add_function(wrap_pyfunction!(plain::masked_whiten_plain, m)?)?;
     m.add_function(wrap_pyfunction!(plain::group_advantages_plain, m)?)?;
     m.add_function(wrap_pyfunction!(td_targets, m)?)?;

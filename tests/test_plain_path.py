@@ -221,6 +221,100 @@ def test_tensors_take_the_general_path() -> None:
     np.testing.assert_array_equal(adv.numpy(), want[0])
 
 
+# ---------------------------------------------------------------- td_targets
+from comppo_core.advantages import _td_targets  # noqa: E402
+
+TD_KEYWORDS = ("mask", "cu_seqlens", "gates", "gamma", "last_values")
+
+
+def td_plain(rewards: Any, values: Any, **kw: Any) -> Any:
+    """``_core.td_targets_plain`` with ``td_targets``' keywords."""
+    a = {**GENERAL_DEFAULTS, **kw}
+    return _core.td_targets_plain(rewards, values, a["mask"], a["cu_seqlens"], a["gates"], a["last_values"], a["gamma"])
+
+
+def td_general(rewards: Any, values: Any, **kw: Any) -> Any:
+    return _td_targets(rewards, values, **{k: {**GENERAL_DEFAULTS, **kw}[k] for k in TD_KEYWORDS})
+
+
+@given(batch=batches(dtypes=FLOATS), packed=st.booleans(), gamma=unit_interval())
+def test_td_plain_path_is_taken_and_equals_the_general_path(batch: Any, packed: bool, gamma: float) -> None:
+    if batch.mask is not None and batch.mask.dtype != np.bool_:
+        batch.mask = batch.valid.copy()
+    batch.cu_dtype = np.dtype(np.int64)
+    r, v, kw = batch.packed() if packed else batch.padded()
+    kw["gamma"] = gamma
+    before = [r.copy(), v.copy(), *(x.copy() for x in kw.values() if isinstance(x, np.ndarray))]
+    got = td_plain(r, v, **kw)
+    assert got is not None, "the common call must take the plain path"
+    want = td_general(r, v, **kw)
+    assert_same_outcome(("ok", (got,)), ("ok", (want,)))
+    assert_same_outcome(("ok", (cc.td_targets(r, v, **kw),)), ("ok", (want,)))
+    assert_unchanged(before, [r, v, *(x for x in kw.values() if isinstance(x, np.ndarray))])
+
+
+def _td_not_plain_cases() -> list[str]:
+    """The cases of ``_not_plain_cases`` that use only ``td_targets``' arguments."""
+    own = {"rewards", "values", *TD_KEYWORDS}
+    return [name for name, make in _not_plain_cases().items() if set(make()) <= own]
+
+
+@pytest.mark.parametrize("name", _td_not_plain_cases())
+def test_td_other_arguments_take_the_general_path(name: str) -> None:
+    kw = _not_plain_cases()[name]()
+    r, v = kw.pop("rewards"), kw.pop("values")
+    assert td_plain(r, v, **kw) is None
+    got, want = outcome(lambda: (cc.td_targets(r, v, **kw),)), outcome(lambda: (td_general(r, v, **kw),))
+    assert_same_outcome(got, want)
+
+
+def test_td_not_plain_cases_cover_every_kind_of_argument() -> None:
+    names = _td_not_plain_cases()
+    for expected in ("float16 rewards", "strided rewards", "uint8 mask", "float32 last_values", "gamma above 1"):
+        assert expected in names
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda k: k["rewards"].__setitem__((1, 3), np.nan),
+        lambda k: k["gates"].__setitem__((2, 6), 1.5),
+        lambda k: k["values"].__setitem__((2, 0), np.inf),
+    ],
+)
+def test_td_kernel_errors_are_the_same_on_both_paths(spoil: Callable[[dict[str, Any]], None]) -> None:
+    kw = _batch()
+    spoil(kw)
+    r, v = kw.pop("rewards"), kw.pop("values")
+    got, want = outcome(lambda: td_plain(r, v, **kw)), outcome(lambda: td_general(r, v, **kw))
+    assert got[0] == "raised"
+    assert_same_outcome(got, want)
+
+
+def test_td_packed_layout_and_tensors() -> None:
+    kw = _batch()
+    r, v = kw["rewards"].reshape(-1), kw["values"].reshape(-1)
+    for cu in ([1, 8, 16, 24], [0, 8, 4, 24], [0, 8, 16, 23]):
+        cu64 = np.array(cu, np.int64)
+        got, want = outcome(lambda: td_plain(r, v, cu_seqlens=cu64)), outcome(lambda: td_general(r, v, cu_seqlens=cu64))
+        assert got[0] == "raised"
+        assert_same_outcome(got, want)
+    assert td_plain(r, v, cu_seqlens=np.array([0, 8, 16, 24], np.int32)) is None
+    for which in ("rewards", "gates", "last_values"):
+        k = {**_batch(), "last_values": np.array([0.5, -1.0, 2.0])}
+        k[which] = _unaligned(k[which])
+        rr, vv = k.pop("rewards"), k.pop("values")
+        assert td_plain(rr, vv, **k) is None
+        np.testing.assert_array_equal(cc.td_targets(rr, vv, **k), td_general(np.ascontiguousarray(rr), vv, **k))
+    torch = pytest.importorskip("torch")
+    kw = _batch()
+    tr, tv = torch.from_numpy(kw["rewards"]), torch.from_numpy(kw["values"])
+    assert td_plain(tr, tv, mask=torch.from_numpy(kw["mask"])) is None
+    y = cc.td_targets(tr, tv, mask=torch.from_numpy(kw["mask"]))
+    assert isinstance(y, torch.Tensor)
+    np.testing.assert_array_equal(y.numpy(), td_general(kw["rewards"], kw["values"], mask=kw["mask"]))
+
+
 # ---------------------------------------------------------------- masked_whiten
 from comppo_core.whitening import _masked_whiten  # noqa: E402
 

@@ -21,6 +21,7 @@ __all__ = [
     "masked_whiten_plain",
     "set_num_threads",
     "td_targets",
+    "td_targets_plain",
 ]
 
 NUM_THREADS_ENV: str
@@ -66,6 +67,15 @@ def td_targets(
     gamma: float,
     last_values: npt.NDArray[np.float64] | None,
 ) -> None: ...
+def td_targets_plain(
+    rewards: object,
+    values: object,
+    mask: object,
+    cu_seqlens: object,
+    gates: object,
+    last_values: object,
+    gamma: object,
+) -> npt.NDArray[np.floating] | None: ...
 def gates_from_concentration(
     concentration: npt.NDArray[np.floating],
     out: npt.NDArray[np.floating],

@@ -162,7 +162,6 @@ def _gae(
     return GAEResult(adv, ret)
 
 
-@tensor_io("rewards", "values", "mask", "cu_seqlens", "gates", "last_values")
 def td_targets(
     rewards: Any,
     values: Any,
@@ -179,6 +178,17 @@ def td_targets(
     ``last_values[b]`` (default 0) after its last one. Masked positions get 0. Shapes,
     layouts and dtypes as :func:`gae`.
     """
+    # As in gae: plain NumPy arrays go straight to the kernel, anything else takes the general path.
+    plain = _core.td_targets_plain(rewards, values, mask, cu_seqlens, gates, last_values, gamma)
+    if plain is not None:
+        return plain
+    return _td_targets(rewards, values, mask=mask, cu_seqlens=cu_seqlens, gates=gates, gamma=gamma, last_values=last_values)
+
+
+@tensor_io("rewards", "values", "mask", "cu_seqlens", "gates", "last_values")
+def _td_targets(rewards: Any, values: Any, *, mask: Any, cu_seqlens: Any, gates: Any, gamma: float, last_values: Any) -> np.ndarray:
+    """:func:`td_targets` for any arguments: converts them or raises the error that
+    names the first bad one."""
     x = _prepare(rewards, values, mask, cu_seqlens, gates, last_values, gamma)
     outs = Outputs(("targets",), x.layout.shape, x.compute, x.output, None, ())
     _core.td_targets(

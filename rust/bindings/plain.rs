@@ -1,4 +1,5 @@
-//! The plain path of `comppo_core.gae`, `masked_whiten` and `group_advantages`.
+//! The plain path of `comppo_core.gae`, `td_targets`, `masked_whiten` and
+//! `group_advantages`.
 //!
 //! When every array argument of a call is a NumPy array the kernel takes as it is
 //! (native `float32` or `float64`, a `bool` mask, `int64` `cu_seqlens`, `float64`
@@ -119,11 +120,36 @@ pub(super) fn gae_plain<'py>(
     masked_rewards: Bound<'py, PyAny>,
 ) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
     let Some(params) = gae_params(&gamma, &lam, &lam_critic, &masked_rewards) else { return Ok(None) };
-    let call = GaeArgs { rewards, values, mask, cu_seqlens, gates, last_values, out, params };
+    let call = SeqArgs { rewards, values, mask, cu_seqlens, gates, last_values, out };
     if call.rewards.is_instance_of::<PyArrayDyn<f32>>() {
-        gae_typed::<f32>(py, &call)
+        gae_typed::<f32>(py, &call, &params)
     } else if call.rewards.is_instance_of::<PyArrayDyn<f64>>() {
-        gae_typed::<f64>(py, &call)
+        gae_typed::<f64>(py, &call, &params)
+    } else {
+        Ok(None)
+    }
+}
+
+/// One-step TD targets on the plain path: the targets, or None (see the module).
+#[pyfunction]
+#[pyo3(signature = (rewards, values, mask, cu_seqlens, gates, last_values, gamma))]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn td_targets_plain<'py>(
+    py: Python<'py>,
+    rewards: Bound<'py, PyAny>,
+    values: Bound<'py, PyAny>,
+    mask: Option<Bound<'py, PyAny>>,
+    cu_seqlens: Option<Bound<'py, PyAny>>,
+    gates: Option<Bound<'py, PyAny>>,
+    last_values: Option<Bound<'py, PyAny>>,
+    gamma: Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Some(gamma) = unit(&gamma) else { return Ok(None) };
+    let call = SeqArgs { rewards, values, mask, cu_seqlens, gates, last_values, out: None };
+    if call.rewards.is_instance_of::<PyArrayDyn<f32>>() {
+        td_typed::<f32>(py, &call, gamma)
+    } else if call.rewards.is_instance_of::<PyArrayDyn<f64>>() {
+        td_typed::<f64>(py, &call, gamma)
     } else {
         Ok(None)
     }
@@ -148,7 +174,8 @@ fn gae_params(
     Some(GaeParams { gamma, lam, lam_critic, drop_masked_rewards })
 }
 
-struct GaeArgs<'py> {
+/// The array arguments of a call on a sequence batch (`gae`, `td_targets`).
+struct SeqArgs<'py> {
     rewards: Bound<'py, PyAny>,
     values: Bound<'py, PyAny>,
     mask: Option<Bound<'py, PyAny>>,
@@ -156,7 +183,6 @@ struct GaeArgs<'py> {
     gates: Option<Bound<'py, PyAny>>,
     last_values: Option<Bound<'py, PyAny>>,
     out: Option<Bound<'py, PyAny>>,
-    params: GaeParams,
 }
 
 /// The outputs of a plain call: `out`'s arrays when it is a tuple of `count` plain,
@@ -179,9 +205,10 @@ fn plain_outputs<'py, F: FloatDtype>(
 
 fn gae_typed<'py, F: FloatDtype>(
     py: Python<'py>,
-    c: &GaeArgs<'py>,
+    c: &SeqArgs<'py>,
+    p: &GaeParams,
 ) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
-    let Some(GaeBorrows { outs, mut adv, mut ret, r, v, g, m, lv, cu, grid }) = gae_borrows::<F>(py, c) else {
+    let Some(SeqBorrows { outs, mut writes, r, v, g, m, lv, cu, grid }) = seq_borrows::<F>(py, c, 2) else {
         return Ok(None);
     };
     let (r, v) = (r.as_slice().expect("contiguous"), v.as_slice().expect("contiguous"));
@@ -189,25 +216,45 @@ fn gae_typed<'py, F: FloatDtype>(
     let m = m.as_ref().map(|m| m.as_slice().expect("contiguous"));
     let lv = lv.as_ref().map(|lv| lv.as_slice().expect("contiguous"));
     let cu = cu.as_ref().map(|cu| cu.as_slice().expect("contiguous"));
+    let [adv, ret] = &mut writes[..] else { unreachable!("two outputs") };
     let (adv_s, ret_s) = (adv.as_slice_mut().expect("contiguous"), ret.as_slice_mut().expect("contiguous"));
     let lay = layout(py, cu, grid, r.len())?;
-    let p = c.params;
     let result = match m {
-        None => with_gates!(g, |g| py.detach(|| crate::gae::gae(&lay, r, v, AllValid, g, lv, &p, adv_s, ret_s))),
-        Some(m) => with_gates!(g, |g| py.detach(|| crate::gae::gae(&lay, r, v, m, g, lv, &p, adv_s, ret_s))),
+        None => with_gates!(g, |g| py.detach(|| crate::gae::gae(&lay, r, v, AllValid, g, lv, p, adv_s, ret_s))),
+        Some(m) => with_gates!(g, |g| py.detach(|| crate::gae::gae(&lay, r, v, m, g, lv, p, adv_s, ret_s))),
     };
     result.map_err(|e| to_pyerr(py, e))?;
-    drop((adv, ret));
+    drop(writes);
     let mut outs = outs.into_iter().map(Bound::into_any);
     Ok(Some((outs.next().expect("two outputs"), outs.next().expect("two outputs"))))
 }
 
-/// The arrays of a plain GAE call, borrowed.
-struct GaeBorrows<'py, F: FloatDtype> {
-    /// The two outputs, to return.
+fn td_typed<'py, F: FloatDtype>(py: Python<'py>, c: &SeqArgs<'py>, gamma: f64) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Some(SeqBorrows { outs, mut writes, r, v, g, m, lv, cu, grid }) = seq_borrows::<F>(py, c, 1) else {
+        return Ok(None);
+    };
+    let (r, v) = (r.as_slice().expect("contiguous"), v.as_slice().expect("contiguous"));
+    let g = g.as_ref().map(|g| g.as_slice().expect("contiguous"));
+    let m = m.as_ref().map(|m| m.as_slice().expect("contiguous"));
+    let lv = lv.as_ref().map(|lv| lv.as_slice().expect("contiguous"));
+    let cu = cu.as_ref().map(|cu| cu.as_slice().expect("contiguous"));
+    let o = writes[0].as_slice_mut().expect("contiguous");
+    let lay = layout(py, cu, grid, r.len())?;
+    let result = match m {
+        None => with_gates!(g, |g| py.detach(|| crate::td::td_targets(&lay, r, v, AllValid, g, lv, gamma, o))),
+        Some(m) => with_gates!(g, |g| py.detach(|| crate::td::td_targets(&lay, r, v, m, g, lv, gamma, o))),
+    };
+    result.map_err(|e| to_pyerr(py, e))?;
+    drop(writes);
+    Ok(outs.into_iter().next().map(Bound::into_any))
+}
+
+/// The arrays of a plain call on a sequence batch, borrowed.
+struct SeqBorrows<'py, F: FloatDtype> {
+    /// The outputs, to return.
     outs: Vec<Bound<'py, PyArrayDyn<F>>>,
-    adv: numpy::PyReadwriteArrayDyn<'py, F>,
-    ret: numpy::PyReadwriteArrayDyn<'py, F>,
+    /// The outputs, borrowed for writing.
+    writes: Vec<numpy::PyReadwriteArrayDyn<'py, F>>,
     r: numpy::PyReadonlyArrayDyn<'py, F>,
     v: numpy::PyReadonlyArrayDyn<'py, F>,
     g: Option<numpy::PyReadonlyArrayDyn<'py, F>>,
@@ -217,8 +264,9 @@ struct GaeBorrows<'py, F: FloatDtype> {
     grid: (usize, usize),
 }
 
-/// The borrowed arrays of a GAE call, or None when any argument is not plain.
-fn gae_borrows<'py, F: FloatDtype>(py: Python<'py>, c: &GaeArgs<'py>) -> Option<GaeBorrows<'py, F>> {
+/// The borrowed arrays of a call with `count` outputs, or None when any argument is
+/// not plain.
+fn seq_borrows<'py, F: FloatDtype>(py: Python<'py>, c: &SeqArgs<'py>, count: usize) -> Option<SeqBorrows<'py, F>> {
     let r = c.rewards.cast::<PyArrayDyn<F>>().ok().filter(|r| readable(*r))?;
     let shape = r.shape().to_vec();
     let lay = plain_layout(&shape, &c.cu_seqlens)?;
@@ -231,14 +279,14 @@ fn gae_borrows<'py, F: FloatDtype>(py: Python<'py>, c: &GaeArgs<'py>) -> Option<
     let (r, v) = (r.try_readonly().ok()?, v.try_readonly().ok()?);
     let (g, m, lv, cu) = (read_opt(g)?, read_opt(m)?, read_opt(lv)?, read_opt(lay.cu_seqlens)?);
     // The outputs last, so that a call that falls through has allocated nothing.
-    let outs = plain_outputs::<F>(py, &c.out, &shape, 2)?;
+    let outs = plain_outputs::<F>(py, &c.out, &shape, count)?;
     let out_bytes: Vec<_> = outs.iter().map(bytes).collect();
     if c.out.is_some() && any_overlap(&out_bytes, &inputs) {
         return None;
     }
     // A read-only `out` fails to borrow here and takes the general path, which names it.
-    let (adv, ret) = (outs[0].try_readwrite().ok()?, outs[1].try_readwrite().ok()?);
-    Some(GaeBorrows { outs, adv, ret, r, v, g, m, lv, cu, grid: lay.grid })
+    let writes = outs.iter().map(|o| o.try_readwrite().ok()).collect::<Option<Vec<_>>>()?;
+    Some(SeqBorrows { outs, writes, r, v, g, m, lv, cu, grid: lay.grid })
 }
 
 /// Masked whitening on the plain path: the whitened array, or None (see the module).
