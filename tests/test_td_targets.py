@@ -35,6 +35,17 @@ def test_td_targets_match_reference_both_layouts(batch: Batch, gamma: float) -> 
     assert_unchanged(before, batch.arrays())
 
 
+@given(batch=batches(dtypes=(np.dtype(np.float32), np.dtype(np.float64))), gamma=unit_interval())
+def test_td_targets_equal_reference_bit_for_bit(batch: Batch, gamma: float) -> None:
+    """No sum is reassociated (each target is ``r + (γ·g)·V_next`` in float64, rounded
+    once), so the kernel's four-position blocks and single steps both give the
+    reference's bits."""
+    r, v, kw = batch.padded()
+    got = cc.td_targets(r, v, gamma=gamma, **_td_kwargs(kw))  # type: ignore[arg-type]
+    want = reference.td_targets(r, v, gamma=gamma, **_td_kwargs(kw))  # type: ignore[arg-type]
+    assert got.tobytes() == want.tobytes()
+
+
 @given(batch=batches(dtypes=(np.dtype(np.float16),)), gamma=unit_interval())
 def test_td_targets_float16(batch: Batch, gamma: float) -> None:
     r, v, kw = batch.padded()

@@ -188,12 +188,14 @@ def test_avx2_and_baseline_builds_are_bit_identical() -> None:
         "q = cc.gates_from_concentration(g, mask=m, low=0.3)\n"
         "q2 = cc.gates_from_concentration(g, mask=m, low=0.3, normalize='batch')\n"
         "q3 = cc.gates_from_concentration(g.astype(np.float64), mask=m, low=0.3, sharpness=4.0)\n"
+        # TD targets: four-position blocks and single steps
+        "y = cc.td_targets(r, v, mask=m, gates=g, gamma=0.99)\n"
         "sys.stdout.buffer.write(a.tobytes() + ret.tobytes() + w.tobytes() + w2.tobytes() + s.tobytes()\n"
-        "                        + q.tobytes() + q2.tobytes() + q3.tobytes())\n"
+        "                        + q.tobytes() + q2.tobytes() + q3.tobytes() + y.tobytes())\n"
     )
     outs = []
     for disable in ("0", "1"):
         env = {**__import__("os").environ, "COMPPO_DISABLE_AVX2": disable}
         outs.append(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, check=True).stdout)
-    assert len(outs[0]) == 6 * 64 * 700 * 4 + 8 * 7 + 64 * 700 * 8
+    assert len(outs[0]) == 7 * 64 * 700 * 4 + 8 * 7 + 64 * 700 * 8
     assert outs[0] == outs[1]
