@@ -208,16 +208,10 @@ fn gae_typed<'py, F: FloatDtype>(
     c: &SeqArgs<'py>,
     p: &GaeParams,
 ) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
-    let Some(SeqBorrows { outs, mut writes, r, v, g, m, lv, cu, grid }) = seq_borrows::<F>(py, c, 2) else {
-        return Ok(None);
-    };
-    let (r, v) = (r.as_slice().expect("contiguous"), v.as_slice().expect("contiguous"));
-    let g = g.as_ref().map(|g| g.as_slice().expect("contiguous"));
-    let m = m.as_ref().map(|m| m.as_slice().expect("contiguous"));
-    let lv = lv.as_ref().map(|lv| lv.as_slice().expect("contiguous"));
-    let cu = cu.as_ref().map(|cu| cu.as_slice().expect("contiguous"));
-    let [adv, ret] = &mut writes[..] else { unreachable!("two outputs") };
-    let (adv_s, ret_s) = (adv.as_slice_mut().expect("contiguous"), ret.as_slice_mut().expect("contiguous"));
+    let Some(SeqBorrows { outs, mut writes, reads, grid }) = seq_borrows::<F>(py, c, 2) else { return Ok(None) };
+    let SeqSlices { r, v, g, m, lv, cu } = reads.slices();
+    let (adv, ret) = writes.split_at_mut(1);
+    let (adv_s, ret_s) = (adv[0].as_slice_mut().expect("contiguous"), ret[0].as_slice_mut().expect("contiguous"));
     let lay = layout(py, cu, grid, r.len())?;
     let result = match m {
         None => with_gates!(g, |g| py.detach(|| crate::gae::gae(&lay, r, v, AllValid, g, lv, p, adv_s, ret_s))),
@@ -230,14 +224,8 @@ fn gae_typed<'py, F: FloatDtype>(
 }
 
 fn td_typed<'py, F: FloatDtype>(py: Python<'py>, c: &SeqArgs<'py>, gamma: f64) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let Some(SeqBorrows { outs, mut writes, r, v, g, m, lv, cu, grid }) = seq_borrows::<F>(py, c, 1) else {
-        return Ok(None);
-    };
-    let (r, v) = (r.as_slice().expect("contiguous"), v.as_slice().expect("contiguous"));
-    let g = g.as_ref().map(|g| g.as_slice().expect("contiguous"));
-    let m = m.as_ref().map(|m| m.as_slice().expect("contiguous"));
-    let lv = lv.as_ref().map(|lv| lv.as_slice().expect("contiguous"));
-    let cu = cu.as_ref().map(|cu| cu.as_slice().expect("contiguous"));
+    let Some(SeqBorrows { outs, mut writes, reads, grid }) = seq_borrows::<F>(py, c, 1) else { return Ok(None) };
+    let SeqSlices { r, v, g, m, lv, cu } = reads.slices();
     let o = writes[0].as_slice_mut().expect("contiguous");
     let lay = layout(py, cu, grid, r.len())?;
     let result = match m {
@@ -255,13 +243,42 @@ struct SeqBorrows<'py, F: FloatDtype> {
     outs: Vec<Bound<'py, PyArrayDyn<F>>>,
     /// The outputs, borrowed for writing.
     writes: Vec<numpy::PyReadwriteArrayDyn<'py, F>>,
+    reads: SeqReads<'py, F>,
+    grid: (usize, usize),
+}
+
+/// The inputs of a plain call on a sequence batch, borrowed for reading.
+struct SeqReads<'py, F: FloatDtype> {
     r: numpy::PyReadonlyArrayDyn<'py, F>,
     v: numpy::PyReadonlyArrayDyn<'py, F>,
     g: Option<numpy::PyReadonlyArrayDyn<'py, F>>,
     m: Option<numpy::PyReadonlyArrayDyn<'py, bool>>,
     lv: Option<numpy::PyReadonlyArrayDyn<'py, f64>>,
     cu: Option<numpy::PyReadonlyArray1<'py, i64>>,
-    grid: (usize, usize),
+}
+
+/// [`SeqReads`] as the slices the kernels take.
+struct SeqSlices<'a, F> {
+    r: &'a [F],
+    v: &'a [F],
+    g: Option<&'a [F]>,
+    m: Option<&'a [bool]>,
+    lv: Option<&'a [f64]>,
+    cu: Option<&'a [i64]>,
+}
+
+impl<F: FloatDtype> SeqReads<'_, F> {
+    fn slices(&self) -> SeqSlices<'_, F> {
+        // The arrays were checked C-contiguous before they were borrowed.
+        SeqSlices {
+            r: self.r.as_slice().expect("contiguous"),
+            v: self.v.as_slice().expect("contiguous"),
+            g: self.g.as_ref().map(|g| g.as_slice().expect("contiguous")),
+            m: self.m.as_ref().map(|m| m.as_slice().expect("contiguous")),
+            lv: self.lv.as_ref().map(|lv| lv.as_slice().expect("contiguous")),
+            cu: self.cu.as_ref().map(|cu| cu.as_slice().expect("contiguous")),
+        }
+    }
 }
 
 /// The borrowed arrays of a call with `count` outputs, or None when any argument is
@@ -286,7 +303,7 @@ fn seq_borrows<'py, F: FloatDtype>(py: Python<'py>, c: &SeqArgs<'py>, count: usi
     }
     // A read-only `out` fails to borrow here and takes the general path, which names it.
     let writes = outs.iter().map(|o| o.try_readwrite().ok()).collect::<Option<Vec<_>>>()?;
-    Some(SeqBorrows { outs, writes, r, v, g, m, lv, cu, grid: lay.grid })
+    Some(SeqBorrows { outs, writes, reads: SeqReads { r, v, g, m, lv, cu }, grid: lay.grid })
 }
 
 /// Masked whitening on the plain path: the whitened array, or None (see the module).
