@@ -584,6 +584,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gae, m)?)?;
     m.add_function(wrap_pyfunction!(plain::gae_plain, m)?)?;
     m.add_function(wrap_pyfunction!(plain::td_targets_plain, m)?)?;
+    m.add_function(wrap_pyfunction!(plain::gates_from_concentration_plain, m)?)?;
     m.add_function(wrap_pyfunction!(plain::masked_whiten_plain, m)?)?;
     m.add_function(wrap_pyfunction!(plain::group_advantages_plain, m)?)?;
     m.add_function(wrap_pyfunction!(td_targets, m)?)?;

@@ -315,6 +315,119 @@ def test_td_packed_layout_and_tensors() -> None:
     np.testing.assert_array_equal(y.numpy(), td_general(kw["rewards"], kw["values"], mask=kw["mask"]))
 
 
+# ---------------------------------------------------------------- gates_from_concentration
+from comppo_core.gating import _gates_from_concentration  # noqa: E402
+
+GATE_DEFAULTS: dict[str, Any] = {
+    "mask": None, "cu_seqlens": None, "low": 0.9, "high": 1.0, "sharpness": 1.0,
+    "normalize": "sequence", "center": 0.0, "scale": 1.0, "invert": False,
+}  # fmt: skip
+
+
+def gates_plain(conc: Any, **kw: Any) -> Any:
+    """``_core.gates_from_concentration_plain`` with the public function's keywords."""
+    a = {**GATE_DEFAULTS, **kw}
+    return _core.gates_from_concentration_plain(
+        conc, a["mask"], a["cu_seqlens"], a["low"], a["high"], a["sharpness"], a["normalize"], a["center"], a["scale"], a["invert"]
+    )
+
+
+def gates_general(conc: Any, **kw: Any) -> Any:
+    return _gates_from_concentration(conc, **{**GATE_DEFAULTS, **kw})
+
+
+@given(
+    batch=batches(dtypes=FLOATS),
+    packed=st.booleans(),
+    bounds=st.tuples(unit_interval(), unit_interval()),
+    sharpness=st.sampled_from([0.0, 0.5, 1.0, 4.0]),
+    normalize=st.sampled_from(["sequence", "batch", "none"]),
+    invert=st.booleans(),
+)
+def test_gates_plain_path_is_taken_and_equals_the_general_path(
+    batch: Any, packed: bool, bounds: tuple[float, float], sharpness: float, normalize: str, invert: bool
+) -> None:
+    """Bounds in either order: ``low > high`` is the kernel's error on both paths."""
+    if batch.mask is not None and batch.mask.dtype != np.bool_:
+        batch.mask = batch.valid.copy()
+    batch.cu_dtype = np.dtype(np.int64)
+    _, conc, kw = batch.packed() if packed else batch.padded()
+    kw = {"mask": kw["mask"], "cu_seqlens": kw.get("cu_seqlens")}
+    kw.update(low=bounds[0], high=bounds[1], sharpness=sharpness, normalize=normalize, center=0.5, scale=2.0, invert=invert)
+    before = [conc.copy(), *(x.copy() for x in kw.values() if isinstance(x, np.ndarray))]
+    got = outcome(lambda: (gates_plain(conc, **kw),))
+    assert got[0] == "raised" or got[1][0] is not None, "the common call must take the plain path"
+    want = outcome(lambda: (gates_general(conc, **kw),))
+    assert_same_outcome(got, want)
+    assert_same_outcome(outcome(lambda: (cc.gates_from_concentration(conc, **kw),)), want)
+    assert_unchanged(before, [conc, *(x for x in kw.values() if isinstance(x, np.ndarray))])
+
+
+def _gates_not_plain_cases() -> dict[str, Callable[[], tuple[np.ndarray, dict[str, Any]]]]:
+    """Calls the gates plain path must hand to the general path: ``(conc, kwargs)``."""
+
+    def case(conc: Callable[[np.ndarray], Any] = lambda c: c, **kw: Any) -> Callable[[], tuple[np.ndarray, dict[str, Any]]]:
+        def make() -> tuple[np.ndarray, dict[str, Any]]:
+            b = _batch()
+            return conc(b["gates"]), {"mask": b["mask"], **kw}
+
+        return make
+
+    return {
+        "float16 conc": case(lambda c: c.astype(np.float16)),
+        "strided conc": case(lambda c: np.repeat(c, 2, axis=1)[:, ::2]),
+        "list conc": case(lambda c: c.tolist()),
+        "unaligned conc": case(lambda c: _unaligned(c)),
+        "uint8 mask": case(mask=_batch()["mask"].astype(np.uint8)),
+        "low NaN": case(low=float("nan")),
+        "high inf": case(high=float("inf")),
+        "low a string": case(low="0.5"),
+        "unknown normalize": case(normalize="rows"),
+        "invert an int": case(invert=1),
+        "invert a NumPy bool": case(invert=np.bool_(True)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_gates_not_plain_cases()))
+def test_gates_other_arguments_take_the_general_path(name: str) -> None:
+    conc, kw = _gates_not_plain_cases()[name]()
+    assert gates_plain(conc, **kw) is None
+    got = outcome(lambda: (cc.gates_from_concentration(conc, **kw),))
+    assert_same_outcome(got, outcome(lambda: (gates_general(conc, **kw),)))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"low": 1.5}, {"low": 0.95, "high": 0.9}, {"normalize": "none", "scale": 0.0}, {"conc_nan": (1, 2)}],
+)
+def test_gates_kernel_errors_are_the_same_on_both_paths(change: dict[str, Any]) -> None:
+    b = _batch()
+    conc, kw = b["gates"], {"mask": b["mask"], **change}
+    if "conc_nan" in kw:
+        conc[kw.pop("conc_nan")] = np.nan
+    got, want = outcome(lambda: gates_plain(conc, **kw)), outcome(lambda: gates_general(conc, **kw))
+    assert got[0] == "raised"
+    assert_same_outcome(got, want)
+
+
+def test_gates_packed_cu_seqlens_and_tensors() -> None:
+    b = _batch()
+    conc = b["gates"].reshape(-1)
+    for cu in ([1, 8, 16, 24], [0, 8, 4, 24]):
+        cu64 = np.array(cu, np.int64)
+        got, want = outcome(lambda: gates_plain(conc, cu_seqlens=cu64)), outcome(lambda: gates_general(conc, cu_seqlens=cu64))
+        assert got[0] == "raised"
+        assert_same_outcome(got, want)
+    assert gates_plain(conc, cu_seqlens=np.array([0, 8, 16, 24], np.int32)) is None
+    assert gates_plain(conc, cu_seqlens=np.array([0, 8, 16, 24], np.int64)) is not None
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(b["gates"])
+    assert gates_plain(t) is None
+    y = cc.gates_from_concentration(t, mask=torch.from_numpy(b["mask"]))
+    assert isinstance(y, torch.Tensor)
+    np.testing.assert_array_equal(y.numpy(), gates_general(b["gates"], mask=b["mask"]))
+
+
 # ---------------------------------------------------------------- masked_whiten
 from comppo_core.whitening import _masked_whiten  # noqa: E402
 

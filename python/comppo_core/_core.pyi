@@ -13,6 +13,7 @@ __all__ = [
     "gae",
     "gae_plain",
     "gates_from_concentration",
+    "gates_from_concentration_plain",
     "get_num_threads",
     "group_advantages",
     "group_advantages_plain",
@@ -91,6 +92,18 @@ def gates_from_concentration(
     scale: float,
     invert: bool,
 ) -> None: ...
+def gates_from_concentration_plain(
+    conc: object,
+    mask: object,
+    cu_seqlens: object,
+    low: object,
+    high: object,
+    sharpness: object,
+    normalize: object,
+    center: object,
+    scale: object,
+    invert: object,
+) -> npt.NDArray[np.floating] | None: ...
 def group_advantages(
     scores: npt.NDArray[np.float64],
     groups: npt.NDArray[np.int64],

@@ -29,7 +29,6 @@ __all__ = ["GATE_STD_EPS", "gates_from_concentration"]
 GATE_STD_EPS = 1e-8
 
 
-@tensor_io("conc", "mask", "cu_seqlens")
 def gates_from_concentration(
     conc: Any,
     *,
@@ -56,6 +55,33 @@ def gates_from_concentration(
     Returns:
       gates shaped like ``conc``, in its dtype (float16 computed in float32).
     """
+    # Plain NumPy arrays and parameters go straight to the kernel (rust/bindings/plain.rs);
+    # anything else takes the general path, which converts it or names what is wrong.
+    plain = _core.gates_from_concentration_plain(conc, mask, cu_seqlens, low, high, sharpness, normalize, center, scale, invert)
+    if plain is not None:
+        return plain
+    return _gates_from_concentration(
+        conc, mask=mask, cu_seqlens=cu_seqlens, low=low, high=high, sharpness=sharpness,
+        normalize=normalize, center=center, scale=scale, invert=invert,
+    )  # fmt: skip
+
+
+@tensor_io("conc", "mask", "cu_seqlens")
+def _gates_from_concentration(
+    conc: Any,
+    *,
+    mask: Any,
+    cu_seqlens: Any,
+    low: float,
+    high: float,
+    sharpness: float,
+    normalize: str,
+    center: float,
+    scale: float,
+    invert: bool,
+) -> np.ndarray:
+    """:func:`gates_from_concentration` for any arguments: converts them or raises the
+    error that names the first bad one."""
     c = as_numpy(conc, "concentration")
     compute, output = float_dtypes(c, "concentration")
     lay = layout_of(c, "concentration", mask, cu_seqlens)

@@ -1,5 +1,5 @@
-//! The plain path of `comppo_core.gae`, `td_targets`, `masked_whiten` and
-//! `group_advantages`.
+//! The plain path of `comppo_core.gae`, `td_targets`, `gates_from_concentration`,
+//! `masked_whiten` and `group_advantages`.
 //!
 //! When every array argument of a call is a NumPy array the kernel takes as it is
 //! (native `float32` or `float64`, a `bool` mask, `int64` `cu_seqlens`, `float64`
@@ -20,6 +20,7 @@
 use super::{group_method, group_singleton, layout, to_pyerr, FloatDtype};
 use crate::element::{AllValid, UnitGates};
 use crate::gae::GaeParams;
+use crate::gating::{GateParams, Normalize};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -304,6 +305,83 @@ fn seq_borrows<'py, F: FloatDtype>(py: Python<'py>, c: &SeqArgs<'py>, count: usi
     // A read-only `out` fails to borrow here and takes the general path, which names it.
     let writes = outs.iter().map(|o| o.try_readwrite().ok()).collect::<Option<Vec<_>>>()?;
     Some(SeqBorrows { outs, writes, reads: SeqReads { r, v, g, m, lv, cu }, grid: lay.grid })
+}
+
+/// A scalar argument as a finite float, or None.
+fn finite(x: &Bound<'_, PyAny>) -> Option<f64> {
+    x.extract::<f64>().ok().filter(|v| v.is_finite())
+}
+
+/// Retention gates on the plain path: the gates, or None (see the module). Plain here
+/// also means finite float parameters, a known `normalize` and a `bool` `invert`; the
+/// kernel checks their ranges, as on the general path.
+#[pyfunction]
+#[pyo3(signature = (conc, mask, cu_seqlens, low, high, sharpness, normalize, center, scale, invert))]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gates_from_concentration_plain<'py>(
+    py: Python<'py>,
+    conc: Bound<'py, PyAny>,
+    mask: Option<Bound<'py, PyAny>>,
+    cu_seqlens: Option<Bound<'py, PyAny>>,
+    low: Bound<'py, PyAny>,
+    high: Bound<'py, PyAny>,
+    sharpness: Bound<'py, PyAny>,
+    normalize: Bound<'py, PyAny>,
+    center: Bound<'py, PyAny>,
+    scale: Bound<'py, PyAny>,
+    invert: Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let (Some(low), Some(high), Some(sharpness), Some(center), Some(scale)) =
+        (finite(&low), finite(&high), finite(&sharpness), finite(&center), finite(&scale))
+    else {
+        return Ok(None);
+    };
+    let normalize = match normalize.extract::<&str>() {
+        Ok("sequence") => Normalize::Sequence,
+        Ok("batch") => Normalize::Batch,
+        Ok("none") => Normalize::Fixed { center, scale },
+        _ => return Ok(None),
+    };
+    let Ok(invert) = invert.cast::<pyo3::types::PyBool>().map(|b| b.is_true()) else { return Ok(None) };
+    let params = GateParams { low, high, sharpness, normalize, invert };
+    if conc.is_instance_of::<PyArrayDyn<f32>>() {
+        gates_typed::<f32>(py, &conc, &mask, &cu_seqlens, &params)
+    } else if conc.is_instance_of::<PyArrayDyn<f64>>() {
+        gates_typed::<f64>(py, &conc, &mask, &cu_seqlens, &params)
+    } else {
+        Ok(None)
+    }
+}
+
+fn gates_typed<'py, F: FloatDtype>(
+    py: Python<'py>,
+    conc: &Bound<'py, PyAny>,
+    mask: &Option<Bound<'py, PyAny>>,
+    cu_seqlens: &Option<Bound<'py, PyAny>>,
+    params: &GateParams,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Some(c) = conc.cast::<PyArrayDyn<F>>().ok().filter(|c| readable(*c)) else { return Ok(None) };
+    let shape = c.shape().to_vec();
+    let Some(lay) = plain_layout(&shape, cu_seqlens) else { return Ok(None) };
+    let Some(m) = plain_opt::<bool>(mask, &shape) else { return Ok(None) };
+    let (Ok(cr), Some(mr), Some(cur)) = (c.try_readonly(), read_opt(m), read_opt(lay.cu_seqlens)) else {
+        return Ok(None);
+    };
+    // SAFETY: the kernel writes every position of its output.
+    let out = unsafe { PyArrayDyn::<F>::new(py, &shape[..], false) };
+    let Ok(mut o) = out.try_readwrite() else { return Ok(None) };
+    let cs = cr.as_slice().expect("contiguous");
+    let os = o.as_slice_mut().expect("contiguous");
+    let m = mr.as_ref().map(|m| m.as_slice().expect("contiguous"));
+    let cu = cur.as_ref().map(|cu| cu.as_slice().expect("contiguous"));
+    let l = layout(py, cu, lay.grid, cs.len())?;
+    let result = match m {
+        None => py.detach(|| crate::gating::gates_from_concentration(&l, cs, AllValid, params, os)),
+        Some(m) => py.detach(|| crate::gating::gates_from_concentration(&l, cs, m, params, os)),
+    };
+    result.map_err(|e| to_pyerr(py, e))?;
+    drop(o);
+    Ok(Some(out.into_any()))
 }
 
 /// Masked whitening on the plain path: the whitened array, or None (see the module).
