@@ -1,4 +1,6 @@
-"""The plain path of ``gae`` (rust/bindings/plain.rs) against the general path.
+"""The plain path (rust/bindings/plain.rs) against the general path: ``gae`` first,
+then ``td_targets``, ``gates_from_concentration``, ``masked_whiten`` and
+``group_advantages``, which follow the same pattern.
 
 ``comppo_core.gae`` first offers its arguments to ``_core.gae_plain``, which computes
 at once when every array is a NumPy array the kernel takes as it is, and otherwise
