@@ -25,6 +25,20 @@ use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
+/// `$f::<f32>(args)` or `$f::<f64>(args)` by the dtype of the NumPy array `$on`;
+/// `Ok(None)` (the general path) for anything else.
+macro_rules! by_plain_dtype {
+    ($on:expr, $f:ident($($arg:expr),*)) => {
+        if $on.is_instance_of::<PyArrayDyn<f32>>() {
+            $f::<f32>($($arg),*)
+        } else if $on.is_instance_of::<PyArrayDyn<f64>>() {
+            $f::<f64>($($arg),*)
+        } else {
+            Ok(None)
+        }
+    };
+}
+
 /// Whether the kernels can read `a`'s data as a slice: C-contiguous and aligned (a
 /// view into a byte buffer at an odd offset is contiguous but not aligned).
 fn readable<'py>(a: &impl PyUntypedArrayMethods<'py>) -> bool {
@@ -122,13 +136,7 @@ pub(super) fn gae_plain<'py>(
 ) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
     let Some(params) = gae_params(&gamma, &lam, &lam_critic, &masked_rewards) else { return Ok(None) };
     let call = SeqArgs { rewards, values, mask, cu_seqlens, gates, last_values, out };
-    if call.rewards.is_instance_of::<PyArrayDyn<f32>>() {
-        gae_typed::<f32>(py, &call, &params)
-    } else if call.rewards.is_instance_of::<PyArrayDyn<f64>>() {
-        gae_typed::<f64>(py, &call, &params)
-    } else {
-        Ok(None)
-    }
+    by_plain_dtype!(call.rewards, gae_typed(py, &call, &params))
 }
 
 /// One-step TD targets on the plain path: the targets, or None (see the module).
@@ -147,13 +155,7 @@ pub(super) fn td_targets_plain<'py>(
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let Some(gamma) = unit(&gamma) else { return Ok(None) };
     let call = SeqArgs { rewards, values, mask, cu_seqlens, gates, last_values, out: None };
-    if call.rewards.is_instance_of::<PyArrayDyn<f32>>() {
-        td_typed::<f32>(py, &call, gamma)
-    } else if call.rewards.is_instance_of::<PyArrayDyn<f64>>() {
-        td_typed::<f64>(py, &call, gamma)
-    } else {
-        Ok(None)
-    }
+    by_plain_dtype!(call.rewards, td_typed(py, &call, gamma))
 }
 
 fn gae_params(
@@ -344,13 +346,7 @@ pub(super) fn gates_from_concentration_plain<'py>(
     };
     let Ok(invert) = invert.cast::<pyo3::types::PyBool>().map(|b| b.is_true()) else { return Ok(None) };
     let params = GateParams { low, high, sharpness, normalize, invert };
-    if conc.is_instance_of::<PyArrayDyn<f32>>() {
-        gates_typed::<f32>(py, &conc, &mask, &cu_seqlens, &params)
-    } else if conc.is_instance_of::<PyArrayDyn<f64>>() {
-        gates_typed::<f64>(py, &conc, &mask, &cu_seqlens, &params)
-    } else {
-        Ok(None)
-    }
+    by_plain_dtype!(conc, gates_typed(py, &conc, &mask, &cu_seqlens, &params))
 }
 
 fn gates_typed<'py, F: FloatDtype>(
@@ -360,28 +356,87 @@ fn gates_typed<'py, F: FloatDtype>(
     cu_seqlens: &Option<Bound<'py, PyAny>>,
     params: &GateParams,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let Some(c) = conc.cast::<PyArrayDyn<F>>().ok().filter(|c| readable(*c)) else { return Ok(None) };
-    let shape = c.shape().to_vec();
-    let Some(lay) = plain_layout(&shape, cu_seqlens) else { return Ok(None) };
-    let Some(m) = plain_opt::<bool>(mask, &shape) else { return Ok(None) };
-    let (Ok(cr), Some(mr), Some(cur)) = (c.try_readonly(), read_opt(m), read_opt(lay.cu_seqlens)) else {
-        return Ok(None);
-    };
+    let Some(c) = MaskedArray::<F>::plain(conc, mask, cu_seqlens) else { return Ok(None) };
+    let Some(reads) = c.read() else { return Ok(None) };
+    // The output last, so that a call that falls through has allocated nothing.
     // SAFETY: the kernel writes every position of its output.
-    let out = unsafe { PyArrayDyn::<F>::new(py, &shape[..], false) };
+    let out = unsafe { PyArrayDyn::<F>::new(py, &c.shape[..], false) };
     let Ok(mut o) = out.try_readwrite() else { return Ok(None) };
-    let cs = cr.as_slice().expect("contiguous");
+    let MaskedSlices { x, m, cu, grid } = reads.slices();
     let os = o.as_slice_mut().expect("contiguous");
-    let m = mr.as_ref().map(|m| m.as_slice().expect("contiguous"));
-    let cu = cur.as_ref().map(|cu| cu.as_slice().expect("contiguous"));
-    let l = layout(py, cu, lay.grid, cs.len())?;
+    let l = layout(py, cu, grid, x.len())?;
     let result = match m {
-        None => py.detach(|| crate::gating::gates_from_concentration(&l, cs, AllValid, params, os)),
-        Some(m) => py.detach(|| crate::gating::gates_from_concentration(&l, cs, m, params, os)),
+        None => py.detach(|| crate::gating::gates_from_concentration(&l, x, AllValid, params, os)),
+        Some(m) => py.detach(|| crate::gating::gates_from_concentration(&l, x, m, params, os)),
     };
     result.map_err(|e| to_pyerr(py, e))?;
     drop(o);
     Ok(Some(out.into_any()))
+}
+
+/// One float array with an optional bool mask and packed offsets, all plain, before
+/// they are borrowed (`gates_from_concentration`, `masked_whiten`).
+struct MaskedArray<'a, 'py, F: FloatDtype> {
+    x: &'a Bound<'py, PyArrayDyn<F>>,
+    shape: Vec<usize>,
+    m: Option<&'a Bound<'py, PyArrayDyn<bool>>>,
+    lay: PlainLayout<'a, 'py>,
+}
+
+impl<'a, 'py, F: FloatDtype> MaskedArray<'a, 'py, F> {
+    /// The arrays when every one is plain, else None.
+    fn plain(
+        x: &'a Bound<'py, PyAny>,
+        mask: &'a Option<Bound<'py, PyAny>>,
+        cu_seqlens: &'a Option<Bound<'py, PyAny>>,
+    ) -> Option<Self> {
+        let x = x.cast::<PyArrayDyn<F>>().ok().filter(|x| readable(*x))?;
+        let shape = x.shape().to_vec();
+        let lay = plain_layout(&shape, cu_seqlens)?;
+        let m = plain_opt::<bool>(mask, &shape)?;
+        Some(MaskedArray { x, shape, m, lay })
+    }
+
+    /// The bytes of every array, for the overlap check against an output.
+    fn input_bytes(&self) -> Vec<std::ops::Range<usize>> {
+        let mut inputs = vec![bytes(self.x)];
+        inputs.extend(self.m.map(bytes).into_iter().chain(self.lay.cu_seqlens.map(bytes)));
+        inputs
+    }
+
+    /// The arrays borrowed for reading, or None when a borrow fails.
+    fn read(&self) -> Option<MaskedReads<'py, F>> {
+        let (x, m, cu) = (self.x.try_readonly().ok()?, read_opt(self.m)?, read_opt(self.lay.cu_seqlens)?);
+        Some(MaskedReads { x, m, cu, grid: self.lay.grid })
+    }
+}
+
+/// A [`MaskedArray`] borrowed for reading.
+struct MaskedReads<'py, F: FloatDtype> {
+    x: numpy::PyReadonlyArrayDyn<'py, F>,
+    m: Option<numpy::PyReadonlyArrayDyn<'py, bool>>,
+    cu: Option<numpy::PyReadonlyArray1<'py, i64>>,
+    grid: (usize, usize),
+}
+
+/// [`MaskedReads`] as the slices the kernels take.
+struct MaskedSlices<'a, F> {
+    x: &'a [F],
+    m: Option<&'a [bool]>,
+    cu: Option<&'a [i64]>,
+    grid: (usize, usize),
+}
+
+impl<F: FloatDtype> MaskedReads<'_, F> {
+    fn slices(&self) -> MaskedSlices<'_, F> {
+        // The arrays were checked C-contiguous before they were borrowed.
+        MaskedSlices {
+            x: self.x.as_slice().expect("contiguous"),
+            m: self.m.as_ref().map(|m| m.as_slice().expect("contiguous")),
+            cu: self.cu.as_ref().map(|cu| cu.as_slice().expect("contiguous")),
+            grid: self.grid,
+        }
+    }
 }
 
 /// Masked whitening on the plain path: the whitened array, or None (see the module).
@@ -401,13 +456,7 @@ pub(super) fn masked_whiten_plain<'py>(
     let Ok(shift_mean) = shift_mean.cast::<pyo3::types::PyBool>().map(|b| b.is_true()) else { return Ok(None) };
     let Some(eps) = eps.extract::<f64>().ok().filter(|e| e.is_finite() && *e >= 0.0) else { return Ok(None) };
     let call = WhitenArgs { x, mask, cu_seqlens, shift_mean, eps, out };
-    if call.x.is_instance_of::<PyArrayDyn<f32>>() {
-        whiten_typed::<f32>(py, &call)
-    } else if call.x.is_instance_of::<PyArrayDyn<f64>>() {
-        whiten_typed::<f64>(py, &call)
-    } else {
-        Ok(None)
-    }
+    by_plain_dtype!(call.x, whiten_typed(py, &call))
 }
 
 struct WhitenArgs<'py> {
@@ -420,16 +469,14 @@ struct WhitenArgs<'py> {
 }
 
 fn whiten_typed<'py, F: FloatDtype>(py: Python<'py>, c: &WhitenArgs<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let Some((out, mut o, x, m, cu, grid)) = whiten_borrows::<F>(py, c) else { return Ok(None) };
-    let xs = x.as_slice().expect("contiguous");
+    let Some((out, mut o, reads)) = whiten_borrows::<F>(py, c) else { return Ok(None) };
+    let MaskedSlices { x, m, cu, grid } = reads.slices();
     let os = o.as_slice_mut().expect("contiguous");
-    let m = m.as_ref().map(|m| m.as_slice().expect("contiguous"));
-    let cu = cu.as_ref().map(|cu| cu.as_slice().expect("contiguous"));
-    let lay = layout(py, cu, grid, xs.len())?;
+    let lay = layout(py, cu, grid, x.len())?;
     let (shift_mean, eps) = (c.shift_mean, c.eps);
     let result = match m {
-        None => py.detach(|| crate::whiten::masked_whiten(&lay, xs, AllValid, shift_mean, eps, os)),
-        Some(m) => py.detach(|| crate::whiten::masked_whiten(&lay, xs, m, shift_mean, eps, os)),
+        None => py.detach(|| crate::whiten::masked_whiten(&lay, x, AllValid, shift_mean, eps, os)),
+        Some(m) => py.detach(|| crate::whiten::masked_whiten(&lay, x, m, shift_mean, eps, os)),
     };
     result.map_err(|e| to_pyerr(py, e))?;
     drop(o);
@@ -442,31 +489,19 @@ fn whiten_typed<'py, F: FloatDtype>(py: Python<'py>, c: &WhitenArgs<'py>) -> PyR
 fn whiten_borrows<'py, F: FloatDtype>(
     py: Python<'py>,
     c: &WhitenArgs<'py>,
-) -> Option<(
-    Bound<'py, PyArrayDyn<F>>,
-    numpy::PyReadwriteArrayDyn<'py, F>,
-    numpy::PyReadonlyArrayDyn<'py, F>,
-    Option<numpy::PyReadonlyArrayDyn<'py, bool>>,
-    Option<numpy::PyReadonlyArray1<'py, i64>>,
-    (usize, usize),
-)> {
-    let x = c.x.cast::<PyArrayDyn<F>>().ok().filter(|x| readable(*x))?;
-    let shape = x.shape().to_vec();
-    let lay = plain_layout(&shape, &c.cu_seqlens)?;
-    let m = plain_opt::<bool>(&c.mask, &shape)?;
+) -> Option<(Bound<'py, PyArrayDyn<F>>, numpy::PyReadwriteArrayDyn<'py, F>, MaskedReads<'py, F>)> {
+    let x = MaskedArray::<F>::plain(&c.x, &c.mask, &c.cu_seqlens)?;
     let out = match &c.out {
         // SAFETY: the kernel writes every position of its output.
-        None => unsafe { PyArrayDyn::<F>::new(py, &shape[..], false) },
+        None => unsafe { PyArrayDyn::<F>::new(py, &x.shape[..], false) },
         Some(o) if o.is(&c.x) => return None,
-        Some(o) => plain::<F>(o, &shape)?.clone(),
+        Some(o) => plain::<F>(o, &x.shape)?.clone(),
     };
-    let mut inputs = vec![bytes(x)];
-    inputs.extend(m.map(bytes).into_iter().chain(lay.cu_seqlens.map(bytes)));
-    if c.out.is_some() && any_overlap(&[bytes(&out)], &inputs) {
+    if c.out.is_some() && any_overlap(&[bytes(&out)], &x.input_bytes()) {
         return None;
     }
     let o = out.try_readwrite().ok()?;
-    Some((out, o, x.try_readonly().ok()?, read_opt(m)?, read_opt(lay.cu_seqlens)?, lay.grid))
+    Some((out, o, x.read()?))
 }
 
 /// Group-relative advantages on the plain path: the `float64` advantages, or None
