@@ -15,15 +15,30 @@
 //! loop of their own, and the loop is compiled once per case (γ = 1, mask given, gates
 //! given), so no block re-tests what the task knows.
 //!
-//! The busiest port also matters: on the Zen cores this was tuned on, the widening and
-//! narrowing conversions and every shuffle that moves a value between the two 128-bit
-//! halves of a register share it (`vpermpd` costs about two slots). So the loop keeps
-//! cross-half moves to four per block: `V_next` comes from this block's and the previous
-//! block's `V` (one `vperm2f128`, not a permute plus a broadcast), the scan's first step
-//! stays inside the halves, its second step moves one value per vector (`vmovddup` then
-//! `vperm2f128`, written in assembly because the compiler would merge the pair into a
-//! `vpermpd`), and the carry is one broadcast. With γ = 1, `gg` is the gate itself (`1·g
-//! = g` exactly), and the gate range is checked with one integer maximum over the bits.
+//! The number of micro-ops per block decides the rest (`examples/gae_cycles.rs`
+//! measures cycles per position with the data in cache). On the Zen 3 cores this was
+//! tuned on, these facts shaped the loop (measured with `asm!` loops on this machine):
+//! `vcvtps2pd` from memory is one micro-op that runs on either add pipe, two per cycle,
+//! while from a register it is two and takes the one pipe that also runs `vperm2f128`,
+//! `vbroadcastsd` from a register and half of each `vcvtpd2ps` (one per cycle). So
+//! every input is widened straight from memory: the gates through [`widen_apart`],
+//! because the compiler would otherwise load them once for the range check and convert
+//! from the register, and `V_next` by loading `values` again one position on (inside a
+//! run the position after a block is the first of the block before it, valid and in the
+//! row) instead of shuffling it out of this block's and the previous block's `V`. That
+//! took the loop from about 12.8 to 11.2 cycles per block. The scan's first step stays
+//! inside the 128-bit halves; its second step moves one value per vector across them
+//! (`vmovddup` then `vperm2f128`, written in assembly because the compiler would merge
+//! the pair into a `vpermpd`, which costs that pipe twice as much); the carry is one
+//! broadcast. With γ = 1, `gg` is the gate itself (`1·g = g` exactly), and the gate
+//! range is checked with one integer maximum over the bits.
+//!
+//! Tried and slower here: taking three additions off the add pipes as `x·1 + y` on the
+//! FMA pipes (exact, but 11.8 cycles: the longer latency costs more than the pipes
+//! gain), moving the back stage first in each turn, unrolling two turns to save the
+//! register moves that rotate the stages (no change), and 128-bit register pairs
+//! without any cross-half moves (LLVM merges the halves back into 256-bit registers,
+//! and sixteen registers cannot hold the pipelined state: it spills).
 //!
 //! Like [`super::Kernel::task_body`], a task is one continuous backward stream: its rows
 //! from last to first, each backwards. (Tracing two rows at once was tried and measured
@@ -113,15 +128,13 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
             while t.left() % 4 != 0 {
                 self.scalar.step::<DUAL>(&mut t, &out);
             }
-            // Lane 0 holds `V_next`, the value after the next block (see `front`).
-            let mut v_after = _mm256_set1_pd(t.v_next);
             while t.left() > 0 {
                 // The all-valid blocks from here down, as one pipelined run; else one
                 // block of any kind.
                 let blocks = t.left() / 4;
                 if !MASKED {
                     let valid = |k: usize| k < blocks;
-                    self.valid_run::<DUAL, UNIT_GAMMA, GATED>(valid, &mut t, &out, &mut flags, &mut v_after);
+                    self.valid_run::<DUAL, UNIT_GAMMA, GATED>(valid, &mut t, &out, &mut flags);
                     continue;
                 }
                 let top = t.next;
@@ -129,13 +142,13 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
                 match word(0) {
                     ALL_VALID_4 => {
                         let valid = |k: usize| k < blocks && word(k) == ALL_VALID_4;
-                        self.valid_run::<DUAL, UNIT_GAMMA, GATED>(valid, &mut t, &out, &mut flags, &mut v_after);
+                        self.valid_run::<DUAL, UNIT_GAMMA, GATED>(valid, &mut t, &out, &mut flags);
                     }
                     0 => {
                         let n = (1..blocks).find(|&k| word(k) != 0).unwrap_or(blocks);
                         self.masked_run(n, &mut t, &out, &mut flags);
                     }
-                    _ => self.mixed_block::<DUAL>(&mut t, &out, &mut v_after),
+                    _ => self.mixed_block::<DUAL>(&mut t, &out),
                 }
             }
         }
@@ -163,16 +176,15 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
     }
 
     /// A block with both valid and masked positions: four single steps of the scalar
-    /// loop. `v_after` is reset to the trace's `V_next` for the blocks that follow.
+    /// loop.
     ///
     /// # Safety
     /// `t` has at least four positions left.
     #[inline(always)]
-    unsafe fn mixed_block<const DUAL: bool>(&self, t: &mut Trace, out: &Out<f32>, v_after: &mut __m256d) {
+    unsafe fn mixed_block<const DUAL: bool>(&self, t: &mut Trace, out: &Out<f32>) {
         for _ in 0..4 {
             self.scalar.step::<DUAL>(t, out);
         }
-        *v_after = _mm256_set1_pd(t.v_next);
     }
 
     /// The `n` all-masked blocks below `t.next`: zeros out, and (unless masked rewards
@@ -213,20 +225,19 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
         t: &mut Trace,
         out: &Out<f32>,
         flags: &mut Flags,
-        v_after: &mut __m256d,
     ) {
         let top = t.next;
         let at = |k: usize| top - 4 * (k + 1);
-        let f0 = self.front::<DUAL, UNIT_GAMMA, GATED>(at(0), v_after, &mut flags.g_bits);
+        let f0 = self.front::<DUAL, UNIT_GAMMA, GATED, true>(at(0), t.v_next, &mut flags.g_bits);
         if !valid(1) {
             self.back::<DUAL>(at(0), scan::<DUAL>(f0), t, out);
             return;
         }
-        let mut front = self.front::<DUAL, UNIT_GAMMA, GATED>(at(1), v_after, &mut flags.g_bits);
+        let mut front = self.front::<DUAL, UNIT_GAMMA, GATED, false>(at(1), t.v_next, &mut flags.g_bits);
         let mut scanned = scan::<DUAL>(f0);
         let mut k = 2;
         while valid(k) {
-            let next_front = self.front::<DUAL, UNIT_GAMMA, GATED>(at(k), v_after, &mut flags.g_bits);
+            let next_front = self.front::<DUAL, UNIT_GAMMA, GATED, false>(at(k), t.v_next, &mut flags.g_bits);
             let next_scanned = scan::<DUAL>(front);
             self.back::<DUAL>(at(k - 2), scanned, t, out);
             (front, scanned) = (next_front, next_scanned);
@@ -238,37 +249,41 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
     }
 
     /// Stage one of an all-valid block at `i` (lane k of a vector holds position
-    /// `i + k`): widened inputs, `δ`, `c` (and `c^c`). `v_after` holds `V_next` in lane
-    /// 0 (the previous block's `V`, or a broadcast of the trace's) and becomes this
-    /// block's `V`.
+    /// `i + k`): widened inputs, `δ`, `c` (and `c^c`). `V_next` of lane k is `V` of
+    /// position `i + k + 1`: for the `FIRST` block of a run, lane 3 takes `v_after`
+    /// (the trace's `V_next`: the position after the block may be masked or past the
+    /// row); every later block of the run sits just below an all-valid block of the same
+    /// row, so its `V_next` is simply the four `values` from `i + 1`.
     #[inline(always)]
-    unsafe fn front<const DUAL: bool, const UNIT_GAMMA: bool, const GATED: bool>(
+    unsafe fn front<const DUAL: bool, const UNIT_GAMMA: bool, const GATED: bool, const FIRST: bool>(
         &self,
         i: usize,
-        v_after: &mut __m256d,
+        v_after: f64,
         g_bits: &mut __m128i,
     ) -> Front {
         let s = &self.scalar;
-        let r = _mm256_cvtps_pd(_mm_loadu_ps(s.rewards.add(i)));
-        let v = _mm256_cvtps_pd(_mm_loadu_ps(s.values.add(i)));
+        let r = widen(s.rewards, i);
+        let v = widen(s.values, i);
         let gamma = _mm256_set1_pd(s.gamma);
         let gg = if !GATED {
             // γ·1 = γ exactly.
             gamma
         } else {
-            let g = _mm_loadu_ps(self.gates.add(i));
-            *g_bits = _mm_max_epu32(*g_bits, _mm_castps_si128(g));
+            *g_bits = _mm_max_epu32(*g_bits, _mm_loadu_si128(self.gates.add(i) as *const __m128i));
+            let g = widen_apart(self.gates, i);
             // With γ = 1, γ·g = g exactly.
             if UNIT_GAMMA {
-                _mm256_cvtps_pd(g)
+                g
             } else {
-                _mm256_mul_pd(gamma, _mm256_cvtps_pd(g))
+                _mm256_mul_pd(gamma, g)
             }
         };
-        // V_next of lane k is V of lane k + 1; lane 3 takes the trace's (lane 0 of
-        // `v_after`): [v2, v3, a0, a1] from the halves, then [v1, v2, v3, a0].
-        let v_next = _mm256_shuffle_pd::<0b0101>(v, _mm256_permute2f128_pd::<0x21>(v, *v_after));
-        *v_after = v;
+        // First block: [v2, v3, a, a] from the halves, then [v1, v2, v3, a].
+        let v_next = if FIRST {
+            _mm256_shuffle_pd::<0b0101>(v, _mm256_permute2f128_pd::<0x21>(v, _mm256_set1_pd(v_after)))
+        } else {
+            widen(s.values.add(1), i)
+        };
         Front {
             delta: _mm256_sub_pd(_mm256_add_pd(r, _mm256_mul_pd(gg, v_next)), v),
             c: _mm256_mul_pd(gg, _mm256_set1_pd(s.lam)),
@@ -359,6 +374,36 @@ unsafe fn lane2_down(x: __m256d, fill: __m256d) -> __m256d {
         fill = in(ymm_reg) fill,
         y = out(ymm_reg) y,
         options(pure, nomem, nostack, preserves_flags),
+    );
+    y
+}
+
+/// The four `f32` at `base + i`, widened to `f64`.
+///
+/// # Safety
+/// `base + i` points to four readable `f32`; the CPU has AVX2.
+#[inline(always)]
+unsafe fn widen(base: *const f32, i: usize) -> __m256d {
+    _mm256_cvtps_pd(_mm_loadu_ps(base.add(i)))
+}
+
+/// [`widen`] in assembly, so that the compiler cannot merge its load with another load
+/// of the same bytes and convert from a register: `vcvtps2pd` with a memory operand is
+/// one micro-op that Zen 3 runs on either add pipe, the register form two, one of them
+/// on the busy shuffle pipe.
+///
+/// # Safety
+/// `base + i` points to four readable `f32`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn widen_apart(base: *const f32, i: usize) -> __m256d {
+    let y: __m256d;
+    std::arch::asm!(
+        "vcvtps2pd {y}, xmmword ptr [{base} + 4*{i}]",
+        base = in(reg) base,
+        i = in(reg) i,
+        y = out(ymm_reg) y,
+        options(pure, readonly, nostack, preserves_flags),
     );
     y
 }
