@@ -1,11 +1,13 @@
 //! Throughput of single AVX instructions and pairs of them (independent copies in a
 //! loop), in cycles calibrated by a chain of dependent `vaddpd` (3 cycles each on Zen
-//! 3): shows which conversions and shuffles share an execution port.
+//! 3): shows which conversions and shuffles share an execution port. `[{m}]` in a
+//! probe is a 64-byte buffer of zeros, for the memory-operand forms.
 //! `cargo run --release --example ports`.
 #[cfg(target_arch = "x86_64")]
 mod probes {
     use std::arch::asm;
     use std::time::Instant;
+    static ZEROS: [f64; 8] = [0.0; 8];
     macro_rules! probe {
         ($name:expr, $body:expr) => {{
             let iters = 20_000_000u64;
@@ -13,12 +15,14 @@ mod probes {
             for _ in 0..5 {
                 let t0 = Instant::now();
                 unsafe { asm!(
+                    "/* {m} */",
                     "vxorpd ymm0, ymm0, ymm0", "vxorpd ymm1, ymm1, ymm1","vxorpd ymm2, ymm2, ymm2","vxorpd ymm3, ymm3, ymm3",
                     "vxorpd ymm4, ymm4, ymm4","vxorpd ymm5, ymm5, ymm5","vxorpd ymm6, ymm6, ymm6","vxorpd ymm7, ymm7, ymm7",
                     "2:",
                     $body,
                     "dec {n}", "jnz 2b",
                     n = inout(reg) iters => _,
+                    m = in(reg) ZEROS.as_ptr(),
                     out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
                     out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _, out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
                 ); }
@@ -60,6 +64,14 @@ mod probes {
             ("2 vcvtps2pd y + 2 vaddpd", probe!("", "vcvtps2pd ymm8, xmm0\nvcvtps2pd ymm9, xmm1\nvaddpd ymm10, ymm2, ymm3\nvaddpd ymm11, ymm3, ymm4")),
             ("2 vperm2f128 + 2 vaddpd", probe!("", "vperm2f128 ymm8, ymm0, ymm1, 0x21\nvperm2f128 ymm9, ymm1, ymm2, 0x21\nvaddpd ymm10, ymm2, ymm3\nvaddpd ymm11, ymm3, ymm4")),
             ("2 vperm2f128 + 2 vmulpd", probe!("", "vperm2f128 ymm8, ymm0, ymm1, 0x21\nvperm2f128 ymm9, ymm1, ymm2, 0x21\nvmulpd ymm10, ymm2, ymm3\nvmulpd ymm11, ymm3, ymm4")),
+            // From memory the widening is one micro-op on the add pipes (two per cycle);
+            // from a register it is two and shares the vperm2f128 pipe.
+            ("4x vcvtps2pd ymm,m128", probe!("", "vcvtps2pd ymm8, [{m}]\nvcvtps2pd ymm9, [{m}]\nvcvtps2pd ymm10, [{m}]\nvcvtps2pd ymm11, [{m}]")),
+            ("2 cvtps2pd y,m + 2 vperm2f128", probe!("", "vcvtps2pd ymm8, [{m}]\nvcvtps2pd ymm9, [{m}]\nvperm2f128 ymm10, ymm2, ymm3, 0x21\nvperm2f128 ymm11, ymm3, ymm4, 0x21")),
+            ("2 cvtps2pd y,m + 2 vaddpd", probe!("", "vcvtps2pd ymm8, [{m}]\nvcvtps2pd ymm9, [{m}]\nvaddpd ymm10, ymm2, ymm3\nvaddpd ymm11, ymm3, ymm4")),
+            ("2 cvtps2pd y,m + 2 vmulpd", probe!("", "vcvtps2pd ymm8, [{m}]\nvcvtps2pd ymm9, [{m}]\nvmulpd ymm10, ymm2, ymm3\nvmulpd ymm11, ymm3, ymm4")),
+            ("2 cvtpd2ps x,y + 2 vperm2f128", probe!("", "vcvtpd2ps xmm8, ymm0\nvcvtpd2ps xmm9, ymm1\nvperm2f128 ymm10, ymm2, ymm3, 0x21\nvperm2f128 ymm11, ymm3, ymm4, 0x21")),
+            ("2 vbroadcastsd y,x + 2 vperm2f128", probe!("", "vbroadcastsd ymm8, xmm0\nvbroadcastsd ymm9, xmm1\nvperm2f128 ymm10, ymm2, ymm3, 0x21\nvperm2f128 ymm11, ymm3, ymm4, 0x21")),
         ];
         for (n, t) in tests {
             println!("{n:32} {:.2} cycles/iter", t / cyc);
