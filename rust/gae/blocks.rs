@@ -15,9 +15,9 @@
 //! loop of their own, and the loop is compiled once per case (γ = 1, mask given, gates
 //! given), so no block re-tests what the task knows.
 //!
-//! The number of micro-ops per block decides the rest (`examples/gae_cycles.rs`
+//! The number of micro-ops per block decides the rest (`examples/incache.rs`
 //! measures cycles per position with the data in cache). On the Zen 3 cores this was
-//! tuned on, these facts shaped the loop (measured with `asm!` loops on this machine):
+//! tuned on, these facts shaped the loop (`examples/ports.rs` measures them):
 //! `vcvtps2pd` from memory is one micro-op that runs on either add pipe, two per cycle,
 //! while from a register it is two and takes the one pipe that also runs `vperm2f128`,
 //! `vbroadcastsd` from a register and half of each `vcvtpd2ps` (one per cycle). So
