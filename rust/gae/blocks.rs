@@ -33,12 +33,13 @@
 //! broadcast. With γ = 1, `gg` is the gate itself (`1·g = g` exactly), and the gate
 //! range is checked with one integer maximum over the bits.
 //!
-//! Tried and slower here: taking three additions off the add pipes as `x·1 + y` on the
-//! FMA pipes (exact, but 11.8 cycles: the longer latency costs more than the pipes
-//! gain), moving the back stage first in each turn, unrolling two turns to save the
-//! register moves that rotate the stages (no change), and 128-bit register pairs
-//! without any cross-half moves (LLVM merges the halves back into 256-bit registers,
-//! and sixteen registers cannot hold the pipelined state: it spills).
+//! Tried and not kept: three of the additions as `x·1 + y` on the FMA pipes (exact,
+//! but 11.8 cycles: the longer latency costs more than the freed add pipes gain); the
+//! scan's cross-half moves through a store and a reload (no clear change); the back
+//! stage first in each turn (slower); two turns unrolled, which saves the register
+//! moves that rotate the stages (no change); and 128-bit register pairs without any
+//! cross-half moves (slower: LLVM merges the halves back into 256-bit registers, and
+//! sixteen registers cannot hold the pipelined state, so it spills).
 //!
 //! Like [`super::Kernel::task_body`], a task is one continuous backward stream: its rows
 //! from last to first, each backwards. (Tracing two rows at once was tried and measured
