@@ -1,0 +1,125 @@
+"""What W2's time is made of: compute, waking the pool, and the cache, against its floor.
+
+Run:  python benches/w2_anatomy.py [--seconds 8]
+
+W2 of ``compare.py`` (padded 64 x 16384, float32, 21 MB) fits the 32 MB L3 cache of
+the development VM, so on a quiet host its floor streams it from cache and the
+kernel's own costs decide the ratio. This times, round-robin so that drift hits all
+alike, ``cc.gae(..., out=)`` on W2 under four conditions, and the floor:
+
+    back to back    a second call right after a first: the pool's helper is awake
+                    and the arrays are in cache (the kernel's compute on both cores)
+    1 thread        the same on one thread (compute on one core)
+    after a pause   after a 2 ms busy-wait on the calling thread, long enough for the
+                    helper to go to sleep: the call pays for waking it
+    after floor     right after a floor call, as in compare.py's rounds
+    floor           the memory floor of compare.py, right after another floor call
+
+On 2026-11-30 (two runs of 8 s, the floor at 0.57-0.60 ms, a busier hour than the
+quiet one in which compare.py's W2 floor fell to 0.30-0.41 ms): back to back 1.10-1.13x
+the floor, one thread 1.82-1.94x, after a pause 1.50-1.56x, after the floor 1.21-1.26x.
+So waking the helper costs W2 about 0.24 ms, far more than the helper's start-up
+delay (``examples/wake.rs``: a median of 60 us; a temporary trace had it join the call
+88-107 us in), and being back to back is worth more than any change to the block
+loop since. Read the ratios, not the times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare  # noqa: E402
+
+import comppo_core as cc  # noqa: E402
+
+PAUSE_S = 0.002
+
+
+def busy_wait(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=8.0, help="how long to run the rounds")
+    a = p.parse_args(argv)
+    if compare.numba is None:
+        raise SystemExit("needs numba for the floor: pip install '.[bench]'")
+    w = compare.make_padded("W2", 64, 16384, 2)
+    assert w.mask is not None
+    adv, ret = np.empty_like(w.rewards), np.empty_like(w.rewards)
+    o1, o2 = np.empty(w.elements, np.float32), np.empty(w.elements, np.float32)
+    r1, v1, g1 = w.rewards.reshape(-1), w.values.reshape(-1), w.gates.reshape(-1)
+    m1 = w.mask.reshape(-1).view(np.uint8)
+    kw = w.kwargs()
+    threads = cc.get_num_threads()
+
+    def gae() -> None:
+        cc.gae(w.rewards, w.values, gamma=compare.GAMMA, lam=compare.LAM, out=(adv, ret), **kw)
+
+    def floor() -> None:
+        compare.floor_stream_masked(r1, v1, g1, m1, o1, o2)
+
+    def timed(fn: Callable[[], None]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    def back_to_back() -> float:
+        gae()
+        return timed(gae)
+
+    def one_thread() -> float:
+        cc.set_num_threads(1)
+        try:
+            gae()
+            return timed(gae)
+        finally:
+            cc.set_num_threads(threads)
+
+    def after_pause() -> float:
+        busy_wait(PAUSE_S)
+        return timed(gae)
+
+    def after_floor() -> float:
+        floor()
+        return timed(gae)
+
+    def floor_twice() -> float:
+        floor()
+        return timed(floor)
+
+    cases = {
+        "back to back": back_to_back,
+        "1 thread": one_thread,
+        "after a pause": after_pause,
+        "after floor": after_floor,
+        "floor": floor_twice,
+    }
+    for case in cases.values():  # warm-up (JIT, pool, page faults)
+        case()
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    start = time.perf_counter()
+    while time.perf_counter() - start < a.seconds:
+        for name, case in cases.items():
+            times[name].append(case())
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"comppo-core {cc.__version__}, threads={threads}, W2 padded 64x16384 out=, {len(times['floor'])} rounds")
+    print(f"{'case':16} {'median ms':>10} {'/floor':>8}")
+    for k, t in med.items():
+        print(f"{k:16} {t * 1e3:10.3f} {t / med['floor']:8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
