@@ -577,10 +577,13 @@ mod tests {
             cu.push(cu.last().unwrap() + l as i64);
         }
         let n = *cu.last().unwrap() as usize;
-        // Runs of valid and masked positions of random lengths 1..12.
+        // Runs of valid and masked positions of random lengths 1..12, and one run in
+        // seven of 20..100 (the masked-run loop scans the mask 32 bytes at a time and
+        // writes two blocks per step).
         let mut m = Vec::with_capacity(n);
         while m.len() < n {
-            let (valid, run) = (lcg(&mut s) < 0.7, 1 + (lcg(&mut s) * 12.0) as usize);
+            let valid = lcg(&mut s) < 0.7;
+            let run = if lcg(&mut s) < 1.0 / 7.0 { 20 + (lcg(&mut s) * 80.0) as usize } else { 1 + (lcg(&mut s) * 12.0) as usize };
             m.extend(std::iter::repeat_n(valid, run.min(n - m.len())));
         }
         let r: Vec<f32> = (0..n).map(|i| if m[i] { lcg(&mut s) as f32 - 0.5 } else { 0.0 }).collect();
@@ -588,7 +591,7 @@ mod tests {
         let g: Vec<f32> = (0..n).map(|_| 0.5 + 0.5 * lcg(&mut s) as f32).collect();
         let lv: Vec<f64> = (0..lens.len()).map(|_| lcg(&mut s)).collect();
         let packed = Layout::packed(&cu, n).unwrap();
-        let padded = Layout::padded(n / 8, 8, n - n % 8).unwrap();
+        let padded = Layout::padded(n / 96, 96, n - n % 96).unwrap();
 
         let run = |layout: &Layout, r: &[f32], g: &[f32], p: GaeParams, gated: bool, masked: bool| {
             let lv = match layout {
@@ -682,6 +685,14 @@ mod tests {
             assert!(run(layout, &masked_r, &g[..len], one, false, true));
             let drop = GaeParams { drop_masked_rewards: true, ..one };
             assert!(!run(layout, &masked_r, &g[..len], drop, false, true));
+            // A masked reward at each position of a long masked run, whichever lane of
+            // the two-block step or the odd block it falls in.
+            let long = (0..len - 40).find(|&i| m[i..i + 40].iter().all(|&x| !x)).expect("a masked run of 40");
+            for k in long..long + 40 {
+                let mut masked_r = r[..len].to_vec();
+                masked_r[k] = if k % 2 == 0 { -1e-30 } else { f32::NAN };
+                assert!(run(layout, &masked_r, &g[..len], one, true, true), "masked reward at {k} missed");
+            }
         }
     }
 
