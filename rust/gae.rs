@@ -10,8 +10,9 @@
 //! R_i = A^c_i + V_i                                   (returns; A^c uses λ_critic)
 //! ```
 //!
-//! Operation order, all in `f64`: `gg = γ·g; δ = r + gg·V_next − V; c = gg·λ;
-//! c^c = gg·λ_c; R = A^c + V`. Masked positions get `A = R = 0`.
+//! Operation order, all in `f64`, where `fma(x, y, z) = x·y + z` rounded once (a fused
+//! multiply-add): `gg = γ·g; δ = fma(gg, V_next, r) − V; c = gg·λ; c^c = gg·λ_c;
+//! A = fma(c, A_next, δ); R = A^c + V`. Masked positions get `A = R = 0`.
 //!
 //! The recursion is evaluated in blocks. A row is cut into blocks of four consecutive
 //! positions counted from its first position; a block whose four positions are all
@@ -26,9 +27,12 @@
 //! Because the cut is counted from the row's start, a row is cut the same way whatever
 //! the thread count, the mask's dtype or the code path, and in both layouts as long as
 //! the row starts at the same position in both (right padding, which is how packed rows
-//! unpack): all of these give bit-identical results. Against the sequential recursion
-//! of `comppo_core.reference.gae` the results differ by float64 rounding of the
-//! reassociated sums: relative to the largest term summed, about 1e-16. On ordinary
+//! unpack): all of these give bit-identical results. Every code path fuses the same
+//! multiply-adds: vector `vfmadd` in the AVX2 builds, `f64::mul_add` (a hardware FMA
+//! where the target has one, else the C library's correctly rounded `fma`) in the
+//! baseline build, so the two agree bit for bit. Against the sequential, unfused
+//! recursion of `comppo_core.reference.gae` the results differ by float64 rounding of
+//! the reassociated and fused sums: relative to the largest term summed, about 1e-16. On ordinary
 //! data float32 outputs, rounded once from float64, nearly always agree bit for bit;
 //! where the sums cancel (terms of 1e10 leaving a result of order 1) they need not.
 //!
@@ -245,10 +249,10 @@ impl<F: Float, M: Mask, G: Gates> Kernel<'_, F, M, G> {
         Some(unsafe { b.task::<DUAL>(task, adv, ret) })
     }
 
-    /// [`Self::task`] compiled for AVX2 (same arithmetic, no FMA contraction: the
-    /// results are bit-identical to the baseline build).
+    /// [`Self::task`] compiled for AVX2 and FMA (the same operations, `mul_add` becoming
+    /// one instruction: the results are bit-identical to the baseline build).
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn task_avx2<const DUAL: bool>(&self, task: &Task, adv: &mut [F], ret: &mut [F]) -> bool {
         self.task_body::<DUAL>(task, adv, ret)
     }
@@ -328,9 +332,9 @@ impl<F: Float, M: Mask, G: Gates> Streams<F, M, G> {
             let v = (*self.values.add(i)).to_f64();
             let g = self.gates.gate(i);
             let gg = self.gamma * g;
-            let delta = r + gg * t.v_next - v;
-            let a = delta + (gg * self.lam) * t.a;
-            let ac = if DUAL { delta + (gg * self.lam_critic) * t.ac } else { a };
+            let delta = gg.mul_add(t.v_next, r) - v;
+            let a = (gg * self.lam).mul_add(t.a, delta);
+            let ac = if DUAL { (gg * self.lam_critic).mul_add(t.ac, delta) } else { a };
             *out.adv.wrapping_add(i) = F::from_f64(a);
             *out.ret.wrapping_add(i) = F::from_f64(ac + v);
             t.a = a;
@@ -367,7 +371,7 @@ impl<F: Float, M: Mask, G: Gates> Streams<F, M, G> {
             v[k] = (*self.values.add(i + k)).to_f64();
             let g = self.gates.gate(i + k);
             let gg = self.gamma * g;
-            delta[k] = r + gg * v_next - v[k];
+            delta[k] = gg.mul_add(v_next, r) - v[k];
             c[k] = gg * self.lam;
             c_critic[k] = gg * self.lam_critic;
             v_next = v[k];
@@ -415,7 +419,11 @@ fn overflowed(d: [f64; 4], c: [f64; 4], next: f64, a: [f64; 4]) -> bool {
 /// ```text
 /// s = [δ0 + c0·δ1, δ1 + c1·0, δ2 + c2·δ3, δ3 + c3·0]     p = [c0·c1, c1·1, c2·c3, c3·1]
 /// S = [s0 + p0·s2, s1 + p1·s2, s2 + p2·0, s3 + p3·0]     P = [p0·p2, p1·p2, p2·1, p3·1]
+/// A = [S0 + P0·next, S1 + P1·next, S2 + P2·next, S3 + P3·next]
 /// ```
+///
+/// Every `x + y·z` here is one fused multiply-add (`y.mul_add(z, x)`), every product
+/// alone a plain multiply.
 ///
 /// `S` and `P` do not depend on `next`, so they are computed while the previous block's
 /// chain is still in flight. This is the definition of the kernel's arithmetic:
@@ -425,11 +433,11 @@ fn overflowed(d: [f64; 4], c: [f64; 4], next: f64, a: [f64; 4]) -> bool {
 /// value per vector across halves.
 #[inline(always)]
 fn unroll(d: [f64; 4], c: [f64; 4], next: f64) -> [f64; 4] {
-    let s = [d[0] + c[0] * d[1], d[1] + c[1] * 0.0, d[2] + c[2] * d[3], d[3] + c[3] * 0.0];
+    let s = [c[0].mul_add(d[1], d[0]), c[1].mul_add(0.0, d[1]), c[2].mul_add(d[3], d[2]), c[3].mul_add(0.0, d[3])];
     let p = [c[0] * c[1], c[1] * 1.0, c[2] * c[3], c[3] * 1.0];
-    let big_s = [s[0] + p[0] * s[2], s[1] + p[1] * s[2], s[2] + p[2] * 0.0, s[3] + p[3] * 0.0];
+    let big_s = [p[0].mul_add(s[2], s[0]), p[1].mul_add(s[2], s[1]), p[2].mul_add(0.0, s[2]), p[3].mul_add(0.0, s[3])];
     let big_p = [p[0] * p[2], p[1] * p[2], p[2] * 1.0, p[3] * 1.0];
-    [big_s[0] + big_p[0] * next, big_s[1] + big_p[1] * next, big_s[2] + big_p[2] * next, big_s[3] + big_p[3] * next]
+    [0, 1, 2, 3].map(|k| big_p[k].mul_add(next, big_s[k]))
 }
 
 /// Output pointers of one task, shifted so that flat index `i` of the batch (inside

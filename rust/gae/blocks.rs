@@ -2,10 +2,10 @@
 //! none), the layout of nearly every real call.
 //!
 //! A block of four valid positions is computed in AVX registers, lane k holding
-//! position `i + k`: loading and widening the inputs, `gg = γ·g`, `δ = r + gg·V_next −
-//! V`, `c = gg·λ`, the scan of [`super::unroll`] (two shuffle-multiply-add steps), `A =
-//! S + P·A_next`, `R = A^c + V`, narrowing and storing, and the input checks. From
-//! block to block the only dependency is one multiply and one add.
+//! position `i + k`: loading and widening the inputs, `gg = γ·g`, `δ = fma(gg, V_next,
+//! r) − V`, `c = gg·λ`, the scan of [`super::unroll`] (two shuffle-multiply-add steps),
+//! `A = fma(P, A_next, S)`, `R = A^c + V`, narrowing and storing, and the input checks.
+//! From block to block the only dependency is one fused multiply-add.
 //!
 //! What limits the loop then is how many blocks the core keeps in flight: a block's own
 //! path from loads to stores is about 45 cycles, and the scheduler fills with blocks
@@ -26,8 +26,13 @@
 //! from the register, and `V_next` by loading `values` again one position on (inside a
 //! run the position after a block is the first of the block before it, valid and in the
 //! row) instead of shuffling it out of this block's and the previous block's `V`. That
-//! took the loop from about 12.8 to 11.2 cycles per block. The scan's first step stays
-//! inside the 128-bit halves; its second step moves one value per vector across them
+//! took the loop from about 12.8 to 11.2 cycles per block. Fusing the four
+//! multiply-adds of a block (`vfmadd`, one micro-op where a multiply and an add were
+//! two) then took it from 2.54 to 2.26 cycles per position packed and from 2.66 to
+//! 2.39 padded (`examples/incache.rs`, best of twelve rounds of each build; that
+//! harness times each call and reads the fastest tenth, so it reads lower than the
+//! totals behind the 11.2). The scan's first step stays inside the 128-bit halves;
+//! its second step moves one value per vector across them
 //! (`vmovddup` then `vperm2f128`, written in assembly because the compiler would merge
 //! the pair into a `vpermpd`, which costs that pipe twice as much); the carry is one
 //! broadcast. With γ = 1, `gg` is the gate itself (`1·g = g` exactly), and the gate
@@ -37,9 +42,9 @@
 //! store of zeros and a reward check per position, no arithmetic: the loop finds their
 //! end 32 mask bytes at a time and writes and checks eight positions per step, with
 //! stores in assembly, since the compiler turns plain stores of zeros into `memset`
-//! calls whose `rep stosb` wrote W2's tails at about half the speed. That took W2 on
-//! one thread from 0.83 to 0.77 ms (`examples/w2_batch.rs`: the fastest tenth of the
-//! calls, best of ten runs of each build alternating).
+//! calls whose `rep stosb` wrote W2's tails at about half the speed. Together the two
+//! changes took W2 on one thread from 0.83 to 0.72 ms (`examples/w2_batch.rs`: the
+//! fastest tenth of the calls, best of ten runs of each build alternating).
 //!
 //! Tried and not kept: three of the additions as `x·1 + y` on the FMA pipes (exact,
 //! but 11.8 cycles: the longer latency costs more than the freed add pipes gain); the
@@ -56,8 +61,8 @@
 //!
 //! The arithmetic is that of [`super::Streams::block`] and [`super::Streams::step`],
 //! operation for operation and in `f64` (vector lanes round exactly like scalar
-//! instructions and nothing is fused), so the results are bit-identical to the scalar
-//! loop; the tests compare the two builds. Blocks whose
+//! instructions, and each `vfmadd` is a `mul_add` there), so the results are
+//! bit-identical to the scalar loop; the tests compare the two builds. Blocks whose
 //! mask is neither all valid nor all masked, and the last `len % 4` positions of a
 //! row, take the scalar step.
 
@@ -102,7 +107,7 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
     ///
     /// # Safety
     /// The CPU has AVX2; the layout was validated against every array.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn task<const DUAL: bool>(&self, task: &Task, adv: &mut [f32], ret: &mut [f32]) -> bool {
         // One instance of the loop per case, so that no block tests what the task knows.
         match (self.scalar.gamma == 1.0, self.mask.is_null(), self.gates.is_null()) {
@@ -119,7 +124,7 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
 
     /// [`Self::task`] for known `UNIT_GAMMA` (γ = 1), `MASKED` (`mask` is not null) and
     /// `GATED` (`gates` is not null).
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn rows<const DUAL: bool, const UNIT_GAMMA: bool, const MASKED: bool, const GATED: bool>(
         &self,
         task: &Task,
@@ -315,7 +320,7 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
             widen(s.values.add(1), i)
         };
         Front {
-            delta: _mm256_sub_pd(_mm256_add_pd(r, _mm256_mul_pd(gg, v_next)), v),
+            delta: _mm256_sub_pd(_mm256_fmadd_pd(gg, v_next, r), v),
             c: _mm256_mul_pd(gg, _mm256_set1_pd(s.lam)),
             c_critic: if DUAL { _mm256_mul_pd(gg, _mm256_set1_pd(s.lam_critic)) } else { _mm256_setzero_pd() },
             v,
@@ -326,8 +331,8 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
     /// `R = A^c + V`, the stores, and the trace moved past the block.
     #[inline(always)]
     unsafe fn back<const DUAL: bool>(&self, i: usize, b: Scanned, t: &mut Trace, out: &Out<f32>) {
-        let a = _mm256_add_pd(b.s, _mm256_mul_pd(b.p, _mm256_set1_pd(t.a)));
-        let ac = if DUAL { _mm256_add_pd(b.s_critic, _mm256_mul_pd(b.p_critic, _mm256_set1_pd(t.ac))) } else { a };
+        let a = _mm256_fmadd_pd(b.p, _mm256_set1_pd(t.a), b.s);
+        let ac = if DUAL { _mm256_fmadd_pd(b.p_critic, _mm256_set1_pd(t.ac), b.s_critic) } else { a };
         t.a = _mm256_cvtsd_f64(a);
         t.ac = _mm256_cvtsd_f64(ac);
         t.v_next = _mm256_cvtsd_f64(b.v);
@@ -381,9 +386,9 @@ unsafe fn unroll(d: __m256d, c: __m256d) -> (__m256d, __m256d) {
     // [x1, 0, x3, 0] and [c1, 1, c3, 1]: odd lanes moved down inside each half.
     let d_pair = _mm256_unpackhi_pd(d, zero);
     let c_pair = _mm256_unpackhi_pd(c, one);
-    let s = _mm256_add_pd(d, _mm256_mul_pd(c, d_pair));
+    let s = _mm256_fmadd_pd(c, d_pair, d);
     let p = _mm256_mul_pd(c, c_pair);
-    (_mm256_add_pd(s, _mm256_mul_pd(p, lane2_down(s, zero))), _mm256_mul_pd(p, lane2_down(p, one)))
+    (_mm256_fmadd_pd(p, lane2_down(s, zero), s), _mm256_mul_pd(p, lane2_down(p, one)))
 }
 
 /// `[x2, x2, fill0, fill1]`: lane 2 of `x` copied to lanes 0 and 1, the low half of
@@ -394,7 +399,7 @@ unsafe fn unroll(d: __m256d, c: __m256d) -> (__m256d, __m256d) {
 /// # Safety
 /// The CPU has AVX2.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn lane2_down(x: __m256d, fill: __m256d) -> __m256d {
     let y: __m256d;
     std::arch::asm!(
@@ -415,7 +420,7 @@ unsafe fn lane2_down(x: __m256d, fill: __m256d) -> __m256d {
 /// # Safety
 /// `a` and `b` point to eight writable `f32` each; the CPU has AVX.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn store_zeros(a: *mut f32, b: *mut f32) {
     std::arch::asm!(
         "vxorps {z:x}, {z:x}, {z:x}",
@@ -455,7 +460,7 @@ unsafe fn widen(base: *const f32, i: usize) -> __m256d {
 /// # Safety
 /// `base + i` points to four readable `f32`; the CPU has AVX2.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn widen_apart(base: *const f32, i: usize) -> __m256d {
     let y: __m256d;
     std::arch::asm!(
