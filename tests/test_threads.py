@@ -167,8 +167,9 @@ def test_concurrent_python_threads(restore_threads: int) -> None:
 
 
 def test_avx2_and_baseline_builds_are_bit_identical() -> None:
-    """The AVX2 copies of the hot loops do the same arithmetic (no FMA): with
-    COMPPO_DISABLE_AVX2=1 the baseline code must give the very same bits."""
+    """The AVX2 copies of the hot loops do the same arithmetic (their fused multiply-adds
+    are ``mul_add`` calls in the baseline): with COMPPO_DISABLE_AVX2=1 the baseline code
+    must give the very same bits."""
     import subprocess
     import sys
 
