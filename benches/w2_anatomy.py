@@ -15,13 +15,17 @@ alike, ``cc.gae(..., out=)`` on W2 under four conditions, and the floor:
     after floor     right after a floor call, as in compare.py's rounds
     floor           the memory floor of compare.py, right after another floor call
 
-On 2026-11-30 (two runs of 8 s, the floor at 0.57-0.60 ms, a busier hour than the
-quiet one in which compare.py's W2 floor fell to 0.30-0.41 ms): back to back 1.10-1.13x
-the floor, one thread 1.82-1.94x, after a pause 1.50-1.56x, after the floor 1.21-1.26x.
-So waking the helper costs W2 about 0.24 ms, far more than the helper's start-up
-delay (``examples/wake.rs``: a median of 60 us; a temporary trace had it join the call
-88-107 us in), and being back to back is worth more than any change to the block
-loop since. Read the ratios, not the times.
+On 2026-11-30, before the fused multiply-adds and the faster masked runs (two runs of
+8 s, the floor at 0.57-0.60 ms, a busier hour than the quiet one in which compare.py's
+W2 floor fell to 0.30-0.41 ms): back to back 1.10-1.13x the floor, one thread
+1.82-1.94x, after a pause 1.50-1.56x, after the floor 1.21-1.26x. After them (two runs,
+the floor at 0.60 ms): back to back 0.98-0.99x, one thread 1.70-1.80x, after a pause
+1.39-1.51x, after the floor 1.08-1.13x. A temporary trace of when the helper joins
+each call: back to back a median of 2 us; after the floor also 2 us (90th percentile
+55 us), and the call still takes 7-12% longer than back to back, as much when the floor
+writes into W2's own outputs, so the wake-up explains little of that part and evicted
+outputs none of it; after a pause 45-75 us, which with the wake's other costs makes the
+pause the dearest case. Read the ratios, not the times.
 """
 
 from __future__ import annotations
