@@ -32,9 +32,10 @@
 //! where the target has one, else the C library's correctly rounded `fma`) in the
 //! baseline build, so the two agree bit for bit. Against the sequential, unfused
 //! recursion of `comppo_core.reference.gae` the results differ by float64 rounding of
-//! the reassociated and fused sums: relative to the largest term summed, about 1e-16. On ordinary
-//! data float32 outputs, rounded once from float64, nearly always agree bit for bit;
-//! where the sums cancel (terms of 1e10 leaving a result of order 1) they need not.
+//! the reassociated and fused sums: relative to the largest term summed, about 1e-16.
+//! On ordinary data float32 outputs, rounded once from float64, nearly always agree bit
+//! for bit; where the sums cancel (terms of 1e10 leaving a result of order 1) they need
+//! not.
 //!
 //! Shapes: `rewards`, `values`, `gates`, `mask`, `advantages`, `returns` are flat `[N]`
 //! arrays laid out by a [`Layout`]; `last_values` is `[B]`.
