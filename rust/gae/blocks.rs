@@ -49,10 +49,14 @@
 //! Tried and not kept: three of the additions as `x·1 + y` on the FMA pipes (exact,
 //! but 11.8 cycles: the longer latency costs more than the freed add pipes gain); the
 //! scan's cross-half moves through a store and a reload (no clear change); the back
-//! stage first in each turn (slower); two turns unrolled, which saves the register
-//! moves that rotate the stages (no change); and 128-bit register pairs without any
-//! cross-half moves (slower: LLVM merges the halves back into 256-bit registers, and
-//! sixteen registers cannot hold the pipelined state, so it spills).
+//! stage first in each turn (slower); two turns unrolled (no change); a pipeline of
+//! two stages, front and scan together (2.42 against 2.27 cycles per position); and
+//! 128-bit register pairs without any cross-half moves (slower: LLVM merges the halves
+//! back into 256-bit registers, and sixteen registers cannot hold the pipelined state,
+//! so it spills). Three turns unrolled, which lets the stages rotate through three
+//! names so that the register moves at the end of each turn (five per block) go away,
+//! was kept: 2.38 → 2.31 cycles per position padded, W2 on one thread 0.725 → 0.709 ms
+//! (`examples/w2_batch.rs`, best of eight runs of each build alternating).
 //!
 //! Like [`super::Kernel::task_body`], a task is one continuous backward stream: its rows
 //! from last to first, each backwards. (Tracing two rows at once was tried and measured
@@ -247,8 +251,10 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
     /// block k − 2. Every block's own path from loads to stores is long (about 45
     /// cycles); written one block after another, the core's scheduler fills up with
     /// blocks waiting on it before it reaches the next block's loads. Interleaved, the
-    /// independent work of three blocks sits side by side in program order. A run of
-    /// one block takes the three stages in a row.
+    /// independent work of three blocks sits side by side in program order. The loop
+    /// is unrolled three times while three more blocks are valid (each value then
+    /// stays in its register from stage to stage), then goes on one turn at a time. A
+    /// run of one block takes the three stages in a row.
     ///
     /// # Safety
     /// Every block for which `valid` holds lies in `t`'s row and is all valid; the CPU
@@ -271,6 +277,21 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
         let mut front = self.front::<DUAL, UNIT_GAMMA, GATED, false>(at(1), t.v_next, &mut flags.g_bits);
         let mut scanned = scan::<DUAL>(f0);
         let mut k = 2;
+        while valid(k) && valid(k + 1) && valid(k + 2) {
+            // Three turns, the stages rotating through three names, so that no value
+            // has to move between registers at the end of a turn.
+            let f1 = self.front::<DUAL, UNIT_GAMMA, GATED, false>(at(k), t.v_next, &mut flags.g_bits);
+            let s1 = scan::<DUAL>(front);
+            self.back::<DUAL>(at(k - 2), scanned, t, out);
+            let f2 = self.front::<DUAL, UNIT_GAMMA, GATED, false>(at(k + 1), t.v_next, &mut flags.g_bits);
+            let s2 = scan::<DUAL>(f1);
+            self.back::<DUAL>(at(k - 1), s1, t, out);
+            let f3 = self.front::<DUAL, UNIT_GAMMA, GATED, false>(at(k + 2), t.v_next, &mut flags.g_bits);
+            let s3 = scan::<DUAL>(f2);
+            self.back::<DUAL>(at(k), s2, t, out);
+            (front, scanned) = (f3, s3);
+            k += 3;
+        }
         while valid(k) {
             let next_front = self.front::<DUAL, UNIT_GAMMA, GATED, false>(at(k), t.v_next, &mut flags.g_bits);
             let next_scanned = scan::<DUAL>(front);
