@@ -520,12 +520,28 @@ def test_group_plain_path_is_taken_and_equals_the_general_path(
     s = np.array(scores, np.float64)
     g = np.array(data.draw(st.lists(st.integers(-3, n_groups), min_size=len(s), max_size=len(s))), np.int64)
     before = [s.copy(), g.copy()]
-    got = _core.group_advantages_plain(s, g, method, eps, singleton)
-    assert got is not None and got.dtype == np.float64
-    want = _group_advantages(s, g, method=method, eps=eps, singleton=singleton)
-    np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(cc.group_advantages(s, g, method=method, eps=eps, singleton=singleton), want)
+    # The same result or the same error (subnormal scores can make a group's spread
+    # round to zero, and with eps = 0 the advantages overflow: both paths refuse).
+    got = outcome(lambda: (_core.group_advantages_plain(s, g, method, eps, singleton),))
+    if got[0] == "ok":
+        assert got[1][0] is not None and got[1][0].dtype == np.float64
+    want = outcome(lambda: (_group_advantages(s, g, method=method, eps=eps, singleton=singleton),))
+    assert_same_outcome(got, want)
+    assert_same_outcome(outcome(lambda: (cc.group_advantages(s, g, method=method, eps=eps, singleton=singleton),)), want)
     assert_unchanged(before, [s, g])
+
+
+def test_group_plain_path_refuses_an_overflow_like_the_general_path() -> None:
+    """Found by the property above: a group of 0 and a subnormal score has a spread that
+    rounds to zero, so with eps = 0 GRPO's advantages would be ±inf."""
+    s, g = np.array([0.0, 2.2250738585e-313]), np.array([0, 0])
+    for fn in (
+        lambda: _core.group_advantages_plain(s, g, "grpo", 0.0, "zero"),
+        lambda: _group_advantages(s, g, method="grpo", eps=0.0, singleton="zero"),
+        lambda: cc.group_advantages(s, g, method="grpo", eps=0.0),
+    ):
+        with pytest.raises(cc.ParameterError, match="overflow at index 0"):
+            fn()
 
 
 @pytest.mark.parametrize(
