@@ -42,8 +42,8 @@ fn huge<T: Copy>(n: usize, mut f: impl FnMut(usize) -> T) -> Vec<T> {
 fn main() {
     let n = ROWS * COLS;
     let mut s = 2u64;
-    let lens: Vec<usize> = (0..ROWS).map(|_| COLS / 2 + (lcg(&mut s) * (COLS / 2 + 1) as f32) as usize).collect();
-    let lens: Vec<usize> = lens.into_iter().map(|l| l.min(COLS)).collect();
+    let lens: Vec<usize> =
+        (0..ROWS).map(|_| (COLS / 2 + (lcg(&mut s) * (COLS / 2 + 1) as f32) as usize).min(COLS)).collect();
     let mask = huge(n, |i| i % COLS < lens[i / COLS]);
     let rewards = huge(n, |i| if mask[i] { lcg(&mut s) - 0.5 } else { 0.0 });
     let values = huge(n, |_| lcg(&mut s));

@@ -592,7 +592,11 @@ mod tests {
         let mut m = Vec::with_capacity(n);
         while m.len() < n {
             let valid = lcg(&mut s) < 0.7;
-            let run = if lcg(&mut s) < 1.0 / 7.0 { 20 + (lcg(&mut s) * 80.0) as usize } else { 1 + (lcg(&mut s) * 12.0) as usize };
+            let run = if lcg(&mut s) < 1.0 / 7.0 {
+                20 + (lcg(&mut s) * 80.0) as usize
+            } else {
+                1 + (lcg(&mut s) * 12.0) as usize
+            };
             m.extend(std::iter::repeat_n(valid, run.min(n - m.len())));
         }
         let r: Vec<f32> = (0..n).map(|i| if m[i] { lcg(&mut s) as f32 - 0.5 } else { 0.0 }).collect();

@@ -235,8 +235,7 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
             _mm_storeu_ps(out.adv.wrapping_add(i), _mm_setzero_ps());
             _mm_storeu_ps(out.ret.wrapping_add(i), _mm_setzero_ps());
             if s.strict {
-                let r = _mm256_castps128_ps256(_mm_loadu_ps(s.rewards.add(i)));
-                let r = _mm256_insertf128_ps::<1>(r, _mm_setzero_ps());
+                let r = _mm256_zextps128_ps256(_mm_loadu_ps(s.rewards.add(i)));
                 flags.masked_reward = _mm256_or_ps(flags.masked_reward, _mm256_cmp_ps::<_CMP_NEQ_UQ>(r, zero));
             }
             t.next = i;
@@ -277,31 +276,44 @@ impl<M: Mask, G: Gates> Blocks<'_, M, G> {
         let mut front = self.front::<DUAL, UNIT_GAMMA, GATED, false>(at(1), t.v_next, &mut flags.g_bits);
         let mut scanned = scan::<DUAL>(f0);
         let mut k = 2;
+        // Three turns at a time while three more blocks are valid: the stages rotate
+        // through three names, so no value has to move between registers at the end of
+        // a turn. Then one turn at a time.
         while valid(k) && valid(k + 1) && valid(k + 2) {
-            // Three turns, the stages rotating through three names, so that no value
-            // has to move between registers at the end of a turn.
-            let f1 = self.front::<DUAL, UNIT_GAMMA, GATED, false>(at(k), t.v_next, &mut flags.g_bits);
-            let s1 = scan::<DUAL>(front);
-            self.back::<DUAL>(at(k - 2), scanned, t, out);
-            let f2 = self.front::<DUAL, UNIT_GAMMA, GATED, false>(at(k + 1), t.v_next, &mut flags.g_bits);
-            let s2 = scan::<DUAL>(f1);
-            self.back::<DUAL>(at(k - 1), s1, t, out);
-            let f3 = self.front::<DUAL, UNIT_GAMMA, GATED, false>(at(k + 2), t.v_next, &mut flags.g_bits);
-            let s3 = scan::<DUAL>(f2);
-            self.back::<DUAL>(at(k), s2, t, out);
-            (front, scanned) = (f3, s3);
+            let (f1, s1) = self.turn::<DUAL, UNIT_GAMMA, GATED>(at(k), front, scanned, t, out, flags);
+            let (f2, s2) = self.turn::<DUAL, UNIT_GAMMA, GATED>(at(k + 1), f1, s1, t, out, flags);
+            (front, scanned) = self.turn::<DUAL, UNIT_GAMMA, GATED>(at(k + 2), f2, s2, t, out, flags);
             k += 3;
         }
         while valid(k) {
-            let next_front = self.front::<DUAL, UNIT_GAMMA, GATED, false>(at(k), t.v_next, &mut flags.g_bits);
-            let next_scanned = scan::<DUAL>(front);
-            self.back::<DUAL>(at(k - 2), scanned, t, out);
-            (front, scanned) = (next_front, next_scanned);
+            (front, scanned) = self.turn::<DUAL, UNIT_GAMMA, GATED>(at(k), front, scanned, t, out, flags);
             k += 1;
         }
         let last = scan::<DUAL>(front);
         self.back::<DUAL>(at(k - 2), scanned, t, out);
         self.back::<DUAL>(at(k - 1), last, t, out);
+    }
+
+    /// One turn of [`Self::valid_run`] with block k at `i`: the front of block k, the
+    /// scan of block k − 1 (`front`) and the back of block k − 2 (`scanned`, at
+    /// `i + 8`). Returns block k's front and block k − 1's scan.
+    ///
+    /// # Safety
+    /// As for [`Self::valid_run`], for blocks k and k − 2.
+    #[inline(always)]
+    unsafe fn turn<const DUAL: bool, const UNIT_GAMMA: bool, const GATED: bool>(
+        &self,
+        i: usize,
+        front: Front,
+        scanned: Scanned,
+        t: &mut Trace,
+        out: &Out<f32>,
+        flags: &mut Flags,
+    ) -> (Front, Scanned) {
+        let next_front = self.front::<DUAL, UNIT_GAMMA, GATED, false>(i, t.v_next, &mut flags.g_bits);
+        let next_scanned = scan::<DUAL>(front);
+        self.back::<DUAL>(i + 8, scanned, t, out);
+        (next_front, next_scanned)
     }
 
     /// Stage one of an all-valid block at `i` (lane k of a vector holds position
