@@ -17,7 +17,6 @@ import importlib.util
 import os
 import statistics
 import sys
-import time
 from types import ModuleType
 from typing import Callable
 
@@ -51,35 +50,27 @@ def main(argv: list[str] | None = None) -> int:
     w = compare.make_padded(a.workload, *SHAPES[a.workload], 2)
     assert w.mask is not None
     adv, ret = np.empty_like(w.rewards), np.empty_like(w.rewards)
-    o1, o2 = np.empty(w.elements, np.float32), np.empty(w.elements, np.float32)
-    r1, v1, g1 = w.rewards.reshape(-1), w.values.reshape(-1), w.gates.reshape(-1)
-    m1 = w.mask.reshape(-1).view(np.uint8)
     fns: dict[str, Callable[[], object]] = {}
     for k, path in enumerate(a.builds):
         m = load(f"build{k}", path)
         m.set_num_threads(a.threads)
         fns[f"build {k} ({os.path.basename(os.path.dirname(os.path.abspath(path)))})"] = (
-            lambda m=m: m.gae_plain(
+            lambda m=m: m.gae_plain(  # type: ignore[misc]
                 w.rewards, w.values, w.mask, None, w.gates, None, (adv, ret),
                 compare.GAMMA, compare.LAM, None, "error",
             )
         )
-    fns["floor"] = lambda: compare.floor_stream_masked(r1, v1, g1, m1, o1, o2)
-    for fn in fns.values():  # warm-up: pools, page faults, the floor's JIT
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    end = time.perf_counter() + a.seconds
-    while time.perf_counter() < end:
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+    fns["floor"] = compare.floor_call(w)
+    times = compare.measure_times(fns, 1, a.seconds)
     med = {k: statistics.median(v) for k, v in times.items()}
     p10 = {k: sorted(v)[len(v) // 10] for k, v in times.items()}
     print(f"{a.workload} out=, threads={a.threads}, {len(times['floor'])} rounds")
     print(f"{'':28} {'median ms':>10} {'/floor':>7} {'p10 ms':>8} {'/floor':>7}")
-    for k in fns:
-        print(f"{k:28} {med[k] * 1e3:10.3f} {med[k] / med['floor']:7.2f} {p10[k] * 1e3:8.3f} {p10[k] / p10['floor']:7.2f}")
+    for name in fns:
+        print(
+            f"{name:28} {med[name] * 1e3:10.3f} {med[name] / med['floor']:7.2f}"
+            f" {p10[name] * 1e3:8.3f} {p10[name] / p10['floor']:7.2f}"
+        )
     names = list(fns)[:2]
     print(f"build 1 / build 0: median {med[names[1]] / med[names[0]]:.3f}, p10 {p10[names[1]] / p10[names[0]]:.3f}")
     return 0

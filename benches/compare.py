@@ -163,6 +163,18 @@ if numba is not None:
             o2[i] = v[i]
 
 
+    def floor_call(w: "Workload") -> Callable[[], object]:
+        """The memory floor of ``w``: a parallel stream over its inputs (and mask) into
+        two preallocated outputs."""
+        o1 = np.empty(w.elements, np.float32)
+        o2 = np.empty(w.elements, np.float32)
+        r1, v1, g1 = w.rewards.reshape(-1), w.values.reshape(-1), w.gates.reshape(-1)
+        if w.mask is None:
+            return lambda: floor_stream(r1, v1, g1, o1, o2)
+        m1 = w.mask.reshape(-1).view(np.uint8)
+        return lambda: floor_stream_masked(r1, v1, g1, m1, o1, o2)
+
+
 # ---------------------------------------------------------------- timing
 def measure(fns: dict[str, Callable[[], object]], rounds: int, min_seconds: float = 0.0) -> dict[str, float]:
     """Median seconds per call, running the candidates round-robin so drift hits all alike.
@@ -173,6 +185,11 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int, min_seconds: floa
     (any candidate's, at random); a median over half a second of rounds can fall inside
     one such window, a median over several seconds does not.
     """
+    return {k: statistics.median(v) for k, v in measure_times(fns, rounds, min_seconds).items()}
+
+
+def measure_times(fns: dict[str, Callable[[], object]], rounds: int, min_seconds: float = 0.0) -> dict[str, list[float]]:
+    """The seconds of every call of :func:`measure`'s round-robin, per candidate."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():  # warm-up (JIT, page cache, thread pools)
         fn()
@@ -184,7 +201,7 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int, min_seconds: floa
             fn()
             times[name].append(time.perf_counter() - t0)
         done += 1
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
 
 
 def reference_time(w: Workload, max_tokens: int) -> float:
@@ -217,16 +234,11 @@ def run(workloads: list[Workload], rounds: int, ref_tokens: int, with_torch: boo
             "comppo out=": lambda: cc.gae(w.rewards, w.values, gamma=GAMMA, lam=LAM, out=(adv, ret), **kw),
         }
         if numba is not None:
-            o1 = np.empty(w.elements, np.float32)
-            o2 = np.empty(w.elements, np.float32)
-            r1, v1, g1 = w.rewards.reshape(-1), w.values.reshape(-1), w.gates.reshape(-1)
             if w.mask is not None:
-                m1 = w.mask.reshape(-1).view(np.uint8)
                 fns["numba"] = lambda: numba_gae_padded(w.rewards, w.values, w.gates, w.mask, GAMMA, LAM)
-                fns["floor"] = lambda: floor_stream_masked(r1, v1, g1, m1, o1, o2)
             else:
                 fns["numba"] = lambda: numba_gae_packed(w.rewards, w.values, w.gates, w.cu_seqlens, GAMMA, LAM)
-                fns["floor"] = lambda: floor_stream(r1, v1, g1, o1, o2)
+            fns["floor"] = floor_call(w)
         if with_torch and torch is not None and w.mask is not None:
             tr, tv, tg = (torch.from_numpy(x) for x in (w.rewards, w.values, w.gates))
             tm = torch.from_numpy(w.mask.astype(np.float32))
