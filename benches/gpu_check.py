@@ -41,6 +41,7 @@ with 1 warm-up + 2 calls; see --reps / --long-reps).
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 import time
@@ -222,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
               "use --device cpu for a dry run", file=sys.stderr)
         return 2
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:  # tensors report their index: "cuda" → "cuda:0"
+        device = torch.device("cuda", torch.cuda.current_device())
     if device.type == "cuda":
         def sync() -> None:
             torch.cuda.synchronize(device)
@@ -323,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {f}", file=sys.stderr)
         if len(failures) > 40:
             print(f"  ... and {len(failures) - 40} more", file=sys.stderr)
+        reasons = collections.Counter(f.split(": ", 2)[-1] for f in failures)
+        print("by reason: " + "; ".join(f"{n}× {why}" for why, n in reasons.most_common(10)), file=sys.stderr)
         return 1
     if args.strict and not met:
         return 3
