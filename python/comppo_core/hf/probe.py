@@ -320,11 +320,14 @@ class ConcentrationProbe:
       statistic: ``"entropy"`` (default), ``"max"`` or ``"l2"``.
       layers: ``None`` (all layers), a slice, or layer indices (negative ones count from
         the end).
-      method: ``"auto"``, ``"fused"`` or ``"chunked"`` (how each layer's statistic is
-        computed; all are exact, see :func:`~comppo_core.hf.statistics.head_mean_concentration`).
+      method: ``"auto"``, ``"online"`` (CUDA with Triton), ``"fused"`` or ``"chunked"``
+        (how each layer's statistic is computed; all are exact, see
+        :func:`~comppo_core.hf.statistics.head_mean_concentration`). ``"auto"`` takes
+        online on CUDA, fused or chunked elsewhere.
       query_chunk: most query rows whose scores or mask bias exist at once.
       precision: ``"float32"`` (default) or ``"model"``: the dtype of the fused kernel's
-        pass (see :func:`~comppo_core.hf.statistics.head_mean_concentration`).
+        pass (see :func:`~comppo_core.hf.statistics.head_mean_concentration`); the online
+        and chunked methods are float32 either way.
     """
 
     def __init__(

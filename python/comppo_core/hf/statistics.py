@@ -34,8 +34,14 @@ for a query that sees no key. Two exact methods:
   is the smallest key range holding every key visible from the chunk (so a causal mask
   halves the work and a sliding window bounds it by ``C + window``).
 
-``"auto"`` picks fused for entropy and l2 on CPU and CUDA, chunked otherwise (``"max"``
-has no log-sum-exp form; it is always chunked).
+* ``"online"`` (every statistic, CUDA with Triton): one pass of a Triton kernel over the
+  scores, keeping FlashAttention-style running sums in float32 (``hf.online``); the
+  scores are the exact products of the model's Q and K, accumulated in float32, and no
+  ``V := K`` pass is needed (``H = log l − u/l``, nothing cancels). About the cost of the
+  model's own attention kernel, where the fused float32 pass costs several times it.
+
+``"auto"`` picks online on CUDA when Triton is installed; otherwise fused for entropy and
+l2 on CPU and CUDA, chunked for ``"max"`` (which has no log-sum-exp form).
 
 Kernel fallbacks (process-wide, keyed by ``(device type, device index, dtype of the
 pass, head_dim)``, since kernel support depends on all four):
@@ -45,6 +51,9 @@ pass, head_dim)``, since kernel support depends on all four):
   added to the fallback cache; that call and later ones with the same key use the chunked
   method (same values). Under ``-W error`` the warning is raised and the cache is left
   untouched, so every call fails visibly. ``method="fused"`` never falls back.
+* The online kernel likewise, under ``"auto"``: if it raises (a Triton compile or launch
+  error), the warning comes first, then the key is cached and the fused/chunked choice
+  above is taken. ``method="online"`` never falls back.
 * Out-of-memory errors (``torch.OutOfMemoryError``) and device errors
   (``torch.AcceleratorError``, or an older torch's ``RuntimeError`` whose message says
   "CUDA error") are re-raised, never turned into a fallback: a fallback that allocates
@@ -76,6 +85,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..errors import ParameterError
+from . import online
 
 __all__ = [
     "DEFAULT_QUERY_CHUNK",
@@ -90,8 +100,9 @@ __all__ = [
 
 #: The statistics: ``"entropy"`` (default), ``"max"``, ``"l2"``.
 STATISTICS = ("entropy", "max", "l2")
-#: How a layer's statistic is computed: ``"auto"`` (fused where possible), ``"fused"``, ``"chunked"``.
-METHODS = ("auto", "fused", "chunked")
+#: How a layer's statistic is computed: ``"auto"`` (the fastest that applies), ``"online"``
+#: (CUDA with Triton), ``"fused"``, ``"chunked"``.
+METHODS = ("auto", "online", "fused", "chunked")
 #: Dtype of the fused kernel's pass: float32 copies of Q, K (default) or the model's own dtype.
 PRECISIONS = ("float32", "model")
 #: Largest number of query rows whose scores (chunked) or mask bias (fused) exist at once.
@@ -116,6 +127,8 @@ CapabilityKey = Tuple[str, Optional[int], torch.dtype, int]
 _FUSED_BROKEN: set[CapabilityKey] = set()
 #: Keys on which FlashAttention-2 failed (CUDA): the memory-efficient kernel from then on.
 _FLASH_BROKEN: set[CapabilityKey] = set()
+#: Keys on which the online kernel failed under ``method="auto"``: fused or chunked from then on.
+_ONLINE_BROKEN: set[CapabilityKey] = set()
 
 
 def _capability_key(t: torch.Tensor, dtype: torch.dtype) -> CapabilityKey:
@@ -157,6 +170,8 @@ def check_method(method: object, statistic: str) -> str:
     """``method`` if it is one of :data:`METHODS` and can compute ``statistic``."""
     if not isinstance(method, str) or method not in METHODS:
         raise ParameterError(f"method: expected one of {', '.join(map(repr, METHODS))}, got {method!r}")
+    if method == "online" and not online.available():
+        raise ParameterError("method: 'online' needs Triton, which is not installed; use method='auto'")
     if method == "fused" and statistic not in _FUSED_STATISTICS:
         raise ParameterError(
             f"method: 'fused' computes {' and '.join(map(repr, _FUSED_STATISTICS))} only, got statistic={statistic!r}; "
@@ -484,13 +499,13 @@ def head_mean_concentration(
       is_causal: with ``mask=None``, whether query i sees keys ``0..i`` (upper-left
         aligned, as SDPA's ``is_causal``) or every key.
       statistic: ``"entropy"``, ``"max"`` or ``"l2"`` (see the module docstring).
-      method: ``"auto"`` (fused for entropy and l2 on CPU and CUDA, else chunked),
-        ``"fused"`` or ``"chunked"``.
+      method: ``"auto"`` (online on CUDA with Triton; else fused for entropy and l2 on
+        CPU and CUDA, chunked otherwise), ``"online"``, ``"fused"`` or ``"chunked"``.
       query_chunk: most query rows processed at once (bounds the transient memory).
       precision: ``"float32"`` (default: the fused kernel runs on float32 copies of Q and
         K) or ``"model"`` (the fused kernel runs in the inputs' dtype, e.g. bfloat16, on
         the GPU's half-precision kernels; LSE and the final combination stay float32).
-        The chunked method is always float32.
+        The chunked and online methods are always float32 (and ignore it).
 
     Returns:
       ``[B, Tq]`` float32: each query's statistic averaged over the H heads, 0 for a query
@@ -499,8 +514,9 @@ def head_mean_concentration(
 
     Raises:
       ParameterError: a bad argument or shape.
-      RuntimeError: ``method="fused"`` and the kernel failed; out-of-memory and device
-        errors with any method (see the module docstring for the ``"auto"`` fallback).
+      RuntimeError: ``method="fused"`` or ``"online"`` and the kernel failed (a Triton
+        compile error may be another ``Exception``); out-of-memory and device errors with
+        any method (see the module docstring for the ``"auto"`` fallback).
     """
     statistic = check_statistic(statistic)
     method = check_method(method, statistic)
@@ -521,6 +537,27 @@ def head_mean_concentration(
     causal = bool(is_causal) and mask is None
     if causal and tk > tq:
         key = key[:, :, :tq]  # upper-left causal: query i sees keys 0..i only
+
+    if method == "online" and query.device.type != "cuda" and not online.interpreting():
+        raise ParameterError(f"method: 'online' runs on CUDA tensors only, got {query.device.type}; use method='auto'")
+    online_key = _capability_key(query, query.dtype)
+    use_online = method == "online" or (
+        method == "auto" and query.device.type == "cuda" and online.available() and online_key not in _ONLINE_BROKEN
+    )
+    if use_online:
+        try:
+            raw, n = online.raw_statistics(query, key, mask, scale_, causal, statistic)
+            return _normalize(raw, n, statistic).mean(dim=1)
+        except Exception as exc:  # a Triton compile error is not a RuntimeError
+            if method == "online" or _is_fatal(exc):
+                raise
+            warnings.warn(
+                f"comppo_core.hf: the online (Triton) kernel failed on {_describe(online_key)} ({exc!r}); "
+                "using the fused or chunked method for this device, dtype and head_dim from now on",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            _ONLINE_BROKEN.add(online_key)
 
     capability = _capability_key(query, torch.float32 if precision == "float32" else query.dtype)
     use_fused = method == "fused" or (
