@@ -13,11 +13,13 @@ T = 4096 random tokens.
 Each variant is a forward pass (``torch.no_grad()``, ``use_cache=False``) with the probe
 off and on:
 
-    entropy          the default: fused kernel, float32 pass (DESIGN §7)
+    entropy          the default: method="auto", i.e. the online Triton kernel on CUDA
+    entropy/fused    the fused kernel's float32 V := K pass (the default before it)
     entropy/model    the fused kernel in the model's dtype (precision="model", bfloat16)
-    l2, max          the other statistics (max is chunked: 256-query score blocks)
+    l2, max          the other statistics (auto: online on CUDA)
     entropy/padded   entropy with row 0 left-padded by T/8 (the model builds a boolean
-                     mask; the probe runs its fused kernel per 256-query chunk)
+                     mask, which the online kernel reads at the edges of the visible
+                     ranges only)
 
 Times: the full forward (``model(...)``, logits included, as the PPO loop's scoring
 pass), ``torch.cuda.synchronize()`` around each call, rounds interleaved (off, on, off,
@@ -37,16 +39,19 @@ printed. Targets (issue 5), for the default variant: time ≤ 1.3× (full forwar
 memory ≤ 1.05×, the memory target compared on the stricter measurement, *without*
 logits.
 
-Self-check (before timing, since the CUDA path cannot be tested without a GPU): on
-2 × 512 tokens, unpadded and left-padded by 40, the fused kernel (``method="fused"``,
-no fallback) against the chunked float32 method, max |Δ| of the concentration:
+Self-check (before timing; CI has no GPU): on 2 × 512 tokens, unpadded and
+left-padded by 40, each method named (no fallback) against the chunked float32 method,
+max |Δ| of the concentration:
 
-    entropy          float32 pass               tolerance 1e-4
-    l2               float32 pass               tolerance 1e-4
-    entropy/model    precision="model" (bf16)   tolerance 1e-2: the pass runs in bfloat16,
+    entropy, max, l2 / online   tolerance 1e-4
+    entropy, l2 / fused         float32 pass               tolerance 1e-4
+    entropy/model               precision="model" (bf16)   tolerance 1e-2: the pass runs in bfloat16,
                      whose error grows with the query/key magnitudes (reviewer's
                      measurement at T = 1024: 1.8e-3, 1.4e-2 and 0.16 at magnitudes 1, 4
                      and 10; Qwen3's q/k RMSNorm keeps them near 1 here)
+
+``--tiles BLOCK_M,BLOCK_N,num_warps`` sets the online kernel's tiles
+(``hf.online.TILES``; ``benches/gpu_online_blocks.py`` surveys them).
 
 Exit status: 0 when the self-check passes (targets are reported; ``--strict`` exits 3 on
 a miss), 1 when it fails, 2 when CUDA was asked for and is missing. Runs in well under
@@ -73,9 +78,12 @@ TIME_TARGET = 1.3
 MEMORY_TARGET = 1.05
 #: Self-check: (label, probe options, tolerance on max |fused − chunked float32|).
 CHECKS: tuple[tuple[str, dict[str, Any], float], ...] = (
-    ("entropy", {"statistic": "entropy"}, 1e-4),
-    ("l2", {"statistic": "l2"}, 1e-4),
-    ("entropy/model", {"statistic": "entropy", "precision": "model"}, 1e-2),
+    ("entropy/online", {"statistic": "entropy", "method": "online"}, 1e-4),
+    ("max/online", {"statistic": "max", "method": "online"}, 1e-4),
+    ("l2/online", {"statistic": "l2", "method": "online"}, 1e-4),
+    ("entropy/fused", {"statistic": "entropy", "method": "fused"}, 1e-4),
+    ("l2/fused", {"statistic": "l2", "method": "fused"}, 1e-4),
+    ("entropy/model", {"statistic": "entropy", "method": "fused", "precision": "model"}, 1e-2),
 )
 
 
@@ -148,7 +156,7 @@ def concentration(model: Any, ids: Any, am: Any, **kw: Any) -> Any:
 
 
 def check_statistics(model: Any, device: torch.device, vocab: int) -> list[tuple[str, float, float]]:
-    """``(label, max |fused − chunked float32|, tolerance)`` for each of :data:`CHECKS`, over
+    """``(label, max |method − chunked float32|, tolerance)`` for each of :data:`CHECKS`, over
     a 2 × 512 slice unpadded and with row 0 left-padded by 40 tokens."""
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, vocab, (2, 512), generator=g).to(device)
@@ -157,11 +165,13 @@ def check_statistics(model: Any, device: torch.device, vocab: int) -> list[tuple
     masks[1][0, :40] = 0
     results = []
     for label, kw, tol in CHECKS:
+        if kw.get("method") == "online" and device.type != "cuda":
+            continue  # the online kernel runs on CUDA only
         worst = 0.0
         for am in masks:
-            fused = concentration(model, ids, am, method="fused", **kw)
+            fast = concentration(model, ids, am, **kw)
             chunked = concentration(model, ids, am, method="chunked", statistic=kw["statistic"])
-            worst = max(worst, float((fused - chunked).abs().max()))
+            worst = max(worst, float((fast - chunked).abs().max()))
         results.append((label, worst, tol))
     return results
 
@@ -174,7 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--length", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--strict", action="store_true", help="exit 3 when a target is missed")
+    ap.add_argument("--tiles", default=None, help="BLOCK_M,BLOCK_N,num_warps of the online kernel (default hf.online.TILES)")
     args = ap.parse_args(argv)
+    if args.tiles:
+        from comppo_core.hf import online
+
+        online.TILES = tuple(int(x) for x in args.tiles.split(","))  # type: ignore[assignment]
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("CUDA is not available (use --device cpu --small for a dry run)", file=sys.stderr)
@@ -190,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{name}; torch {torch.__version__}; Qwen3-style model: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
         f"{cfg.num_attention_heads} heads / {cfg.num_key_value_heads} KV heads, vocab {cfg.vocab_size}, "
-        f"{n_params / 1e9:.3f}B ({n_params:,}) parameters, bfloat16; B = {b}, T = {t}; built in {time.perf_counter() - t0:.1f} s"
+        f"{n_params / 1e9:.3f}B ({n_params:,}) parameters, bfloat16; B = {b}, T = {t}; built in {time.perf_counter() - t0:.1f} s; "
+        f"online tiles {hf.online.TILES}"
     )
 
     ok = True
@@ -198,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         passed = err <= tol  # (NaN fails)
         ok = ok and passed
         print(
-            f"check {label:>13}: fused vs chunked float32 concentration on 2 × 512 tokens: max |Δ| = {err:.2e} "
+            f"check {label:>14}: against chunked float32 concentration on 2 × 512 tokens: max |Δ| = {err:.2e} "
             f"(tolerance {tol:.0e}: {'ok' if passed else 'FAILED'})"
         )
 
@@ -231,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
 
     variants: list[tuple[str, Any, dict[str, Any]]] = [
         ("entropy", full, {"statistic": "entropy"}),
-        ("entropy/model", full, {"statistic": "entropy", "precision": "model"}),
+        ("entropy/fused", full, {"statistic": "entropy", "method": "fused"}),
+        ("entropy/model", full, {"statistic": "entropy", "method": "fused", "precision": "model"}),
         ("l2", full, {"statistic": "l2"}),
         ("max", full, {"statistic": "max"}),
         ("entropy/padded", padded, {"statistic": "entropy"}),
