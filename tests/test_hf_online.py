@@ -43,6 +43,98 @@ def test_online_kernel_under_triton_interpreter() -> None:
     assert " passed" in proc.stdout and " failed" not in proc.stdout, proc.stdout[-2000:]
 
 
+# --------------------------------------------------------------------------- #
+# Dispatch (main process: the kernel itself is replaced)
+# --------------------------------------------------------------------------- #
+
+if not INTERPRETING:
+    import warnings
+
+    from comppo_core.errors import ParameterError as _ParameterError
+    from comppo_core.hf import online as _online
+    from comppo_core.hf import statistics as _statistics
+
+    import test_hf_probe as _suite
+
+    @pytest.fixture
+    def online_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Any:
+        """``auto`` treats CPU like CUDA (takes the online kernel first), with an empty
+        online fallback cache, restored afterwards."""
+        monkeypatch.setattr(_statistics, "_ONLINE_DEVICES", ("cpu", "cuda"))
+        saved = set(_statistics._ONLINE_BROKEN)
+        _statistics._ONLINE_BROKEN.clear()
+        yield
+        _statistics._ONLINE_BROKEN.clear()
+        _statistics._ONLINE_BROKEN.update(saved)
+
+    class TritonCompileError(Exception):
+        """Stands for triton.compiler.errors.CompilationError, which is no RuntimeError."""
+
+    def test_online_needs_cuda() -> None:
+        q = torch.randn(1, 2, 8, 16)
+        with pytest.raises(_ParameterError, match="'online' runs on CUDA tensors only, got cpu"):
+            _statistics.head_mean_concentration(q, q, None, method="online")
+        model, ids, am, _ = _suite.eager_run("llama", "left")
+        with pytest.raises(_ParameterError, match="'online' runs on CUDA"):
+            _suite.probe_run(model, ids, am, "entropy", method="online")
+        assert model.config._attn_implementation == "sdpa"  # restored after the error
+
+    def test_auto_takes_online_where_it_applies(monkeypatch: pytest.MonkeyPatch, online_on_cpu: None) -> None:
+        calls: list[str] = []
+
+        def fake(q: Any, k: Any, mask: Any, scale: float, causal: bool, statistic: str) -> Any:
+            calls.append(statistic)  # raw 0 with 5 visible keys: entropy concentration 1
+            return torch.zeros(q.shape[:3]), torch.full(q.shape[:3], 5.0)
+
+        monkeypatch.setattr(_online, "raw_statistics", fake)
+        model, ids, am, _ = _suite.eager_run("llama", "both")
+        got = _suite.probe_run(model, ids, am, "entropy")
+        assert calls == ["entropy", "entropy"]  # one call per layer
+        assert torch.all(got[am != 0] == 1.0) and torch.all(got[am == 0] == 0)
+
+    def test_online_failure_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch, online_on_cpu: None) -> None:
+        model, ids, am, _ = _suite.eager_run("llama", "both")  # head_dim 8
+        expected = _suite.probe_run(model, ids, am, "l2", method="fused")
+        calls: list[int] = []
+
+        def failing(q: Any, *args: Any) -> Any:
+            calls.append(int(q.shape[-1]))
+            raise TritonCompileError("at 37:28: unsupported")
+
+        monkeypatch.setattr(_online, "raw_statistics", failing)
+        with pytest.warns(RuntimeWarning, match=r"online \(Triton\) kernel failed on cpu, float32, head_dim 8") as rec:
+            got = _suite.probe_run(model, ids, am, "l2")
+        assert len([w for w in rec if issubclass(w.category, RuntimeWarning)]) == 1  # once, not once per layer
+        assert calls == [8]
+        assert torch.equal(got, expected)  # auto's next choice, the fused method, exactly
+        assert _statistics._ONLINE_BROKEN == {("cpu", None, torch.float32, 8)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no second warning
+            again = _suite.probe_run(model, ids, am, "l2")
+        assert torch.equal(again, expected) and calls == [8]
+
+    def test_online_fatal_errors_and_explicit_method_are_not_fallbacks(
+        monkeypatch: pytest.MonkeyPatch, online_on_cpu: None
+    ) -> None:
+        def oom(*args: Any) -> Any:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+        monkeypatch.setattr(_online, "raw_statistics", oom)
+        q = torch.randn(1, 2, 8, 16)
+        with pytest.raises(torch.OutOfMemoryError):
+            _statistics.head_mean_concentration(q, q, None)
+        assert not _statistics._ONLINE_BROKEN
+
+        def broken(*args: Any) -> Any:
+            raise TritonCompileError("unsupported")
+
+        monkeypatch.setattr(_online, "raw_statistics", broken)
+        monkeypatch.setattr(_online, "interpreting", lambda: True)  # let method="online" take CPU tensors
+        with pytest.raises(TritonCompileError):
+            _statistics.head_mean_concentration(q, q, None, method="online")
+        assert not _statistics._ONLINE_BROKEN
+
+
 if INTERPRETING:
     import numpy as np
     from hypothesis import Phase, given, settings

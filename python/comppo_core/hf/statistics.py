@@ -129,6 +129,8 @@ _FUSED_BROKEN: set[CapabilityKey] = set()
 _FLASH_BROKEN: set[CapabilityKey] = set()
 #: Keys on which the online kernel failed under ``method="auto"``: fused or chunked from then on.
 _ONLINE_BROKEN: set[CapabilityKey] = set()
+#: Device types on which ``method="auto"`` takes the online kernel.
+_ONLINE_DEVICES = ("cuda",)
 
 
 def _capability_key(t: torch.Tensor, dtype: torch.dtype) -> CapabilityKey:
@@ -542,7 +544,7 @@ def head_mean_concentration(
         raise ParameterError(f"method: 'online' runs on CUDA tensors only, got {query.device.type}; use method='auto'")
     online_key = _capability_key(query, query.dtype)
     use_online = method == "online" or (
-        method == "auto" and query.device.type == "cuda" and online.available() and online_key not in _ONLINE_BROKEN
+        method == "auto" and query.device.type in _ONLINE_DEVICES and online.available() and online_key not in _ONLINE_BROKEN
     )
     if use_online:
         try:
