@@ -167,54 +167,43 @@ def statistics(
     u_i = tl.zeros([BLOCK_M], tl.float32)
     q2_i = tl.zeros([BLOCK_M], tl.float32)
     n_i = tl.zeros([BLOCK_M], tl.int32)
+    # Three runs of key tiles [a0, a1), [a1, a2), [a2, a3), each with its own visibility
+    # test (VIS of _tile), chosen by MODE at compile time:
+    #   MODE 0 (every key)  whole tiles [0, full) with none, then the ragged tile with "< TK"
+    #   MODE 1 (causal)     tiles before the block's first query with none (BLOCK_M is a
+    #                       multiple of BLOCK_N), then the diagonal tiles with the causal test
+    #   MODE 2 (mask)       the mask at the edges of the visible range [lo, hi), none in the
+    #                       tiles every query of the block sees entirely [flo, fhi)
     full = TK - TK % BLOCK_N  # key tiles [0, full) hold no key past TK
     if MODE == 0:
-        for start in range(0, full, BLOCK_N):
-            m_i, l_i, u_i, q2_i, n_i = _tile(
-                q, k_base, m_rows, offs_m, start, row_ok, TK, D, skt, skd, smk, scale,
-                m_i, l_i, u_i, q2_i, n_i, STAT, 0, IEEE, BLOCK_N, BLOCK_D,
-            )  # fmt: skip
-        for start in range(full, TK, BLOCK_N):
-            m_i, l_i, u_i, q2_i, n_i = _tile(
-                q, k_base, m_rows, offs_m, start, row_ok, TK, D, skt, skd, smk, scale,
-                m_i, l_i, u_i, q2_i, n_i, STAT, 3, IEEE, BLOCK_N, BLOCK_D,
-            )  # fmt: skip
-        n_i = tl.zeros([BLOCK_M], tl.int32) + TK
-    elif MODE == 1:  # BLOCK_M % BLOCK_N == 0: the tiles before the block's first query are fully visible
-        below = tl.minimum(blk * BLOCK_M, full)
-        for start in range(0, below, BLOCK_N):
-            m_i, l_i, u_i, q2_i, n_i = _tile(
-                q, k_base, m_rows, offs_m, start, row_ok, TK, D, skt, skd, smk, scale,
-                m_i, l_i, u_i, q2_i, n_i, STAT, 0, IEEE, BLOCK_N, BLOCK_D,
-            )  # fmt: skip
-        for start in range(below, tl.minimum(TK, (blk + 1) * BLOCK_M), BLOCK_N):
-            m_i, l_i, u_i, q2_i, n_i = _tile(
-                q, k_base, m_rows, offs_m, start, row_ok, TK, D, skt, skd, smk, scale,
-                m_i, l_i, u_i, q2_i, n_i, STAT, 1, IEEE, BLOCK_N, BLOCK_D,
-            )  # fmt: skip
+        a0, a1, a2, a3 = 0, full, TK, TK
+        n_i = n_i + TK
+    elif MODE == 1:
+        a0 = 0
+        a1 = tl.minimum(blk * BLOCK_M, full)
+        a2 = tl.minimum(TK, (blk + 1) * BLOCK_M)
+        a3 = a2
         n_i = tl.minimum(offs_m + 1, TK)
     else:
         r = 4 * (((b % MB) * HM + h % HM) * n_m + blk)  # the mask's batch row and head (1 or all)
         lo = tl.load(RANGES + r)
-        hi = tl.load(RANGES + r + 1)
-        flo = tl.load(RANGES + r + 2)
-        fhi = tl.load(RANGES + r + 3)
-        for start in range(lo - lo % BLOCK_N, flo, BLOCK_N):
-            m_i, l_i, u_i, q2_i, n_i = _tile(
-                q, k_base, m_rows, offs_m, start, row_ok, TK, D, skt, skd, smk, scale,
-                m_i, l_i, u_i, q2_i, n_i, STAT, 2, IEEE, BLOCK_N, BLOCK_D,
-            )  # fmt: skip
-        for start in range(flo, fhi, BLOCK_N):  # every key visible: no mask read
-            m_i, l_i, u_i, q2_i, n_i = _tile(
-                q, k_base, m_rows, offs_m, start, row_ok, TK, D, skt, skd, smk, scale,
-                m_i, l_i, u_i, q2_i, n_i, STAT, 0, IEEE, BLOCK_N, BLOCK_D,
-            )  # fmt: skip
-        for start in range(fhi, hi, BLOCK_N):
-            m_i, l_i, u_i, q2_i, n_i = _tile(
-                q, k_base, m_rows, offs_m, start, row_ok, TK, D, skt, skd, smk, scale,
-                m_i, l_i, u_i, q2_i, n_i, STAT, 2, IEEE, BLOCK_N, BLOCK_D,
-            )  # fmt: skip
-        n_i += fhi - flo
+        a0, a1, a2, a3 = lo - lo % BLOCK_N, tl.load(RANGES + r + 2), tl.load(RANGES + r + 3), tl.load(RANGES + r + 1)
+        n_i = n_i + (a2 - a1)  # the entirely seen tiles' keys; _tile counts the others
+    for start in range(a0, a1, BLOCK_N):
+        m_i, l_i, u_i, q2_i, n_i = _tile(
+            q, k_base, m_rows, offs_m, start, row_ok, TK, D, skt, skd, smk, scale,
+            m_i, l_i, u_i, q2_i, n_i, STAT, 2 if MODE == 2 else 0, IEEE, BLOCK_N, BLOCK_D,
+        )  # fmt: skip
+    for start in range(a1, a2, BLOCK_N):
+        m_i, l_i, u_i, q2_i, n_i = _tile(
+            q, k_base, m_rows, offs_m, start, row_ok, TK, D, skt, skd, smk, scale,
+            m_i, l_i, u_i, q2_i, n_i, STAT, 3 if MODE == 0 else (1 if MODE == 1 else 0), IEEE, BLOCK_N, BLOCK_D,
+        )  # fmt: skip
+    for start in range(a2, a3, BLOCK_N):
+        m_i, l_i, u_i, q2_i, n_i = _tile(
+            q, k_base, m_rows, offs_m, start, row_ok, TK, D, skt, skd, smk, scale,
+            m_i, l_i, u_i, q2_i, n_i, STAT, 2, IEEE, BLOCK_N, BLOCK_D,
+        )  # fmt: skip
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     if STAT == 0:
