@@ -161,6 +161,20 @@ def _is_fatal(exc: BaseException) -> bool:
     return "CUDA error" in msg or "CUDA out of memory" in msg  # older torch: plain RuntimeError
 
 
+def _fall_back(cache: set[CapabilityKey], key: CapabilityKey, failed: str, why: str, instead: str) -> None:
+    """A kernel failed under ``method="auto"``: warn, then add ``key`` to the fallback
+    ``cache``. Warn first, cache second: under ``-W error`` the warning is raised here, the
+    cache stays untouched, and the next call fails the same way instead of silently
+    taking the fallback."""
+    warnings.warn(
+        f"comppo_core.hf: {failed} failed on {_describe(key)} ({why}); {instead} for this device, dtype and "
+        "head_dim from now on",
+        RuntimeWarning,
+        stacklevel=4,  # the caller of head_mean_concentration
+    )
+    cache.add(key)
+
+
 def check_statistic(statistic: object) -> str:
     """``statistic`` if it is one of :data:`STATISTICS`, else a :class:`ParameterError`."""
     if not isinstance(statistic, str) or statistic not in STATISTICS:
@@ -359,14 +373,7 @@ def _cuda_lse_attention(
             except RuntimeError as exc:
                 if _is_fatal(exc):
                     raise
-                # warn before caching: under -W error the failure surfaces on every call
-                warnings.warn(
-                    f"comppo_core.hf: FlashAttention-2 failed on {_describe(key)} ({exc}); using the "
-                    "memory-efficient attention kernel for this device, dtype and head_dim from now on",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                _FLASH_BROKEN.add(key)
+                _fall_back(_FLASH_BROKEN, key, "FlashAttention-2", str(exc), "using the memory-efficient attention kernel")
     return _efficient_attention(q, k, v, bias, causal, scale)
 
 
@@ -553,13 +560,7 @@ def head_mean_concentration(
         except Exception as exc:  # a Triton compile error is not a RuntimeError
             if method == "online" or _is_fatal(exc):
                 raise
-            warnings.warn(
-                f"comppo_core.hf: the online (Triton) kernel failed on {_describe(online_key)} ({exc!r}); "
-                "using the fused or chunked method for this device, dtype and head_dim from now on",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            _ONLINE_BROKEN.add(online_key)
+            _fall_back(_ONLINE_BROKEN, online_key, "the online (Triton) kernel", repr(exc), "using the fused or chunked method")
 
     capability = _capability_key(query, torch.float32 if precision == "float32" else query.dtype)
     use_fused = method == "fused" or (
@@ -574,15 +575,7 @@ def head_mean_concentration(
         except RuntimeError as exc:
             if method == "fused" or _is_fatal(exc):
                 raise
-            # warn first, cache second: under -W error the warning is raised here, the cache
-            # stays untouched, and the next call fails the same way instead of silently
-            # taking the fallback
-            warnings.warn(
-                f"comppo_core.hf: the fused attention kernel failed on {_describe(capability)} ({exc}); "
-                "computing the statistic with the exact chunked method for this device, dtype and "
-                "head_dim from now on",
-                RuntimeWarning,
-                stacklevel=2,
+            _fall_back(
+                _FUSED_BROKEN, capability, "the fused attention kernel", str(exc), "computing the statistic with the exact chunked method"
             )
-            _FUSED_BROKEN.add(capability)
     return _chunked(query, key, mask, scale_, causal, statistic, query_chunk)
