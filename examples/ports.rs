@@ -72,6 +72,16 @@ mod probes {
             ("2 cvtps2pd y,m + 2 vmulpd", probe!("", "vcvtps2pd ymm8, [{m}]\nvcvtps2pd ymm9, [{m}]\nvmulpd ymm10, ymm2, ymm3\nvmulpd ymm11, ymm3, ymm4")),
             ("2 cvtpd2ps x,y + 2 vperm2f128", probe!("", "vcvtpd2ps xmm8, ymm0\nvcvtpd2ps xmm9, ymm1\nvperm2f128 ymm10, ymm2, ymm3, 0x21\nvperm2f128 ymm11, ymm3, ymm4, 0x21")),
             ("2 vbroadcastsd y,x + 2 vperm2f128", probe!("", "vbroadcastsd ymm8, xmm0\nvbroadcastsd ymm9, xmm1\nvperm2f128 ymm10, ymm2, ymm3, 0x21\nvperm2f128 ymm11, ymm3, ymm4, 0x21")),
+            // Which pipe is the busy one: it is also an FMA/multiply pipe (two vperm2f128
+            // and four vmulpd take 3 cycles, with four vaddpd 2), and it runs vextractf128
+            // too; in-lane shuffles (vunpckhpd, vmovddup) go to it or to an add pipe.
+            ("2 vperm2f128 + 4 vmulpd", probe!("", "vperm2f128 ymm8, ymm2, ymm3, 0x21\nvperm2f128 ymm9, ymm3, ymm4, 0x21\nvmulpd ymm10, ymm2, ymm3\nvmulpd ymm11, ymm3, ymm4\nvmulpd ymm12, ymm2, ymm3\nvmulpd ymm13, ymm3, ymm4")),
+            ("2 vperm2f128 + 4 vaddpd", probe!("", "vperm2f128 ymm8, ymm2, ymm3, 0x21\nvperm2f128 ymm9, ymm3, ymm4, 0x21\nvaddpd ymm10, ymm2, ymm3\nvaddpd ymm11, ymm3, ymm4\nvaddpd ymm12, ymm2, ymm3\nvaddpd ymm13, ymm3, ymm4")),
+            ("4 vunpckhpd + 4 vmulpd", probe!("", "vunpckhpd ymm6, ymm2, ymm3\nvunpckhpd ymm7, ymm3, ymm4\nvunpckhpd ymm8, ymm2, ymm3\nvunpckhpd ymm9, ymm3, ymm4\nvmulpd ymm10, ymm2, ymm3\nvmulpd ymm11, ymm3, ymm4\nvmulpd ymm12, ymm2, ymm3\nvmulpd ymm13, ymm3, ymm4")),
+            ("4 vunpckhpd + 4 vaddpd", probe!("", "vunpckhpd ymm6, ymm2, ymm3\nvunpckhpd ymm7, ymm3, ymm4\nvunpckhpd ymm8, ymm2, ymm3\nvunpckhpd ymm9, ymm3, ymm4\nvaddpd ymm10, ymm2, ymm3\nvaddpd ymm11, ymm3, ymm4\nvaddpd ymm12, ymm2, ymm3\nvaddpd ymm13, ymm3, ymm4")),
+            ("2 vextractf128 + 2 vperm2f128", probe!("", "vextractf128 xmm6, ymm0, 1\nvextractf128 xmm7, ymm1, 1\nvperm2f128 ymm8, ymm2, ymm3, 0x21\nvperm2f128 ymm9, ymm3, ymm4, 0x21")),
+            ("2 cvtpd2ps x,y + 4 vmulpd", probe!("", "vcvtpd2ps xmm8, ymm2\nvcvtpd2ps xmm9, ymm3\nvmulpd ymm10, ymm2, ymm3\nvmulpd ymm11, ymm3, ymm4\nvmulpd ymm12, ymm2, ymm3\nvmulpd ymm13, ymm3, ymm4")),
+            ("2 cvtpd2ps x,y + 4 vaddpd", probe!("", "vcvtpd2ps xmm8, ymm2\nvcvtpd2ps xmm9, ymm3\nvaddpd ymm10, ymm2, ymm3\nvaddpd ymm11, ymm3, ymm4\nvaddpd ymm12, ymm2, ymm3\nvaddpd ymm13, ymm3, ymm4")),
         ];
         for (n, t) in tests {
             println!("{n:32} {:.2} cycles/iter", t / cyc);
