@@ -48,11 +48,13 @@ def test_online_kernel_under_triton_interpreter() -> None:
 # --------------------------------------------------------------------------- #
 
 if not INTERPRETING:
+    import inspect
     import warnings
 
     from comppo_core.errors import ParameterError as _ParameterError
     from comppo_core.hf import online as _online
     from comppo_core.hf import statistics as _statistics
+    from comppo_core.hf.probe import _ModelState
 
     import test_hf_probe as _suite
 
@@ -61,11 +63,8 @@ if not INTERPRETING:
         """``auto`` treats CPU like CUDA (takes the online kernel first), with an empty
         online fallback cache, restored afterwards."""
         monkeypatch.setattr(_statistics, "_ONLINE_DEVICES", ("cpu", "cuda"))
-        saved = set(_statistics._ONLINE_BROKEN)
-        _statistics._ONLINE_BROKEN.clear()
+        monkeypatch.setattr(_statistics, "_ONLINE_BROKEN", set())
         yield
-        _statistics._ONLINE_BROKEN.clear()
-        _statistics._ONLINE_BROKEN.update(saved)
 
     class TritonCompileError(Exception):
         """Stands for triton.compiler.errors.CompilationError, which is no RuntimeError."""
@@ -104,7 +103,12 @@ if not INTERPRETING:
         monkeypatch.setattr(_online, "raw_statistics", failing)
         with pytest.warns(RuntimeWarning, match=r"online \(Triton\) kernel failed on cpu, float32, head_dim 8") as rec:
             got = _suite.probe_run(model, ids, am, "l2")
-        assert len([w for w in rec if issubclass(w.category, RuntimeWarning)]) == 1  # once, not once per layer
+        runtime = [w for w in rec if issubclass(w.category, RuntimeWarning)]
+        assert len(runtime) == 1  # once, not once per layer
+        # it points at head_mean_concentration's caller, the probe's observe
+        observe, _ = inspect.getsourcelines(_ModelState.observe)
+        start = _ModelState.observe.__code__.co_firstlineno
+        assert runtime[0].filename.endswith("probe.py") and start <= runtime[0].lineno < start + len(observe)
         assert calls == [8]
         assert torch.equal(got, expected)  # auto's next choice, the fused method, exactly
         assert _statistics._ONLINE_BROKEN == {("cpu", None, torch.float32, 8)}

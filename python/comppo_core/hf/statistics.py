@@ -165,12 +165,13 @@ def _fall_back(cache: set[CapabilityKey], key: CapabilityKey, failed: str, why: 
     """A kernel failed under ``method="auto"``: warn, then add ``key`` to the fallback
     ``cache``. Warn first, cache second: under ``-W error`` the warning is raised here, the
     cache stays untouched, and the next call fails the same way instead of silently
-    taking the fallback."""
+    taking the fallback. The warning points at the caller of the function that calls this
+    one, where each site's own ``warnings.warn(..., stacklevel=2)`` used to point."""
     warnings.warn(
         f"comppo_core.hf: {failed} failed on {_describe(key)} ({why}); {instead} for this device, dtype and "
         "head_dim from now on",
         RuntimeWarning,
-        stacklevel=4,  # the caller of head_mean_concentration
+        stacklevel=3,
     )
     cache.add(key)
 
