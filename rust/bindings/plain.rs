@@ -188,6 +188,15 @@ struct SeqArgs<'py> {
     out: Option<Bound<'py, PyAny>>,
 }
 
+/// Starts waking the pool (see [`crate::pool::wake_ahead`]) for a call on `len`
+/// positions that has passed its checks, so that the wake-up overlaps allocating the
+/// outputs; a batch too small for the pool wakes nothing.
+fn wake_pool_ahead(len: usize) {
+    if len >= crate::pool::PARALLEL_MIN {
+        crate::pool::wake_ahead();
+    }
+}
+
 /// The outputs of a plain call: `out`'s arrays when it is a tuple of `count` plain,
 /// writeable arrays, fresh arrays when it is None; else None.
 fn plain_outputs<'py, F: FloatDtype>(
@@ -298,6 +307,7 @@ fn seq_borrows<'py, F: FloatDtype>(py: Python<'py>, c: &SeqArgs<'py>, count: usi
     inputs.extend(g.map(bytes).into_iter().chain(m.map(bytes)).chain(lv.map(bytes)).chain(lay.cu_seqlens.map(bytes)));
     let (r, v) = (r.try_readonly().ok()?, v.try_readonly().ok()?);
     let (g, m, lv, cu) = (read_opt(g)?, read_opt(m)?, read_opt(lv)?, read_opt(lay.cu_seqlens)?);
+    wake_pool_ahead(r.len());
     // The outputs last, so that a call that falls through has allocated nothing.
     let outs = plain_outputs::<F>(py, &c.out, &shape, count)?;
     let out_bytes: Vec<_> = outs.iter().map(bytes).collect();
@@ -358,6 +368,7 @@ fn gates_typed<'py, F: FloatDtype>(
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let Some(c) = MaskedArray::<F>::plain(conc, mask, cu_seqlens) else { return Ok(None) };
     let Some(reads) = c.read() else { return Ok(None) };
+    wake_pool_ahead(reads.x.len());
     // The output last, so that a call that falls through has allocated nothing.
     // SAFETY: the kernel writes every position of its output.
     let out = unsafe { PyArrayDyn::<F>::new(py, &c.shape[..], false) };
@@ -491,10 +502,13 @@ fn whiten_borrows<'py, F: FloatDtype>(
     c: &WhitenArgs<'py>,
 ) -> Option<(Bound<'py, PyArrayDyn<F>>, numpy::PyReadwriteArrayDyn<'py, F>, MaskedReads<'py, F>)> {
     let x = MaskedArray::<F>::plain(&c.x, &c.mask, &c.cu_seqlens)?;
+    if c.out.as_ref().is_some_and(|o| o.is(&c.x)) {
+        return None;
+    }
+    wake_pool_ahead(x.x.len());
     let out = match &c.out {
         // SAFETY: the kernel writes every position of its output.
         None => unsafe { PyArrayDyn::<F>::new(py, &x.shape[..], false) },
-        Some(o) if o.is(&c.x) => return None,
         Some(o) => plain::<F>(o, &x.shape)?.clone(),
     };
     if c.out.is_some() && any_overlap(&[bytes(&out)], &x.input_bytes()) {
