@@ -7,7 +7,9 @@ Copy each build's ``python/comppo_core/_core.abi3.so`` aside (``maturin develop
 different names, each with its own thread pool, and ``gae(..., out=)`` of each is timed
 round-robin with ``compare.py``'s floor, so that the slow windows of a shared machine hit
 both builds alike; separate processes, minutes apart, can land in different windows.
-Prints the median and the fastest tenth of each, and their ratio to the floor's.
+With ``--alloc`` each build's call allocates its outputs instead, as ``compare.py``'s
+first column does. Prints the median and the fastest tenth of each, and their ratio to
+the floor's.
 """
 
 from __future__ import annotations
@@ -44,19 +46,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", choices=sorted(SHAPES), default="W2")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--alloc", action="store_true", help="time the allocating call, not out=")
     a = p.parse_args(argv)
     if compare.numba is None:
         raise SystemExit("needs numba for the floor: pip install '.[bench]'")
     w = compare.make_padded(a.workload, *SHAPES[a.workload], 2)
     assert w.mask is not None
-    adv, ret = np.empty_like(w.rewards), np.empty_like(w.rewards)
+    out = None if a.alloc else (np.empty_like(w.rewards), np.empty_like(w.rewards))
     fns: dict[str, Callable[[], object]] = {}
     for k, path in enumerate(a.builds):
         m = load(f"build{k}", path)
         m.set_num_threads(a.threads)
         fns[f"build {k} ({os.path.basename(os.path.dirname(os.path.abspath(path)))})"] = (
             lambda m=m: m.gae_plain(  # type: ignore[misc]
-                w.rewards, w.values, w.mask, None, w.gates, None, (adv, ret),
+                w.rewards, w.values, w.mask, None, w.gates, None, out,
                 compare.GAMMA, compare.LAM, None, "error",
             )
         )
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     times = compare.measure_times(fns, 1, a.seconds)
     med = {k: statistics.median(v) for k, v in times.items()}
     p10 = {k: sorted(v)[len(v) // 10] for k, v in times.items()}
-    print(f"{a.workload} out=, threads={a.threads}, {len(times['floor'])} rounds")
+    print(f"{a.workload} {'allocating' if a.alloc else 'out='}, threads={a.threads}, {len(times['floor'])} rounds")
     print(f"{'':28} {'median ms':>10} {'/floor':>7} {'p10 ms':>8} {'/floor':>7}")
     for name in fns:
         print(
