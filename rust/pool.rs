@@ -12,7 +12,7 @@
 
 use crate::layout::{split_by_tasks, task_size, Layout, Task};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub const ENV_VAR: &str = "COMPPO_NUM_THREADS";
@@ -83,39 +83,77 @@ pub const PARALLEL_MIN: usize = 1 << 15;
 /// How long a worker woken by [`wake_ahead`] waits for the call it was woken for.
 const WAKE_AHEAD_WAIT: std::time::Duration = std::time::Duration::from_micros(200);
 
-/// Counts the parallel calls of [`map`] that have handed out their helper jobs.
-static CALLS_STARTED: AtomicUsize = AtomicUsize::new(0);
+/// The worker woken by [`wake_ahead`], as the states of [`WOKEN`].
+const NONE_WOKEN: u8 = 0;
+/// Woken (or on its way) and waiting for a job.
+const WAITING: u8 = 1;
+/// A call has claimed it and is placing its helper job in [`HANDOFF`].
+const CLAIMED: u8 = 2;
+/// The job is in [`HANDOFF`].
+const HANDED_OFF: u8 = 3;
 
-/// Whether a worker woken by [`wake_ahead`] is on its way or waiting.
-static WAKING_AHEAD: AtomicBool = AtomicBool::new(false);
+static WOKEN: AtomicU8 = AtomicU8::new(NONE_WOKEN);
+
+/// The helper job a call hands to the worker woken ahead of it.
+static HANDOFF: Mutex<Option<HelperJob>> = Mutex::new(None);
+
+type HelperJob = Box<dyn FnOnce() + Send>;
 
 /// Starts waking one pool worker for a parallel call that the calling thread is about to
 /// make (after allocating its outputs, say), so that the wake-up overlaps that work.
 ///
-/// Waking a sleeping worker takes 60–90 µs on the 2-vCPU VMs this was tuned on, and a
-/// large call's caller reaches [`map`] 15–25 µs after its arguments were checked (most
+/// Waking a sleeping worker takes 50–90 µs on the 2-vCPU VMs this was tuned on, and a
+/// large call's caller reaches [`map`] 15–30 µs after its arguments were checked (most
 /// of it allocating the outputs). The woken worker spins until the next parallel call
-/// has handed out its helper jobs, then returns to the pool and takes one at once, or
-/// gives up after [`WAKE_AHEAD_WAIT`] (a call that failed before the kernel). At most
-/// one such worker is out at a time, and none with a pool of one thread. Which thread
-/// computes a task never changes a result.
+/// hands it that call's first helper job directly (see [`take_woken`]: no second
+/// wake-up), or gives up after [`WAKE_AHEAD_WAIT`] (a call that failed before its
+/// kernel). At most one such worker is out at a time, and none with a pool of one
+/// thread. Which thread computes a task never changes a result.
 pub fn wake_ahead() {
-    if num_threads() < 2 || WAKING_AHEAD.swap(true, Ordering::SeqCst) {
+    if num_threads() < 2 || WOKEN.compare_exchange(NONE_WOKEN, WAITING, Ordering::SeqCst, Ordering::SeqCst).is_err() {
         return;
     }
-    let seen = CALLS_STARTED.load(Ordering::SeqCst);
-    pool().spawn(move || {
+    pool().spawn(|| {
         let start = std::time::Instant::now();
         let mut spins = 0u32;
-        while CALLS_STARTED.load(Ordering::SeqCst) == seen {
-            spins = spins.wrapping_add(1);
-            if spins % 64 == 0 && start.elapsed() >= WAKE_AHEAD_WAIT {
-                break;
+        loop {
+            match WOKEN.load(Ordering::SeqCst) {
+                HANDED_OFF => break,
+                WAITING => {
+                    spins = spins.wrapping_add(1);
+                    if spins % 64 == 0
+                        && start.elapsed() >= WAKE_AHEAD_WAIT
+                        && WOKEN.compare_exchange(WAITING, NONE_WOKEN, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+                    {
+                        return; // gave up: no call came
+                    }
+                }
+                _ => {} // CLAIMED: the job is on its way
             }
             std::hint::spin_loop();
         }
-        WAKING_AHEAD.store(false, Ordering::SeqCst);
+        // The slot is full once the state reads HANDED_OFF (see `take_woken`).
+        let job = handoff().take();
+        WOKEN.store(NONE_WOKEN, Ordering::SeqCst);
+        if let Some(job) = job {
+            job();
+        }
     });
+}
+
+fn handoff() -> std::sync::MutexGuard<'static, Option<HelperJob>> {
+    HANDOFF.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Hands `job` to the worker woken by [`wake_ahead`] if one is waiting; else gives it
+/// back.
+fn take_woken(job: HelperJob) -> Option<HelperJob> {
+    if WOKEN.compare_exchange(WAITING, CLAIMED, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        return Some(job);
+    }
+    *handoff() = Some(job);
+    WOKEN.store(HANDED_OFF, Ordering::SeqCst);
+    None
 }
 
 /// The tasks a parallel pass over `layout` is cut into: runs of whole consecutive rows
@@ -224,9 +262,9 @@ impl Helpers {
         // SAFETY (of the transmute): only the lifetime changes; see `WorkPtr`.
         let erased: *const (dyn Fn() + Sync + 'static) =
             unsafe { std::mem::transmute(work as *const (dyn Fn() + Sync)) };
-        for _ in 0..count {
+        for k in 0..count {
             let (shared, job) = (shared.clone(), WorkPtr(erased));
-            pool.spawn(move || {
+            let helper: HelperJob = Box::new(move || {
                 let job = job; // the whole wrapper, not its raw (non-`Send`) field
                 shared.active.fetch_add(1, Ordering::SeqCst);
                 if !shared.closed.load(Ordering::SeqCst) {
@@ -239,10 +277,13 @@ impl Helpers {
                 }
                 shared.active.fetch_sub(1, Ordering::SeqCst);
             });
+            // The first helper goes to a worker woken ahead of the call, if one waits:
+            // spawning would wake another.
+            let helper = if k == 0 { take_woken(helper) } else { Some(helper) };
+            if let Some(helper) = helper {
+                pool.spawn(helper);
+            }
         }
-        // Releases a worker woken ahead of this call: it returns to the pool, which hands
-        // it one of the jobs just spawned.
-        CALLS_STARTED.fetch_add(1, Ordering::SeqCst);
         let own = catch_unwind(AssertUnwindSafe(work));
         shared.closed.store(true, Ordering::SeqCst);
         // A joined helper holds at most the one item it is computing (a task of 1/32
@@ -313,7 +354,7 @@ mod tests {
     /// Waits up to a second for the worker woken ahead to be back in the pool.
     fn woken_worker_returns() -> bool {
         let start = std::time::Instant::now();
-        while WAKING_AHEAD.load(Ordering::SeqCst) {
+        while WOKEN.load(Ordering::SeqCst) != NONE_WOKEN {
             if start.elapsed() > std::time::Duration::from_secs(1) {
                 return false;
             }
@@ -322,33 +363,38 @@ mod tests {
         true
     }
 
-    /// A worker woken ahead of a call is released by it (or by any other parallel call:
-    /// tests of other modules run kernels meanwhile) and the call's results are whole;
-    /// one woken for a call that never comes gives up on its own; with one thread
-    /// nothing is woken.
+    /// A worker woken ahead of a call takes the call's first helper job (or any other
+    /// parallel call's: tests of other modules run kernels meanwhile) and the call's
+    /// results are whole; one woken for a call that never comes gives up on its own;
+    /// with one thread nothing is woken.
     #[test]
-    fn waking_ahead_releases_or_times_out() {
+    fn waking_ahead_hands_off_or_times_out() {
         let _serial = serial();
         set_num_threads(2);
+        let _ = map((0..4).collect(), true, |i: usize| i); // the pool, built
         for round in 0..200usize {
             wake_ahead();
             wake_ahead(); // at most one worker out: a no-op while the first is
-            let seen = CALLS_STARTED.load(Ordering::SeqCst);
+            if round % 2 == 1 {
+                // Let the worker arrive and wait first, as in a large call.
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
             let out = map((0..64).collect(), true, |i: usize| {
-                for _ in 0..2000 {
+                for _ in 0..500 {
                     std::hint::spin_loop();
                 }
                 i * round
             });
             assert_eq!(out, (0..64).map(|i| i * round).collect::<Vec<_>>());
-            assert!(CALLS_STARTED.load(Ordering::SeqCst) > seen);
-            assert!(woken_worker_returns(), "round {round}: the woken worker was not released");
+            assert!(woken_worker_returns(), "round {round}: the woken worker did not take a job");
+            assert!(handoff().is_none(), "round {round}: a job was left in the hand-off slot");
         }
         wake_ahead();
         assert!(woken_worker_returns(), "a worker woken for no call did not give up");
+        assert!(handoff().is_none());
         set_num_threads(1);
         wake_ahead();
-        assert!(!WAKING_AHEAD.load(Ordering::SeqCst));
+        assert_eq!(WOKEN.load(Ordering::SeqCst), NONE_WOKEN);
         assert_eq!(map((0..8).collect(), true, |i: usize| i + 1), (1..9).collect::<Vec<_>>());
     }
 
