@@ -188,11 +188,13 @@ struct SeqArgs<'py> {
     out: Option<Bound<'py, PyAny>>,
 }
 
-/// Starts waking the pool (see [`crate::pool::wake_ahead`]) for a call on `len`
-/// positions that has passed its checks, so that the wake-up overlaps allocating the
-/// outputs; a batch too small for the pool wakes nothing.
-fn wake_pool_ahead(len: usize) {
-    if len >= crate::pool::PARALLEL_MIN {
+/// Starts waking the pool (see [`crate::pool::wake_ahead`]) for a call on `rows` rows
+/// of `len` positions in all that has passed its checks, so that the wake-up overlaps
+/// allocating the outputs. A batch the kernels run on the calling thread wakes nothing:
+/// one under [`crate::pool::PARALLEL_MIN`] positions, or a single row (tasks are whole
+/// rows).
+fn wake_pool_ahead(len: usize, rows: usize) {
+    if len >= crate::pool::PARALLEL_MIN && rows > 1 {
         crate::pool::wake_ahead();
     }
 }
@@ -307,7 +309,7 @@ fn seq_borrows<'py, F: FloatDtype>(py: Python<'py>, c: &SeqArgs<'py>, count: usi
     inputs.extend(g.map(bytes).into_iter().chain(m.map(bytes)).chain(lv.map(bytes)).chain(lay.cu_seqlens.map(bytes)));
     let (r, v) = (r.try_readonly().ok()?, v.try_readonly().ok()?);
     let (g, m, lv, cu) = (read_opt(g)?, read_opt(m)?, read_opt(lv)?, read_opt(lay.cu_seqlens)?);
-    wake_pool_ahead(r.len());
+    wake_pool_ahead(r.len(), lay.rows);
     // The outputs last, so that a call that falls through has allocated nothing.
     let outs = plain_outputs::<F>(py, &c.out, &shape, count)?;
     let out_bytes: Vec<_> = outs.iter().map(bytes).collect();
@@ -368,7 +370,7 @@ fn gates_typed<'py, F: FloatDtype>(
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let Some(c) = MaskedArray::<F>::plain(conc, mask, cu_seqlens) else { return Ok(None) };
     let Some(reads) = c.read() else { return Ok(None) };
-    wake_pool_ahead(reads.x.len());
+    wake_pool_ahead(reads.x.len(), c.lay.rows);
     // The output last, so that a call that falls through has allocated nothing.
     // SAFETY: the kernel writes every position of its output.
     let out = unsafe { PyArrayDyn::<F>::new(py, &c.shape[..], false) };
@@ -505,7 +507,7 @@ fn whiten_borrows<'py, F: FloatDtype>(
     if c.out.as_ref().is_some_and(|o| o.is(&c.x)) {
         return None;
     }
-    wake_pool_ahead(x.x.len());
+    wake_pool_ahead(x.x.len(), x.lay.rows);
     let out = match &c.out {
         // SAFETY: the kernel writes every position of its output.
         None => unsafe { PyArrayDyn::<F>::new(py, &x.shape[..], false) },
