@@ -549,6 +549,7 @@ mod tests {
         let r: Vec<f64> = r.iter().zip(&m).map(|(&x, &ok)| if ok { x } else { 0.0 }).collect();
         let lv: Vec<f64> = (0..lens.len()).map(|_| lcg(&mut s)).collect();
         let layout = Layout::packed(&cu, n).unwrap();
+        let _serial = pool::tests::serial();
         for threads in [1, 2, 3] {
             pool::set_num_threads(threads);
             let (mut a, mut ret) = (vec![9.0; n], vec![9.0; n]);

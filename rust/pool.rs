@@ -110,10 +110,15 @@ type HelperJob = Box<dyn FnOnce() + Send>;
 /// kernel). At most one such worker is out at a time, and none with a pool of one
 /// thread. Which thread computes a task never changes a result.
 pub fn wake_ahead() {
-    if num_threads() < 2 || WOKEN.compare_exchange(NONE_WOKEN, WAITING, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+    if num_threads() < 2 {
         return;
     }
-    pool().spawn(|| {
+    // The pool first: were building it to fail, no state may say a worker is waiting.
+    let pool = pool();
+    if WOKEN.compare_exchange(NONE_WOKEN, WAITING, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        return;
+    }
+    pool.spawn(|| {
         let start = std::time::Instant::now();
         let mut spins = 0u32;
         loop {
@@ -153,6 +158,8 @@ fn take_woken(job: HelperJob) -> Option<HelperJob> {
     }
     *handoff() = Some(job);
     WOKEN.store(HANDED_OFF, Ordering::SeqCst);
+    #[cfg(test)]
+    tests::HANDED_OFF_JOBS.fetch_add(1, Ordering::SeqCst);
     None
 }
 
@@ -308,13 +315,17 @@ impl Helpers {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// The pool size is global: tests that set it run one at a time.
+    /// The pool size is global: tests that set it run one at a time (those of other
+    /// modules too).
     static SERIAL: Mutex<()> = Mutex::new(());
 
-    fn serial() -> std::sync::MutexGuard<'static, ()> {
+    /// How many helper jobs [`take_woken`] has handed to a woken worker.
+    pub(super) static HANDED_OFF_JOBS: AtomicUsize = AtomicUsize::new(0);
+
+    pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
         SERIAL.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -372,12 +383,15 @@ mod tests {
         let _serial = serial();
         set_num_threads(2);
         let _ = map((0..4).collect(), true, |i: usize| i); // the pool, built
+        let handed_off = HANDED_OFF_JOBS.load(Ordering::SeqCst);
         for round in 0..200usize {
             wake_ahead();
             wake_ahead(); // at most one worker out: a no-op while the first is
             if round % 2 == 1 {
-                // Let the worker arrive and wait first, as in a large call.
-                std::thread::sleep(std::time::Duration::from_micros(100));
+                // Let the worker arrive and wait first, as in a large call (busy: a sleep
+                // can overshoot the worker's wait).
+                let until = std::time::Instant::now() + std::time::Duration::from_micros(30);
+                while std::time::Instant::now() < until {}
             }
             let out = map((0..64).collect(), true, |i: usize| {
                 for _ in 0..500 {
@@ -389,6 +403,11 @@ mod tests {
             assert!(woken_worker_returns(), "round {round}: the woken worker did not take a job");
             assert!(handoff().is_none(), "round {round}: a job was left in the hand-off slot");
         }
+        // Most rounds' workers took a job: the state says a worker waits from `wake_ahead`
+        // on, even before it runs, so the round's call (or another module's kernel, first)
+        // claims it, unless this thread was descheduled past the worker's wait.
+        let taken = HANDED_OFF_JOBS.load(Ordering::SeqCst) - handed_off;
+        assert!(taken > 100, "only {taken} of 200 woken workers took a job");
         wake_ahead();
         assert!(woken_worker_returns(), "a worker woken for no call did not give up");
         assert!(handoff().is_none());

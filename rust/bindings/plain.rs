@@ -309,7 +309,11 @@ fn seq_borrows<'py, F: FloatDtype>(py: Python<'py>, c: &SeqArgs<'py>, count: usi
     inputs.extend(g.map(bytes).into_iter().chain(m.map(bytes)).chain(lv.map(bytes)).chain(lay.cu_seqlens.map(bytes)));
     let (r, v) = (r.try_readonly().ok()?, v.try_readonly().ok()?);
     let (g, m, lv, cu) = (read_opt(g)?, read_opt(m)?, read_opt(lv)?, read_opt(lay.cu_seqlens)?);
-    wake_pool_ahead(r.len(), lay.rows);
+    // A call that allocates its outputs starts waking the pool first, so that the
+    // wake-up overlaps the allocation; one given `out` once `out` has passed.
+    if c.out.is_none() {
+        wake_pool_ahead(r.len(), lay.rows);
+    }
     // The outputs last, so that a call that falls through has allocated nothing.
     let outs = plain_outputs::<F>(py, &c.out, &shape, count)?;
     let out_bytes: Vec<_> = outs.iter().map(bytes).collect();
@@ -318,6 +322,9 @@ fn seq_borrows<'py, F: FloatDtype>(py: Python<'py>, c: &SeqArgs<'py>, count: usi
     }
     // A read-only `out` fails to borrow here and takes the general path, which names it.
     let writes = outs.iter().map(|o| o.try_readwrite().ok()).collect::<Option<Vec<_>>>()?;
+    if c.out.is_some() {
+        wake_pool_ahead(r.len(), lay.rows);
+    }
     Some(SeqBorrows { outs, writes, reads: SeqReads { r, v, g, m, lv, cu }, grid: lay.grid })
 }
 
@@ -504,20 +511,25 @@ fn whiten_borrows<'py, F: FloatDtype>(
     c: &WhitenArgs<'py>,
 ) -> Option<(Bound<'py, PyArrayDyn<F>>, numpy::PyReadwriteArrayDyn<'py, F>, MaskedReads<'py, F>)> {
     let x = MaskedArray::<F>::plain(&c.x, &c.mask, &c.cu_seqlens)?;
-    if c.out.as_ref().is_some_and(|o| o.is(&c.x)) {
-        return None;
-    }
-    wake_pool_ahead(x.x.len(), x.lay.rows);
     let out = match &c.out {
-        // SAFETY: the kernel writes every position of its output.
-        None => unsafe { PyArrayDyn::<F>::new(py, &x.shape[..], false) },
+        None => {
+            // Start waking the pool so that the wake-up overlaps the allocation.
+            wake_pool_ahead(x.x.len(), x.lay.rows);
+            // SAFETY: the kernel writes every position of its output.
+            unsafe { PyArrayDyn::<F>::new(py, &x.shape[..], false) }
+        }
+        Some(o) if o.is(&c.x) => return None,
         Some(o) => plain::<F>(o, &x.shape)?.clone(),
     };
     if c.out.is_some() && any_overlap(&[bytes(&out)], &x.input_bytes()) {
         return None;
     }
     let o = out.try_readwrite().ok()?;
-    Some((out, o, x.read()?))
+    let reads = x.read()?;
+    if c.out.is_some() {
+        wake_pool_ahead(x.x.len(), x.lay.rows);
+    }
+    Some((out, o, reads))
 }
 
 /// Group-relative advantages on the plain path: the `float64` advantages, or None
