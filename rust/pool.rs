@@ -12,7 +12,7 @@
 
 use crate::layout::{split_by_tasks, task_size, Layout, Task};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub const ENV_VAR: &str = "COMPPO_NUM_THREADS";
@@ -83,21 +83,23 @@ pub const PARALLEL_MIN: usize = 1 << 15;
 /// How long a worker woken by [`wake_ahead`] waits for the call it was woken for.
 const WAKE_AHEAD_WAIT: std::time::Duration = std::time::Duration::from_micros(200);
 
-/// The worker woken by [`wake_ahead`], as the states of [`WOKEN`].
-const NONE_WOKEN: u8 = 0;
-/// Woken (or on its way) and waiting for a job.
-const WAITING: u8 = 1;
-/// A call has claimed it and is placing its helper job in [`HANDOFF`].
-const CLAIMED: u8 = 2;
-/// The job is in [`HANDOFF`].
-const HANDED_OFF: u8 = 3;
+/// The worker woken by [`wake_ahead`], as seen by it and by the next parallel call.
+enum Woken {
+    /// None is out.
+    None,
+    /// Woken (or on its way) and waiting for a job.
+    Waiting,
+    /// A call's first helper job, handed to it.
+    Job(HelperJob),
+}
 
-static WOKEN: AtomicU8 = AtomicU8::new(NONE_WOKEN);
-
-/// The helper job a call hands to the worker woken ahead of it.
-static HANDOFF: Mutex<Option<HelperJob>> = Mutex::new(None);
+static WOKEN: Mutex<Woken> = Mutex::new(Woken::None);
 
 type HelperJob = Box<dyn FnOnce() + Send>;
+
+fn woken() -> std::sync::MutexGuard<'static, Woken> {
+    WOKEN.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Starts waking one pool worker for a parallel call that the calling thread is about to
 /// make (after allocating its outputs, say), so that the wake-up overlaps that work.
@@ -113,51 +115,43 @@ pub fn wake_ahead() {
     if num_threads() < 2 {
         return;
     }
-    // The pool first: were building it to fail, no state may say a worker is waiting.
+    // The pool first: were building it to fail, nothing may say a worker is waiting.
     let pool = pool();
-    if WOKEN.compare_exchange(NONE_WOKEN, WAITING, Ordering::SeqCst, Ordering::SeqCst).is_err() {
-        return;
+    {
+        let mut w = woken();
+        if !matches!(*w, Woken::None) {
+            return;
+        }
+        *w = Woken::Waiting;
     }
     pool.spawn(|| {
         let start = std::time::Instant::now();
-        let mut spins = 0u32;
         loop {
-            match WOKEN.load(Ordering::SeqCst) {
-                HANDED_OFF => break,
-                WAITING => {
-                    spins = spins.wrapping_add(1);
-                    if spins % 64 == 0
-                        && start.elapsed() >= WAKE_AHEAD_WAIT
-                        && WOKEN.compare_exchange(WAITING, NONE_WOKEN, Ordering::SeqCst, Ordering::SeqCst).is_ok()
-                    {
-                        return; // gave up: no call came
-                    }
-                }
-                _ => {} // CLAIMED: the job is on its way
+            // Look at the slot every few spins only: the caller takes the same lock.
+            for _ in 0..16 {
+                std::hint::spin_loop();
             }
-            std::hint::spin_loop();
-        }
-        // The slot is full once the state reads HANDED_OFF (see `take_woken`).
-        let job = handoff().take();
-        WOKEN.store(NONE_WOKEN, Ordering::SeqCst);
-        if let Some(job) = job {
-            job();
+            let mut w = woken();
+            match std::mem::replace(&mut *w, Woken::None) {
+                Woken::Job(job) => {
+                    drop(w);
+                    return job();
+                }
+                Woken::Waiting if start.elapsed() < WAKE_AHEAD_WAIT => *w = Woken::Waiting,
+                _ => return, // gave up: no call came
+            }
         }
     });
-}
-
-fn handoff() -> std::sync::MutexGuard<'static, Option<HelperJob>> {
-    HANDOFF.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Hands `job` to the worker woken by [`wake_ahead`] if one is waiting; else gives it
 /// back.
 fn take_woken(job: HelperJob) -> Option<HelperJob> {
-    if WOKEN.compare_exchange(WAITING, CLAIMED, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+    let mut w = woken();
+    if !matches!(*w, Woken::Waiting) {
         return Some(job);
     }
-    *handoff() = Some(job);
-    WOKEN.store(HANDED_OFF, Ordering::SeqCst);
+    *w = Woken::Job(job);
     #[cfg(test)]
     tests::HANDED_OFF_JOBS.fetch_add(1, Ordering::SeqCst);
     None
@@ -365,7 +359,7 @@ pub(crate) mod tests {
     /// Waits up to a second for the worker woken ahead to be back in the pool.
     fn woken_worker_returns() -> bool {
         let start = std::time::Instant::now();
-        while WOKEN.load(Ordering::SeqCst) != NONE_WOKEN {
+        while !matches!(*woken(), Woken::None) {
             if start.elapsed() > std::time::Duration::from_secs(1) {
                 return false;
             }
@@ -400,8 +394,7 @@ pub(crate) mod tests {
                 i * round
             });
             assert_eq!(out, (0..64).map(|i| i * round).collect::<Vec<_>>());
-            assert!(woken_worker_returns(), "round {round}: the woken worker did not take a job");
-            assert!(handoff().is_none(), "round {round}: a job was left in the hand-off slot");
+            assert!(woken_worker_returns(), "round {round}: the woken worker did not take its job");
         }
         // Most rounds' workers took a job: the state says a worker waits from `wake_ahead`
         // on, even before it runs, so the round's call (or another module's kernel, first)
@@ -410,10 +403,9 @@ pub(crate) mod tests {
         assert!(taken > 100, "only {taken} of 200 woken workers took a job");
         wake_ahead();
         assert!(woken_worker_returns(), "a worker woken for no call did not give up");
-        assert!(handoff().is_none());
         set_num_threads(1);
         wake_ahead();
-        assert_eq!(WOKEN.load(Ordering::SeqCst), NONE_WOKEN);
+        assert!(matches!(*woken(), Woken::None));
         assert_eq!(map((0..8).collect(), true, |i: usize| i + 1), (1..9).collect::<Vec<_>>());
     }
 

@@ -166,6 +166,42 @@ def test_concurrent_python_threads(restore_threads: int) -> None:
             assert a.tobytes() == b.tobytes()
 
 
+def test_calls_that_wake_the_pool_and_then_stop_leave_it_working(restore_threads: int) -> None:
+    """A large plain-path call starts waking a pool worker before it allocates its outputs
+    (pool::wake_ahead). Calls that stop after that (an error found by the layout check or
+    by the kernel), single long rows (one task: no helper ever comes), and many calls in a
+    row, with and without out=, allocating and not, must each leave the pool working and
+    every result the same bits as on one thread."""
+    d = padded_batch(30, np.float32)
+    r, v, m, g = d["rewards"], d["values"], d["mask"], d["gates"]
+    assert r.size >= 1 << 15  # large enough to wake the pool
+    long_r = np.ascontiguousarray(r.reshape(1, -1))
+    long_v = np.ascontiguousarray(v.reshape(1, -1))
+
+    def good() -> list[np.ndarray]:
+        out = (np.empty_like(r), np.empty_like(r))
+        got = [*cc.gae(r, v, mask=m, gates=g, gamma=0.99, lam=0.95)]
+        got += [*cc.gae(r, v, mask=m, gates=g, gamma=0.99, lam=0.95, out=out)]
+        got += [cc.td_targets(r, v, mask=m, gates=g, gamma=0.99)]
+        got += [cc.masked_whiten(got[0], mask=m), cc.gates_from_concentration(d["conc"], mask=m)]
+        got += [*cc.gae(long_r, long_v, gamma=0.99, lam=0.95)]
+        return got
+
+    cc.set_num_threads(1)
+    want = good()
+    cc.set_num_threads(2)
+    nan_r, nan_m = r.copy(), m.copy()
+    nan_r[7, 3], nan_m[7, 3] = np.nan, True  # a valid NaN: the kernel's error
+    bad_cu = np.array([0, 5, 3, r.size], dtype=np.int64)  # decreasing: the layout check fails
+    for _ in range(20):
+        with pytest.raises(cc.ComppoError, match="rewards"):
+            cc.gae(nan_r, v, mask=nan_m, gates=g)
+        with pytest.raises(cc.ComppoError, match="cu_seqlens"):
+            cc.gae(r.reshape(-1), v.reshape(-1), cu_seqlens=bad_cu)
+        for a, b in zip(good(), want):
+            assert a.tobytes() == b.tobytes()
+
+
 def test_avx2_and_baseline_builds_are_bit_identical() -> None:
     """The AVX2 copies of the hot loops do the same arithmetic (their fused multiply-adds
     are ``mul_add`` calls in the baseline): with COMPPO_DISABLE_AVX2=1 the baseline code
