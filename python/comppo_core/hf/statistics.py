@@ -456,7 +456,10 @@ def _fused_rows(
             # H = LSE − scale·⟨q, o + k̄⟩ with o = Attn(Q, K, K − k̄)
             return lse - scale * (torch.einsum("bhcd,bhcd->bhc", qc.float(), o.float()) + qcen)
         _, lse2 = _lse_attention(qc, kc, vc, bias, is_causal, 2.0 * scale)
-        return torch.exp(lse2.float() - 2.0 * lse)  # Σ p² = exp(LSE₂ − 2·LSE)
+        raw = torch.exp(lse2.float() - 2.0 * lse)  # Σ p² = exp(LSE₂ − 2·LSE)
+        # torch's CPU kernel (2.15) returns LSE = 0 for a query holding a NaN, which would
+        # read as Σ p² = 1: a non-finite query must give NaN (entropy gets it from ⟨q, ·⟩)
+        return raw.masked_fill_(~torch.isfinite(qc).all(dim=-1), math.nan)
 
     if mask is None:
         raw = raw_statistic(qk, kk, vv, None, q_center, causal and tq > 1)
