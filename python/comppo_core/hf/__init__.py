@@ -19,10 +19,12 @@ from .probe import (
     LOGPROB_CHUNK_ELEMENTS,
     ConcentrationProbe,
     LogprobsAndConcentration,
+    LogprobsAndConcentrationPerLayer,
     ProbeError,
     UnsupportedModelError,
     default_position_ids,
     logprobs_and_concentration,
+    logprobs_and_concentration_per_layer,
     token_logprobs,
 )
 from .statistics import DEFAULT_QUERY_CHUNK, METHODS, STATISTICS, head_mean_concentration
@@ -37,11 +39,13 @@ __all__ = [
     "CompPOBatch",
     "ConcentrationProbe",
     "LogprobsAndConcentration",
+    "LogprobsAndConcentrationPerLayer",
     "ProbeError",
     "UnsupportedModelError",
     "comp_gae_batch",
     "default_position_ids",
     "head_mean_concentration",
     "logprobs_and_concentration",
+    "logprobs_and_concentration_per_layer",
     "token_logprobs",
 ]

@@ -14,11 +14,21 @@ attention implementation is put back as it was.
 
 Policies:
 
-* **Gradients**: passes run with gradients enabled are not recorded (the statistic is a
-  detached quantity of the behaviour policy; computing it on a training pass would cost
-  time and memory for nothing). Reading :attr:`ConcentrationProbe.concentration` when no
-  pass was recorded raises :class:`ProbeError`, saying how many attention calls ran with
-  gradients enabled.
+* **Gradients**: by default passes run with gradients enabled are not recorded (the
+  statistic is a detached quantity of the behaviour policy; computing it on a training
+  pass would cost time and memory for nothing). Reading
+  :attr:`ConcentrationProbe.concentration` when no pass was recorded raises
+  :class:`ProbeError`, saying how many attention calls ran with gradients enabled. With
+  ``record_with_grad=True`` they are recorded too (a PPO update forward reading the
+  concentration of the pass it trains on): the statistic is computed under
+  ``torch.no_grad()`` from detached queries and keys, so it carries no gradient and adds
+  nothing to the model's autograd graph; its transient memory adds to the pass's peak.
+* **Backward passes**: attention calls made while autograd runs a backward pass (the
+  recomputation of activation checkpointing) are never recorded, so a pass recorded in
+  the forward is not replaced by its recomputation.
+* **Per layer**: with ``per_layer=True`` the probe also keeps each selected layer's
+  head-mean statistic, :attr:`ConcentrationProbe.per_layer` ``[B, T, L]`` (an O(B·T·L)
+  buffer filled during the pass); the mean over layers is computed as without it.
 * **Cached decoding** (``generate`` steps, where the queries are fewer than the keys) is
   not recorded either: a probe records full-sequence passes (``use_cache=False`` or a
   prefill with an empty cache).
@@ -68,10 +78,12 @@ __all__ = [
     "LOGPROB_CHUNK_ELEMENTS",
     "ConcentrationProbe",
     "LogprobsAndConcentration",
+    "LogprobsAndConcentrationPerLayer",
     "ProbeError",
     "UnsupportedModelError",
     "default_position_ids",
     "logprobs_and_concentration",
+    "logprobs_and_concentration_per_layer",
     "token_logprobs",
 ]
 
@@ -109,17 +121,25 @@ class _ModelState:
         """Called by the attention function after the real attention ran."""
         if not self.probes:
             return
-        if torch.is_grad_enabled():
+        if _in_backward():  # activation-checkpointing recomputation: never recorded
             for p in self.probes:
-                p._grad_calls += 1
+                p._backward_calls += 1
             return
+        recording = self.probes
+        if torch.is_grad_enabled():
+            recording = [p for p in self.probes if p.record_with_grad]
+            for p in self.probes:
+                if not p.record_with_grad:
+                    p._grad_calls += 1
+            if not recording:
+                return
         layer = getattr(module, "layer_idx", None)
         if not isinstance(layer, int):
             raise UnsupportedModelError(
                 f"model: attention module {type(module).__name__} has no integer layer_idx "
                 f"(got {layer!r}); the probe needs it to know which layer it is in"
             )
-        wanted = [p for p in self.probes if layer in p._layer_set]
+        wanted = [p for p in recording if layer in p._layer_set]
         if not wanted:
             return
         if kwargs.get("position_bias") is not None:
@@ -146,7 +166,8 @@ class _ModelState:
         valid = _query_validity(mask, query.shape[0], q_len, query.device)
         scaling = kwargs.get("scaling")
         done: dict[tuple[str, str, int, str], torch.Tensor] = {}
-        with torch.profiler.record_function(STATISTIC_RANGE):
+        # no_grad: the statistic is detached and must add nothing to a grad-enabled pass's graph
+        with torch.no_grad(), torch.profiler.record_function(STATISTIC_RANGE):
             for p in wanted:
                 cfg = (p.statistic, p.method, p.query_chunk, p.precision)
                 if cfg not in done:
@@ -162,6 +183,13 @@ class _ModelState:
                         precision=p.precision,
                     )
                 p._record(layer, done[cfg], valid)
+
+
+def _in_backward() -> bool:
+    """Whether autograd is running a backward pass on this thread (e.g. recomputing a
+    checkpointed layer)."""
+    task_id = getattr(torch._C, "_current_graph_task_id", None)
+    return task_id is not None and task_id() != -1
 
 
 def _query_validity(mask: Optional[torch.Tensor], b: int, t: int, device: torch.device) -> torch.Tensor:
@@ -312,7 +340,13 @@ class ConcentrationProbe:
     For query position t the statistic of each head's attention distribution over its
     visible keys (see :mod:`comppo_core.hf.statistics`: ``"entropy"`` is
     ``1 − H(p)/log n_t``, ``"max"`` is ``max p``, ``"l2"`` is ``Σ p²``) is averaged over the
-    heads, then over the selected layers. Padded query positions are 0.
+    heads, then over the selected layers. Padded query positions are 0::
+
+        per_layer[b, t, i]  = (1/H) Σ_h stat(p_{b,h,t} of layer layers[i])
+        concentration[b, t] = (1/L) Σ_i per_layer[b, t, i]          L = len(layers)
+
+    (the mean is accumulated layer by layer in the order the model runs them, with or
+    without ``per_layer``, so keeping the layers does not change it by a bit).
 
     Args:
       model: a transformers ``PreTrainedModel`` whose attention goes through
@@ -328,6 +362,12 @@ class ConcentrationProbe:
       precision: ``"float32"`` (default) or ``"model"``: the dtype of the fused kernel's
         pass (see :func:`~comppo_core.hf.statistics.head_mean_concentration`); the online
         and chunked methods are float32 either way.
+      per_layer: also keep each selected layer's head-mean statistic,
+        :attr:`per_layer` ``[B, T, L]`` (memory O(B·T·L), filled during the pass).
+      record_with_grad: also record passes run with gradients enabled (by default they
+        are skipped). The statistic is computed under ``torch.no_grad()`` from detached
+        queries and keys: it has ``requires_grad=False``, and the model's outputs, autograd
+        graph and parameter gradients are those of its SDPA pass without a probe.
     """
 
     def __init__(
@@ -339,6 +379,8 @@ class ConcentrationProbe:
         method: str = "auto",
         query_chunk: int = DEFAULT_QUERY_CHUNK,
         precision: str = "float32",
+        per_layer: bool = False,
+        record_with_grad: bool = False,
     ) -> None:
         if not isinstance(model, PreTrainedModel):
             raise UnsupportedModelError(
@@ -354,6 +396,14 @@ class ConcentrationProbe:
         self.num_layers = _num_layers(model)
         self.layers: tuple[int, ...] = _normalize_layers(layers, self.num_layers)
         self._layer_set = frozenset(self.layers)
+        for name, flag in (("per_layer", per_layer), ("record_with_grad", record_with_grad)):
+            if not isinstance(flag, bool):
+                raise ParameterError(f"{name}: expected True or False, got {flag!r}")
+        self._keep_per_layer = per_layer
+        #: whether passes run with gradients enabled are recorded
+        self.record_with_grad = record_with_grad
+        #: layer index → its column in :attr:`per_layer`
+        self._column = {layer: i for i, layer in enumerate(self.layers)}
         self._active = False
         self.reset()
 
@@ -365,23 +415,33 @@ class ConcentrationProbe:
         self._valid: Optional[torch.Tensor] = None
         self._seen: set[int] = set()
         self._last: Optional[torch.Tensor] = None
+        self._layer_buf: torch.Tensor | None = None  # [B, T, L] of the pass in progress
+        self._last_per_layer: torch.Tensor | None = None
         self._passes = 0
         self._grad_calls = 0
+        self._backward_calls = 0
         self._skipped_calls = 0
         self._nonfinite: list[tuple[int, torch.Tensor]] = []
         self._error: Optional[str] = None
 
     def _finish_pass(self) -> None:
         complete = self._sum is not None and self._seen == self._layer_set
-        sums, valid, nonfinite = self._sum, self._valid, self._nonfinite
-        self._sum, self._valid, self._seen, self._nonfinite = None, None, set(), []
+        sums, valid, nonfinite, buf = self._sum, self._valid, self._nonfinite, self._layer_buf
+        self._drop_pass()
         if not complete:
             return
         assert sums is not None and valid is not None
         self._check_finite(nonfinite)
         conc = sums / float(len(self.layers))
         self._last = torch.where(valid, conc, torch.zeros_like(conc))
+        if buf is not None:
+            self._last_per_layer = buf.masked_fill_(~valid.unsqueeze(-1), 0.0)
         self._passes += 1
+
+    def _drop_pass(self) -> None:
+        """Forget the pass in progress."""
+        self._sum, self._valid, self._seen, self._nonfinite = None, None, set(), []
+        self._layer_buf = None
 
     def _check_finite(self, nonfinite: list[tuple[int, torch.Tensor]]) -> None:
         """Raise :class:`NonFiniteError` if a layer's statistic is not finite at a real token.
@@ -396,6 +456,7 @@ class ConcentrationProbe:
         row, pos = (int(i) for i in torch.nonzero(m)[0])
         count = int(m.sum())
         self._last = None
+        self._last_per_layer = None
         self._error = (
             f"concentration: the {self.statistic!r} statistic is not finite (NaN or inf) at real tokens in "
             f"layer(s) {sorted(x[0] for x in bad)}; first in layer {layer} at (row {row}, position {pos}), "
@@ -410,7 +471,11 @@ class ConcentrationProbe:
         if self._sum is None:
             self._sum = torch.zeros_like(stat)
             self._valid = valid.clone()
+            if self._keep_per_layer:
+                self._layer_buf = stat.new_empty((*stat.shape, len(self.layers)))
         self._sum += stat
+        if self._layer_buf is not None:  # every column is written before the pass completes
+            self._layer_buf[..., self._column[layer]] = stat
         # padded queries are zeroed at the end of the pass; a real token must be finite
         self._nonfinite.append((layer, ~torch.isfinite(stat) & valid))
         self._seen.add(layer)
@@ -424,30 +489,56 @@ class ConcentrationProbe:
 
     @property
     def concentration(self) -> torch.Tensor:
-        """``[B, T]`` float32 concentration of the last recorded pass, per query position."""
+        """``[B, T]`` float32 concentration of the last recorded pass, per query position
+        (the head mean averaged over the selected layers; 0 at padded positions)."""
         if self._last is None:
-            why = []
-            if self._grad_calls:
-                why.append(
-                    f"{self._grad_calls} attention call(s) ran with gradients enabled (the probe records "
-                    "only under torch.no_grad() or torch.inference_mode())"
-                )
-            if self._skipped_calls:
-                why.append(
-                    f"{self._skipped_calls} attention call(s) were cached decoding steps (the probe records "
-                    "full-sequence passes; use use_cache=False)"
-                )
-            if self._seen:
-                why.append(
-                    f"a pass is incomplete: layers {sorted(self._seen)} of {list(self.layers)} were seen"
-                )
-            if self._error is not None:
-                why.append(f"the last pass raised NonFiniteError ({self._error})")
-            raise ProbeError(
-                "concentration: no forward pass was recorded"
-                + ("; " + "; ".join(why) if why else " (run the model inside the `with` block)")
-            )
+            raise self._nothing_recorded("concentration")
         return self._last
+
+    @property
+    def per_layer(self) -> torch.Tensor:
+        """``[B, T, L]`` float32 head-mean statistic of each selected layer in the last
+        recorded pass: ``per_layer[:, :, i]`` is layer ``layers[i]`` (ascending), 0 at padded
+        positions; its mean over the last axis is :attr:`concentration` up to float32
+        rounding. Needs ``per_layer=True``."""
+        if not self._keep_per_layer:
+            raise ProbeError(
+                "per_layer: this probe keeps only the mean over layers; pass per_layer=True to "
+                "ConcentrationProbe to keep each layer's statistic"
+            )
+        if self._last_per_layer is None:
+            raise self._nothing_recorded("per_layer")
+        return self._last_per_layer
+
+    def _nothing_recorded(self, name: str) -> ProbeError:
+        """The error for reading ``name`` when no pass was recorded, saying why."""
+        why = []
+        if self._grad_calls:
+            why.append(
+                f"{self._grad_calls} attention call(s) ran with gradients enabled (the probe records "
+                "them only with record_with_grad=True; else only under torch.no_grad() or "
+                "torch.inference_mode())"
+            )
+        if self._backward_calls:
+            why.append(
+                f"{self._backward_calls} attention call(s) ran inside a backward pass (activation "
+                "checkpointing recomputation; never recorded)"
+            )
+        if self._skipped_calls:
+            why.append(
+                f"{self._skipped_calls} attention call(s) were cached decoding steps (the probe records "
+                "full-sequence passes; use use_cache=False)"
+            )
+        if self._seen:
+            why.append(
+                f"a pass is incomplete: layers {sorted(self._seen)} of {list(self.layers)} were seen"
+            )
+        if self._error is not None:
+            why.append(f"the last pass raised NonFiniteError ({self._error})")
+        return ProbeError(
+            f"{name}: no forward pass was recorded"
+            + ("; " + "; ".join(why) if why else " (run the model inside the `with` block)")
+        )
 
     # ---- context manager ------------------------------------------------------
 
@@ -463,12 +554,13 @@ class ConcentrationProbe:
         self._active = False
         _detach(self.model, self)
         # A pass still in progress (an exception mid-forward) is dropped.
-        self._sum, self._valid, self._seen, self._nonfinite = None, None, set(), []
+        self._drop_pass()
 
     def __repr__(self) -> str:
         return (
             f"ConcentrationProbe(statistic={self.statistic!r}, layers={list(self.layers)}, "
-            f"method={self.method!r}, active={self._active}, passes={self._passes})"
+            f"method={self.method!r}, per_layer={self._keep_per_layer}, "
+            f"record_with_grad={self.record_with_grad}, active={self._active}, passes={self._passes})"
         )
 
 
@@ -482,6 +574,18 @@ class LogprobsAndConcentration(NamedTuple):
 
     logprobs: torch.Tensor
     concentration: torch.Tensor
+
+
+class LogprobsAndConcentrationPerLayer(NamedTuple):
+    """:class:`LogprobsAndConcentration` plus each layer's statistic.
+
+    ``logprobs`` and ``concentration`` ``[B, T−1]``, ``per_layer`` ``[B, T−1, L]``, float32;
+    column j scores token ``input_ids[:, j+1]`` and comes from query position j;
+    ``per_layer[:, :, i]`` is layer ``probe.layers[i]`` (ascending)."""
+
+    logprobs: torch.Tensor
+    concentration: torch.Tensor
+    per_layer: torch.Tensor
 
 
 def token_logprobs(
@@ -552,6 +656,42 @@ def default_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
 
 
+def _logprobs_forward(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    per_layer: bool,
+    probe_kwargs: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One no-grad forward under a probe: ``[B, T−1]`` log-probs and concentration, and
+    ``[B, T−1, L]`` per-layer statistics when ``per_layer``; columns whose query or target
+    token is padding are 0."""
+    ids, mask = _check_ids(input_ids, attention_mask)
+    kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": False}
+    if mask is not None:
+        kwargs["attention_mask"] = mask.long()
+        kwargs["position_ids"] = default_position_ids(mask) if position_ids is None else position_ids
+    elif position_ids is not None:
+        kwargs["position_ids"] = position_ids
+    per: torch.Tensor | None = None
+    with torch.no_grad(), ConcentrationProbe(model, per_layer=per_layer, **probe_kwargs) as probe:
+        out = model(**kwargs)
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        lp = token_logprobs(logits[:, :-1], ids[:, 1:])
+        del out, logits
+        conc = probe.concentration[:, :-1].clone()
+        if per_layer:
+            per = probe.per_layer[:, :-1].clone()
+    if mask is not None:
+        cols = mask[:, :-1] & mask[:, 1:]
+        lp = torch.where(cols, lp, torch.zeros_like(lp))
+        conc = torch.where(cols, conc, torch.zeros_like(conc))
+        if per is not None:
+            per.masked_fill_(~cols.unsqueeze(-1), 0.0)
+    return lp, conc, per
+
+
 def logprobs_and_concentration(
     model: Any,
     input_ids: torch.Tensor,
@@ -589,23 +729,57 @@ def logprobs_and_concentration(
       ``LogprobsAndConcentration(logprobs, concentration)``, ``[B, T−1]`` float32 each,
       on the model's device.
     """
-    ids, mask = _check_ids(input_ids, attention_mask)
-    kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": False}
-    if mask is not None:
-        kwargs["attention_mask"] = mask.long()
-        kwargs["position_ids"] = default_position_ids(mask) if position_ids is None else position_ids
-    elif position_ids is not None:
-        kwargs["position_ids"] = position_ids
-    with torch.no_grad(), ConcentrationProbe(
-        model, statistic, layers, method=method, query_chunk=query_chunk, precision=precision
-    ) as probe:
-        out = model(**kwargs)
-        logits = out.logits if hasattr(out, "logits") else out[0]
-        lp = token_logprobs(logits[:, :-1], ids[:, 1:])
-        del out, logits
-        conc = probe.concentration[:, :-1].clone()
-    if mask is not None:
-        cols = mask[:, :-1] & mask[:, 1:]
-        lp = torch.where(cols, lp, torch.zeros_like(lp))
-        conc = torch.where(cols, conc, torch.zeros_like(conc))
+    probe_kwargs: dict[str, Any] = {
+        "statistic": statistic,
+        "layers": layers,
+        "method": method,
+        "query_chunk": query_chunk,
+        "precision": precision,
+    }
+    lp, conc, _ = _logprobs_forward(model, input_ids, attention_mask, position_ids, False, probe_kwargs)
     return LogprobsAndConcentration(lp, conc)
+
+
+def logprobs_and_concentration_per_layer(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: Optional[torch.Tensor] = None,
+    *,
+    statistic: str = "entropy",
+    layers: Union[None, int, slice, Iterable[int]] = None,
+    position_ids: Optional[torch.Tensor] = None,
+    method: str = "auto",
+    query_chunk: int = DEFAULT_QUERY_CHUNK,
+    precision: str = "float32",
+) -> LogprobsAndConcentrationPerLayer:
+    """:func:`logprobs_and_concentration` plus each selected layer's statistic (no grad).
+
+    ::
+
+        logprobs[b, j]       = log π(input_ids[b, j+1] | input_ids[b, :j+1])
+        concentration[b, j]  = (1/L) Σ_i per_layer[b, j, i]   (up to float32 rounding)
+        per_layer[b, j, i]   = head-mean statistic of layer layers[i] at query position j
+
+    Same column convention as :func:`logprobs_and_concentration` (column j scores token
+    j+1, its statistics come from query position j; 0 in a column whose query or target
+    token is padding), and ``logprobs`` and ``concentration`` are the values it returns,
+    bit for bit. A separate function because a third field would break the two-way
+    unpacking ``lp, conc = logprobs_and_concentration(...)``.
+
+    Args: as :func:`logprobs_and_concentration`.
+
+    Returns:
+      ``LogprobsAndConcentrationPerLayer(logprobs, concentration, per_layer)``: ``[B, T−1]``,
+      ``[B, T−1]`` and ``[B, T−1, L]`` float32 on the model's device, ``L`` the number of
+      selected layers, in ascending layer order (``ConcentrationProbe(...).layers``).
+    """
+    probe_kwargs: dict[str, Any] = {
+        "statistic": statistic,
+        "layers": layers,
+        "method": method,
+        "query_chunk": query_chunk,
+        "precision": precision,
+    }
+    lp, conc, per = _logprobs_forward(model, input_ids, attention_mask, position_ids, True, probe_kwargs)
+    assert per is not None
+    return LogprobsAndConcentrationPerLayer(lp, conc, per)
