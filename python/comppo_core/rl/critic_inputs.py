@@ -1,0 +1,46 @@
+"""What a critic reads: one calling convention for every critic in :mod:`comppo_core.rl`.
+
+:func:`comppo_core.rl.forward` runs the actor once and hands each critic a
+:class:`CriticInputs`; a critic maps it to ``values`` ``[B, T−1]`` float32, where
+``values[:, j]`` is the value of the prefix ``input_ids[:, :j+1]`` (docs/design.md §10).
+:class:`~comppo_core.rl.TransportAlignedCritic` reads the actor's taps and routing
+features; :class:`~comppo_core.rl.StandardCritic` runs its own transformer on the ids.
+Swapping one for the other is one argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+__all__ = ["CriticInputs"]
+
+
+@dataclasses.dataclass
+class CriticInputs:
+    """The actor's forward pass, as a critic sees it.
+
+    Attributes:
+      input_ids: ``[B, T]`` token ids.
+      attention_mask: ``[B, T]`` bool (True = real token).
+      position_ids: ``[B, T]`` the positions the actor ran with.
+      columns: ``[B, T−1]`` bool, columns whose query and target tokens are both real;
+        values outside them are 0.
+      response_mask: ``[B, T−1]`` bool, the response columns (a subset of ``columns``).
+      taps: decoder layer → its output ``[B, T, d]`` as recorded during the actor's
+        forward (not detached: the critic decides how much gradient reaches the trunk).
+      per_layer: ``[B, T−1, L]`` float32 per-layer concentration, detached, or None.
+      gates: ``[B, T−1]`` float32 gates the critic reads (1 outside the response),
+        detached; causal unless the caller overrode them.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    columns: torch.Tensor
+    response_mask: torch.Tensor
+    taps: dict[int, torch.Tensor]
+    per_layer: Optional[torch.Tensor]
+    gates: torch.Tensor

@@ -1,0 +1,171 @@
+"""One actor forward for PPO: log-probs, concentration, gates and the critic's values.
+
+::
+
+    logprobs[b, j]       = log π(ids[b, j+1] | ids[b, :j+1])          (carries grad iff grad=True)
+    concentration[b, j]  = probe statistic at query position j          (detached)
+    per_layer[b, j, l]   = the same, layer l alone                      (detached)
+    gates[b, j]          = gates_from_concentration(concentration, mask=response_mask, **gate_params)
+    values[b, j]         = critic(prefix ids[b, :j+1])                  (grad into the critic iff grad=True)
+
+All ``[B, T−1]`` (``per_layer`` ``[B, T−1, L]``), in the column convention of
+:func:`comppo_core.hf.logprobs_and_concentration` (docs/design.md §7, §10). The actor
+runs once: the probe reads every layer's attention, forward hooks record the residual
+stream at the critic's taps (no ``output_hidden_states=True``), and a
+:class:`~comppo_core.rl.TransportAlignedCritic` turns them into values with no second
+transformer. A :class:`~comppo_core.rl.StandardCritic` runs its own forward.
+
+Gates for Comp-GAE are the caller's ``gates`` when given (constant gates, controls),
+else the gate mapping of the concentration over the response columns. The critic reads
+the same overriding ``gates``, or else :func:`~comppo_core.rl.tac.causal_gates`: the
+mapping with running statistics, since a whole-row z-score would let V_j see later tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterable, NamedTuple, Optional, Union
+
+import torch
+from torch import nn
+
+from .. import gating
+from ..errors import OutOfRangeError, ShapeError
+from ..gate_params import GateParams
+from ..hf.probe import ConcentrationProbe, _check_ids, default_position_ids, token_logprobs
+from ..hf.statistics import DEFAULT_QUERY_CHUNK
+from .critic_inputs import CriticInputs
+from .tac import causal_gates
+from .taps import TapRecorder
+
+__all__ = ["ForwardOutput", "forward"]
+
+
+class ForwardOutput(NamedTuple):
+    """What :func:`forward` returns; every per-token field ``[B, T−1]``, float32."""
+
+    logprobs: torch.Tensor
+    concentration: torch.Tensor
+    per_layer: torch.Tensor
+    gates: torch.Tensor
+    values: Optional[torch.Tensor]
+    #: the gates the critic read (causal unless ``gates`` was given); None without a critic
+    critic_gates: Optional[torch.Tensor]
+    #: ``[B, T−1]`` bool: the response columns used (``response_mask``, or every scored column)
+    response_mask: torch.Tensor
+
+
+def _column_mask(name: str, x: Any, shape: tuple[int, int], columns: torch.Tensor) -> torch.Tensor:
+    """``x`` as a ``[B, T−1]`` bool tensor inside the scored columns, or a clear error."""
+    if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ShapeError(f"{name}: expected a tensor [B, T−1] = {list(shape)} (column j scores token j+1), got {got}")
+    m = x.to(device=columns.device) != 0
+    outside = m & ~columns
+    if bool(outside.any()):
+        row, pos = (int(i) for i in torch.nonzero(outside)[0])
+        raise ShapeError(
+            f"{name}: expected only columns whose query and target tokens are real, got a padded column at "
+            f"(row {row}, position {pos})"
+        )
+    return m
+
+
+def _given_gates(gates: Any, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+    if not isinstance(gates, torch.Tensor) or tuple(gates.shape) != shape:
+        got = tuple(gates.shape) if isinstance(gates, torch.Tensor) else type(gates).__name__
+        raise ShapeError(f"gates: expected a tensor [B, T−1] = {list(shape)}, got {got}")
+    g = gates.detach().to(device=device, dtype=torch.float32)
+    bad = ~((g >= 0) & (g <= 1))
+    if bool(bad.any()):
+        row, pos = (int(i) for i in torch.nonzero(bad)[0])
+        raise OutOfRangeError(f"gates: expected values in [0, 1], got {float(g[row, pos])} at (row {row}, position {pos})")
+    return g
+
+
+def forward(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    *,
+    critic: Optional[nn.Module] = None,
+    response_mask: Optional[torch.Tensor] = None,
+    statistic: str = "entropy",
+    layers: Union[None, int, slice, Iterable[int]] = None,
+    gates: Optional[torch.Tensor] = None,
+    gate_params: Optional[GateParams] = None,
+    grad: bool = False,
+    position_ids: Optional[torch.Tensor] = None,
+    method: str = "auto",
+    query_chunk: int = DEFAULT_QUERY_CHUNK,
+) -> ForwardOutput:
+    """Run the actor once; return log-probs, concentration, gates and values (module docstring).
+
+    Args:
+      model: a causal LM supported by :class:`~comppo_core.hf.ConcentrationProbe`.
+      input_ids: ``[B, T]`` token ids (prompt + response), ``T >= 2``.
+      attention_mask: ``[B, T]`` (nonzero = real token) or None; any padding side.
+      critic: a :class:`~comppo_core.rl.TransportAlignedCritic`, a
+        :class:`~comppo_core.rl.StandardCritic`, or None (no values).
+      response_mask: ``[B, T−1]`` response columns (column j = token j+1); default every
+        scored column. Gates are computed over these columns and are 1 elsewhere.
+      statistic, layers, method, query_chunk: the probe's (the per-layer features are the
+        selected layers; a TAC expects as many as it was built for).
+      gates: ``[B, T−1]`` gates in ``[0, 1]`` that replace the concentration gates, for
+        Comp-GAE and the critic alike (constant gates, controls).
+      gate_params: the concentration → gate mapping (default :class:`GateParams`).
+      grad: run with gradients: log-probs carry them (the PPO update), values carry them
+        into the critic (and into the trunk only under the TAC's ``trunk_grad``); the probe
+        statistics and gates never do.
+      position_ids: optional ``[B, T]``; default ``cumsum(attention_mask) − 1`` clamped at 0.
+
+    Returns:
+      :class:`ForwardOutput`; values outside the scored columns are 0.
+    """
+    ids, mask = _check_ids(input_ids, attention_mask)
+    if mask is None:
+        mask = torch.ones_like(ids, dtype=torch.bool)
+    pos = default_position_ids(mask) if position_ids is None else position_ids
+    columns = mask[:, :-1] & mask[:, 1:]
+    shape = (ids.shape[0], ids.shape[1] - 1)
+    resp = columns if response_mask is None else _column_mask("response_mask", response_mask, shape, columns)
+    given = None if gates is None else _given_gates(gates, shape, ids.device)
+    params = GateParams() if gate_params is None else gate_params
+    taps: tuple[int, ...] = tuple(getattr(critic, "taps", ())) if critic is not None else ()
+
+    grad_mode = torch.enable_grad() if grad else torch.no_grad()
+    probe = ConcentrationProbe(
+        model, statistic, layers, per_layer=True, record_with_grad=grad, method=method, query_chunk=query_chunk
+    )
+    recorder = TapRecorder(model, taps)
+    with grad_mode, probe, (recorder if taps else contextlib.nullcontext()):
+        out = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False)
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        lp = token_logprobs(logits[:, :-1], ids[:, 1:])
+        del out, logits
+    conc = torch.where(columns, probe.concentration[:, :-1], 0.0)
+    per = probe.per_layer[:, :-1].masked_fill(~columns.unsqueeze(-1), 0.0)
+    lp = torch.where(columns, lp, torch.zeros_like(lp))
+
+    if given is not None:
+        comp_gates = critic_gates = torch.where(resp, given, 1.0)
+    else:
+        comp_gates = gating.gates_from_concentration(conc, mask=resp, **params.as_kwargs()).to(torch.float32)
+        critic_gates = causal_gates(conc, resp, params) if critic is not None else None
+
+    values = None
+    if critic is not None:
+        assert critic_gates is not None
+        inputs = CriticInputs(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            columns=columns,
+            response_mask=resp,
+            taps=dict(recorder.hidden),
+            per_layer=per,
+            gates=critic_gates,
+        )
+        with torch.enable_grad() if grad else torch.no_grad():
+            values = critic(inputs)
+    return ForwardOutput(lp, conc, per, comp_gates, values, critic_gates if critic is not None else None, resp)
