@@ -54,13 +54,20 @@ Policies:
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
 from ..errors import ComppoError, DTypeError, NonFiniteError, ParameterError, ShapeError
 from ._memory import STATISTIC_RANGE
-from .statistics import DEFAULT_QUERY_CHUNK, check_method, check_precision, check_statistic, head_mean_concentration
+from .statistics import (
+    DEFAULT_QUERY_CHUNK,
+    check_method,
+    check_precision,
+    check_statistic,
+    head_mean_concentration,
+)
 
 try:
     from transformers import PreTrainedModel
@@ -114,7 +121,7 @@ class _ModelState:
     def __init__(self, model: Any) -> None:
         self.model_ref = weakref.ref(model)
         self.saved: list[tuple[Any, Any]] = []  # (config, _attn_implementation_internal)
-        self.probes: list["ConcentrationProbe"] = []
+        self.probes: list[ConcentrationProbe] = []
         self.modules: list[weakref.ReferenceType[Any]] = []
 
     def observe(self, module: Any, query: torch.Tensor, key: torch.Tensor, mask: Any, kwargs: dict[str, Any]) -> None:
@@ -192,7 +199,7 @@ def _in_backward() -> bool:
     return task_id is not None and task_id() != -1
 
 
-def _query_validity(mask: Optional[torch.Tensor], b: int, t: int, device: torch.device) -> torch.Tensor:
+def _query_validity(mask: torch.Tensor | None, b: int, t: int, device: torch.device) -> torch.Tensor:
     """``[B, T]`` bool: a query is a real token iff it may attend to itself (the mask's
     diagonal is padding ∩ causal ∩ window at key = query, and the window holds the query)."""
     if mask is None:
@@ -202,9 +209,9 @@ def _query_validity(mask: Optional[torch.Tensor], b: int, t: int, device: torch.
 
 
 #: attention module → the state of the probed model that contains it
-_MODULE_STATE: "weakref.WeakKeyDictionary[Any, _ModelState]" = weakref.WeakKeyDictionary()
+_MODULE_STATE: weakref.WeakKeyDictionary[Any, _ModelState] = weakref.WeakKeyDictionary()
 #: probed model → its state
-_MODEL_STATE: "weakref.WeakKeyDictionary[Any, _ModelState]" = weakref.WeakKeyDictionary()
+_MODEL_STATE: weakref.WeakKeyDictionary[Any, _ModelState] = weakref.WeakKeyDictionary()
 
 
 def _probe_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any) -> Any:
@@ -247,7 +254,7 @@ def _num_layers(model: Any) -> int:
     return n
 
 
-def _attach(model: Any, probe: "ConcentrationProbe") -> None:
+def _attach(model: Any, probe: ConcentrationProbe) -> None:
     state = _MODEL_STATE.get(model)
     if state is None:
         for m in model.modules():
@@ -287,7 +294,7 @@ def _restore(state: _ModelState) -> None:
         cfg._attn_implementation_internal = impl
 
 
-def _detach(model: Any, probe: "ConcentrationProbe") -> None:
+def _detach(model: Any, probe: ConcentrationProbe) -> None:
     state = _MODEL_STATE.get(model)
     if state is None or probe not in state.probes:
         return
@@ -302,7 +309,7 @@ def _detach(model: Any, probe: "ConcentrationProbe") -> None:
     _MODEL_STATE.pop(model, None)
 
 
-def _normalize_layers(layers: Union[None, int, slice, Iterable[int]], n: int) -> tuple[int, ...]:
+def _normalize_layers(layers: None | int | slice | Iterable[int], n: int) -> tuple[int, ...]:
     if layers is None:
         return tuple(range(n))
     if isinstance(layers, slice):
@@ -374,7 +381,7 @@ class ConcentrationProbe:
         self,
         model: Any,
         statistic: str = "entropy",
-        layers: Union[None, int, slice, Iterable[int]] = None,
+        layers: None | int | slice | Iterable[int] = None,
         *,
         method: str = "auto",
         query_chunk: int = DEFAULT_QUERY_CHUNK,
@@ -411,10 +418,10 @@ class ConcentrationProbe:
 
     def reset(self) -> None:
         """Forget every recorded pass."""
-        self._sum: Optional[torch.Tensor] = None
-        self._valid: Optional[torch.Tensor] = None
+        self._sum: torch.Tensor | None = None
+        self._valid: torch.Tensor | None = None
         self._seen: set[int] = set()
-        self._last: Optional[torch.Tensor] = None
+        self._last: torch.Tensor | None = None
         self._layer_buf: torch.Tensor | None = None  # [B, T, L] of the pass in progress
         self._last_per_layer: torch.Tensor | None = None
         self._passes = 0
@@ -422,7 +429,7 @@ class ConcentrationProbe:
         self._backward_calls = 0
         self._skipped_calls = 0
         self._nonfinite: list[tuple[int, torch.Tensor]] = []
-        self._error: Optional[str] = None
+        self._error: str | None = None
 
     def _finish_pass(self) -> None:
         complete = self._sum is not None and self._seen == self._layer_set
@@ -542,7 +549,7 @@ class ConcentrationProbe:
 
     # ---- context manager ------------------------------------------------------
 
-    def __enter__(self) -> "ConcentrationProbe":
+    def __enter__(self) -> ConcentrationProbe:  # noqa: PYI034 (typing.Self needs Python 3.11)
         if self._active:
             raise ProbeError("ConcentrationProbe: this probe is already active; create another probe to nest")
         self.reset()
@@ -636,7 +643,7 @@ def token_logprobs(
     return out
 
 
-def _check_ids(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _check_ids(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
         got = f"{input_ids.dtype} {tuple(input_ids.shape)}" if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ShapeError(f"input_ids: expected a 2-D integer tensor [B, T], got {got}")
@@ -695,11 +702,11 @@ def _logprobs_forward(
 def logprobs_and_concentration(
     model: Any,
     input_ids: torch.Tensor,
-    attention_mask: Optional[torch.Tensor] = None,
+    attention_mask: torch.Tensor | None = None,
     *,
     statistic: str = "entropy",
-    layers: Union[None, int, slice, Iterable[int]] = None,
-    position_ids: Optional[torch.Tensor] = None,
+    layers: None | int | slice | Iterable[int] = None,
+    position_ids: torch.Tensor | None = None,
     method: str = "auto",
     query_chunk: int = DEFAULT_QUERY_CHUNK,
     precision: str = "float32",
@@ -743,11 +750,11 @@ def logprobs_and_concentration(
 def logprobs_and_concentration_per_layer(
     model: Any,
     input_ids: torch.Tensor,
-    attention_mask: Optional[torch.Tensor] = None,
+    attention_mask: torch.Tensor | None = None,
     *,
     statistic: str = "entropy",
-    layers: Union[None, int, slice, Iterable[int]] = None,
-    position_ids: Optional[torch.Tensor] = None,
+    layers: None | int | slice | Iterable[int] = None,
+    position_ids: torch.Tensor | None = None,
     method: str = "auto",
     query_chunk: int = DEFAULT_QUERY_CHUNK,
     precision: str = "float32",
