@@ -1,7 +1,7 @@
 """GPU: the online concentration kernel's tile sizes, timed against the model's own attention.
 
-    python benches/gpu_online_blocks.py                  # B = 8, H = 16 (8 KV heads), T = 4096, d = 64, bf16
-    python benches/gpu_online_blocks.py 64,64,4 128,64,4 # only these (BLOCK_M, BLOCK_N, num_warps)
+    python benches/lab/gpu_online_blocks.py                  # B = 8, H = 16 (8 KV heads), T = 4096, d = 64, bf16
+    python benches/lab/gpu_online_blocks.py 64,64,4 128,64,4 # only these (BLOCK_M, BLOCK_N, num_warps)
 
 One layer of the ~0.5B Qwen3-style model of ``benches/gpu_probe.py``. For each
 ``tiles = (BLOCK_M, BLOCK_N, num_warps)`` the kernel (``hf.online.raw_statistics``) is timed with

@@ -1,6 +1,6 @@
 """Per-call latency of `cc.gae` on PPO-sized batches, with idle time between calls.
 
-Run:  python benches/small_batches.py
+Run:  python benches/lab/small_batches.py
 
 A PPO loop calls the advantage kernel once per step, with other work in between, so the
 pool's workers are asleep when a call arrives and waking them is part of the call. This

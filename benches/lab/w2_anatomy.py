@@ -1,6 +1,6 @@
 """What W2's time is made of: compute, waking the pool, and the cache, against its floor.
 
-Run:  python benches/w2_anatomy.py [--seconds 8]
+Run:  python benches/lab/w2_anatomy.py [--seconds 8]
 
 W2 of ``compare.py`` (padded 64 x 16384, float32, 21 MB) fits the 32 MB L3 cache of
 the development VM, so on a quiet host its floor streams it from cache and the
@@ -52,7 +52,7 @@ from typing import Callable
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benches/: compare.py
 import compare  # noqa: E402
 
 import comppo_core as cc  # noqa: E402

@@ -1,6 +1,6 @@
 """Two builds of the extension side by side in one process: which is faster on a workload.
 
-Run:  python benches/ab_builds.py OLD.so NEW.so [--workload W2] [--seconds 5] [--threads 2]
+Run:  python benches/lab/ab_builds.py OLD.so NEW.so [--workload W2] [--seconds 5] [--threads 2]
 
 Copy each build's ``python/comppo_core/_core.abi3.so`` aside (``maturin develop
 --release`` between the copies), then run this. Both modules are loaded under
@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benches/: compare.py
 import compare  # noqa: E402
 
 SHAPES = {"W1": (512, 4096), "W2": (64, 16384), "W3": (4096, 512)}
