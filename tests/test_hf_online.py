@@ -6,7 +6,7 @@ fresh process started by :func:`test_online_kernel_under_triton_interpreter`; co
 in the main run without that variable, the file holds only that outer test. Half-precision
 inputs take the kernel's float32 dot under the interpreter (whose half-precision dot is
 wrong), which yields the same exact products; the CUDA half-precision dot is checked by
-``benches/gpu_probe_parity.py`` on a GPU.
+``tests/gpu/test_probe_parity.py`` on a GPU.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ a dict of floats) of the dtype and device of its first array argument:
   :class:`comppo_core.DTypeError`;
 * any other ``__dlpack__`` producer goes the NumPy way and gives NumPy results.
 
-CUDA itself is exercised by ``benches/gpu_check.py`` on a GPU machine.
+CUDA itself is exercised by ``tests/gpu/test_cuda_paths.py`` on a GPU machine.
 """
 
 from __future__ import annotations
