@@ -22,7 +22,6 @@ import re
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -764,7 +763,7 @@ def test_strategy_bad_arguments(kwargs: dict[str, Any], name: str) -> None:
 
 
 # --------------------------------------------------------------------------- #
-# Import hygiene and the README
+# Import hygiene (the README's examples run in tests/test_readme.py)
 # --------------------------------------------------------------------------- #
 
 
@@ -780,18 +779,6 @@ def test_testing_without_hypothesis_says_how_to_install() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert "pip install 'comppo-core[testing]'" in out
-
-
-def test_readme_section_matches_the_example_test() -> None:
-    """The README's example is tests/test_readme_testing_example.py, verbatim."""
-    root = Path(__file__).resolve().parents[1]
-    example = (root / "tests" / "test_readme_testing_example.py").read_text()
-    code = example.split("# --- README example ---\n", 1)[1]
-    sources = [p for p in (root / "README.md", root / "docs" / "readme" / "testing.md") if p.exists()]
-    sections = [p.read_text() for p in sources if "## Test your own advantage code" in p.read_text()]
-    assert sections, "no README section 'Test your own advantage code'"
-    blocks = re.findall(r"```python\n(.*?)```", sections[0].split("## Test your own advantage code", 1)[1], re.S)
-    assert blocks and blocks[0] == code
 
 
 def test_no_warnings_from_a_check() -> None:
