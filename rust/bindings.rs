@@ -16,29 +16,74 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyType};
 
-/// The package's Python exception class for each kernel error (one match, exhaustive).
+/// The package's Python exception class for each kernel error (one match, exhaustive),
+/// with the error's structure as the exception's attributes (`comppo_core.errors`):
+/// `argument`, the first offending `row` and `position`, and `index` (the flat index of
+/// a packed location, or the entry of a 1-D argument).
 fn to_pyerr(py: Python<'_>, e: KernelError) -> PyErr {
-    let class = match &e {
-        KernelError::Shape { .. } => "ShapeError",
-        KernelError::CuSeqlens { .. } => "LayoutError",
-        KernelError::NonFinite { .. } | KernelError::NonFiniteIndex { .. } => "NonFiniteError",
-        KernelError::OutOfRange { .. } => "OutOfRangeError",
-        KernelError::MaskedReward { .. } => "MaskedRewardError",
-        KernelError::Parameter { .. } => "ParameterError",
+    let at = |arg: &'static str, loc: &crate::error::Loc| ErrorAttrs {
+        argument: Some(arg),
+        row: Some(loc.row),
+        position: Some(loc.pos),
+        index: loc.flat,
     };
-    raise(py, class, e.to_string())
+    let (class, attrs) = match &e {
+        KernelError::Shape { arg, .. } => ("ShapeError", ErrorAttrs::arg(arg)),
+        KernelError::CuSeqlens { index, .. } => {
+            ("LayoutError", ErrorAttrs { index: Some(*index), ..ErrorAttrs::arg("cu_seqlens") })
+        }
+        KernelError::NonFinite { arg, at: loc, .. } => ("NonFiniteError", at(arg, loc)),
+        KernelError::NonFiniteIndex { arg, index, .. } => {
+            ("NonFiniteError", ErrorAttrs { index: Some(*index), ..ErrorAttrs::arg(arg) })
+        }
+        KernelError::OutOfRange { arg, at: loc, .. } => ("OutOfRangeError", at(arg, loc)),
+        KernelError::MaskedReward { at: loc, .. } => ("MaskedRewardError", at("rewards", loc)),
+        KernelError::Parameter { arg, .. } => ("ParameterError", ErrorAttrs::arg(arg)),
+        KernelError::RowValue { arg, row, .. } => ("ParameterError", ErrorAttrs { row: Some(*row), ..ErrorAttrs::arg(arg) }),
+    };
+    raise_with(py, class, e.to_string(), attrs)
 }
 
-/// An instance of `comppo_core.errors.<class>` carrying `msg`.
-fn raise(py: Python<'_>, class: &str, msg: String) -> PyErr {
-    let ty = py
-        .import("comppo_core.errors")
-        .and_then(|m| m.getattr(class))
-        .and_then(|c| c.cast_into::<PyType>().map_err(PyErr::from));
-    match ty {
-        Ok(ty) => PyErr::from_type(ty, msg),
-        Err(_) => PyValueError::new_err(msg),
+/// The attributes of a `comppo_core.errors` exception, passed to its constructor as
+/// keywords (those that are `None` are left out).
+#[derive(Clone, Copy, Default)]
+struct ErrorAttrs<'a> {
+    argument: Option<&'a str>,
+    row: Option<usize>,
+    position: Option<usize>,
+    index: Option<usize>,
+}
+
+impl<'a> ErrorAttrs<'a> {
+    /// Only the argument's name.
+    fn arg(name: &'a str) -> Self {
+        ErrorAttrs { argument: Some(name), ..ErrorAttrs::default() }
     }
+}
+
+/// An instance of `comppo_core.errors.<class>` carrying `msg` and no attributes (see
+/// [`raise_with`] to give them).
+fn raise(py: Python<'_>, class: &str, msg: String) -> PyErr {
+    raise_with(py, class, msg, ErrorAttrs::default())
+}
+
+/// An instance of `comppo_core.errors.<class>(msg, **attrs)`; a plain `ValueError(msg)`
+/// if the package's class cannot be had (it always can once the package is imported).
+fn raise_with(py: Python<'_>, class: &str, msg: String, attrs: ErrorAttrs<'_>) -> PyErr {
+    let built = (|| -> PyResult<PyErr> {
+        let ty = py.import("comppo_core.errors")?.getattr(class)?.cast_into::<PyType>().map_err(PyErr::from)?;
+        let kwargs = PyDict::new(py);
+        if let Some(a) = attrs.argument {
+            kwargs.set_item("argument", a)?;
+        }
+        for (key, value) in [("row", attrs.row), ("position", attrs.position), ("index", attrs.index)] {
+            if let Some(v) = value {
+                kwargs.set_item(key, v)?;
+            }
+        }
+        Ok(PyErr::from_value(ty.call((msg.as_str(),), Some(&kwargs))?))
+    })();
+    built.unwrap_or_else(|_| PyValueError::new_err(msg))
 }
 
 #[derive(FromPyObject)]

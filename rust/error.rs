@@ -36,8 +36,11 @@ pub enum KernelError {
     OutOfRange { arg: &'static str, at: Loc, value: f64, expected: &'static str },
     /// A nonzero reward on a masked position while `masked_rewards="error"`.
     MaskedReward { at: Loc, value: f64 },
-    /// A scalar parameter (γ, λ, bounds, ...) or a per-row value that is not allowed.
+    /// A scalar parameter (γ, λ, bounds, ...) that is not allowed.
     Parameter { arg: &'static str, expected: String, got: String },
+    /// A per-sequence value that is not allowed (a NaN in `last_values`); `row` is the
+    /// first offending sequence.
+    RowValue { arg: &'static str, row: usize, expected: String, got: String },
 }
 
 impl fmt::Display for KernelError {
@@ -66,6 +69,9 @@ impl fmt::Display for KernelError {
             KernelError::Parameter { arg, expected, got } => {
                 write!(f, "{arg}: expected {expected}, got {got}")
             }
+            KernelError::RowValue { arg, row, expected, got } => {
+                write!(f, "{arg}: expected {expected}, got {got} at row {row}")
+            }
         }
     }
 }
@@ -80,5 +86,19 @@ pub fn check_unit_interval(arg: &'static str, x: f64) -> Result<()> {
         Ok(())
     } else {
         Err(KernelError::Parameter { arg, expected: "a number in [0, 1]".into(), got: format!("{x}") })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_carry_the_location() {
+        let e = KernelError::RowValue { arg: "last_values", row: 5, expected: "finite values".into(), got: "NaN".into() };
+        assert_eq!(e.to_string(), "last_values: expected finite values, got NaN at row 5");
+        let at = Loc { row: 1, pos: 0, flat: Some(2) };
+        let e = KernelError::NonFinite { arg: "rewards", at, value: f64::NAN };
+        assert_eq!(e.to_string(), "rewards: expected finite values at valid positions, got NaN at (row 1, position 0) [flat index 2]");
     }
 }
