@@ -6,6 +6,7 @@
 //! feature, so `cargo test` needs no libpython.
 
 pub mod broadcast;
+pub mod buffers;
 pub mod checks;
 pub mod cpu;
 pub mod element;
