@@ -166,15 +166,14 @@ def test_concurrent_python_threads(restore_threads: int) -> None:
             assert a.tobytes() == b.tobytes()
 
 
-def test_calls_that_wake_the_pool_and_then_stop_leave_it_working(restore_threads: int) -> None:
-    """A large plain-path call starts waking a pool worker before it allocates its outputs
-    (pool::wake_ahead). Calls that stop after that (an error found by the layout check or
-    by the kernel), single long rows (one task: no helper ever comes), and many calls in a
-    row, with and without out=, allocating and not, must each leave the pool working and
-    every result the same bits as on one thread."""
+def test_calls_that_stop_early_leave_the_pool_working(restore_threads: int) -> None:
+    """Large calls that stop with an error (found by the layout check, or by the kernel
+    once helpers have joined), single long rows (one task: no helper ever joins), and many
+    calls in a row, with and without out=, allocating and not, must each leave the pool
+    working and every result the same bits as on one thread."""
     d = padded_batch(30, np.float32)
     r, v, m, g = d["rewards"], d["values"], d["mask"], d["gates"]
-    assert r.size >= 1 << 15  # large enough to wake the pool
+    assert r.size >= 1 << 15  # large enough to run in parallel
     long_r = np.ascontiguousarray(r.reshape(1, -1))
     long_v = np.ascontiguousarray(v.reshape(1, -1))
 

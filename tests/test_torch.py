@@ -306,18 +306,22 @@ def test_cpu_tensor_to_numpy_is_a_view(dtype: Any) -> None:
 
 
 class KernelSpy:
-    """Wraps a ``comppo_core._core`` kernel and records the data pointers it was given."""
+    """Wraps a ``comppo_core._core`` entry and records, of its last call, the data pointers
+    of the arrays it was given (``args``, by position; None for anything else) and of
+    the arrays it returned (``results``)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
         self.inner = getattr(_core, name)
-        self.pos: list[int] = []
-        self.kw: dict[str, int | None] = {}
+        self.args: list[int | None] = []
+        self.results: list[int] = []
         monkeypatch.setattr(_core, name, self)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.pos = [a.ctypes.data for a in args if isinstance(a, np.ndarray)]
-        self.kw = {k: v.ctypes.data for k, v in kwargs.items() if isinstance(v, np.ndarray)}
-        return self.inner(*args, **kwargs)
+    def __call__(self, *args: Any) -> Any:
+        self.args = [a.ctypes.data if isinstance(a, np.ndarray) else None for a in args]
+        result = self.inner(*args)
+        if result is not None:
+            self.results = [r.ctypes.data for r in (result if isinstance(result, tuple) else (result,))]
+        return result
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -330,11 +334,10 @@ def test_gae_kernel_reads_and_writes_tensor_memory(monkeypatch: pytest.MonkeyPat
     ret: Any
     adv, ret = cc.gae(r, v, mask=m, gates=g, gamma=0.9, lam=0.8)
     # inputs: the kernel saw the tensors' own memory (no copies)
-    assert spy.pos[:2] == [r.data_ptr(), v.data_ptr()]
-    assert spy.kw["gates"] == g.data_ptr()
-    assert spy.kw["mask"] == m.data_ptr()
+    assert spy.args[:3] == [r.data_ptr(), v.data_ptr(), m.data_ptr()]  # rewards, values, mask
+    assert spy.args[4] == g.data_ptr()
     # outputs: the returned tensors are the buffers the kernel wrote (torch.from_numpy)
-    assert spy.pos[2:4] == [adv.data_ptr(), ret.data_ptr()]
+    assert spy.results == [adv.data_ptr(), ret.data_ptr()]
 
 
 @pytest.mark.parametrize(
@@ -356,8 +359,8 @@ def test_unary_kernels_read_and_write_tensor_memory(monkeypatch: pytest.MonkeyPa
     else:
         a = torch.from_numpy(d["x"].astype(np.float32))
         out = fn(a, mask=m)
-    assert spy.pos == [a.data_ptr(), out.data_ptr()]
-    assert spy.kw["mask"] == m.data_ptr()
+    assert spy.args[:2] == [a.data_ptr(), m.data_ptr()]
+    assert spy.results == [out.data_ptr()]
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.name != "credit_stats"], ids=lambda c: c.name)

@@ -1,9 +1,14 @@
 """Input handling shared by every public function: array coercion and layouts.
 
-Turns what a user passes (NumPy arrays, DLPack producers, array-likes; padded
-``[B, T]`` + mask or packed ``[N]`` + ``cu_seqlens``) into the flat, C-contiguous arrays
-the Rust kernels take, without copying what is already in the right form, and checks
-shapes and dtypes with messages that name the argument.
+Each public function first hands its arguments to its one entry in the Rust extension
+(``_core``), which computes at once when they are in canonical form (see
+``rust/bindings.rs``: NumPy arrays of float32 or float64, a bool mask, int64
+``cu_seqlens``, float64 ``last_values``, all C-contiguous and aligned) and otherwise
+returns None having touched nothing. Then the helpers here turn what the user passed
+(NumPy arrays of other dtypes or strides, DLPack producers, array-likes; padded
+``[B, T]`` + mask or packed ``[N]`` + ``cu_seqlens``) into that form, without copying
+what already is in it, checking shapes and dtypes with messages that name the
+argument, and the function makes the same call again.
 """
 
 from __future__ import annotations
@@ -17,8 +22,6 @@ from .errors import DTypeError, ParameterError, ShapeError
 
 #: Float dtypes the kernels compute in directly.
 KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-#: Mask dtypes the kernels read directly; any other numeric mask becomes ``mask != 0``.
-KERNEL_MASKS = tuple(np.dtype(t) for t in (np.bool_, np.uint8, np.int8, np.int32, np.int64, np.float32, np.float64))
 
 
 def kernel_array(x: np.ndarray, dtype: Any = None) -> np.ndarray:
@@ -62,24 +65,17 @@ def float_dtypes(x: np.ndarray, name: str) -> tuple[np.dtype, np.dtype]:
 
 @dataclass(frozen=True)
 class Layout:
-    """The layout of one call: the token shape, and either the padded grid or the
-    packed ``cu_seqlens``; ``mask`` is flat and of a kernel mask dtype, or None."""
+    """The layout of one call in canonical form: the token shape (``[B, T]`` padded,
+    ``[N]`` packed), the packed layout's int64 ``cu_seqlens`` (None when padded), and
+    the bool ``mask`` of the token shape, or None."""
 
     shape: tuple[int, ...]
-    grid: tuple[int, int]
     cu_seqlens: np.ndarray | None
     mask: np.ndarray | None
 
     @property
-    def packed(self) -> bool:
-        return self.cu_seqlens is not None
-
-    @property
     def rows(self) -> int:
-        return int(self.cu_seqlens.shape[0] - 1) if self.cu_seqlens is not None else self.grid[0]
-
-    def kernel_args(self) -> dict[str, Any]:
-        return {"mask": self.mask, "cu_seqlens": self.cu_seqlens, "shape": self.grid}
+        return int(self.cu_seqlens.shape[0] - 1) if self.cu_seqlens is not None else self.shape[0]
 
 
 def _as_cu_seqlens(cu: Any) -> np.ndarray:
@@ -94,14 +90,16 @@ def _as_cu_seqlens(cu: Any) -> np.ndarray:
 
 
 def _as_mask(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """The mask as the kernels take it: a C-contiguous bool array of ``shape``; any
+    other numeric mask becomes ``mask != 0`` (NaN counts as valid, as it is nonzero)."""
     arr = as_numpy(mask, "mask")
     if arr.shape != shape:
         raise ShapeError(f"mask: expected shape {shape} like the data, got {arr.shape}")
     if arr.dtype.kind not in "biuf":
         raise DTypeError(f"mask: expected a bool, integer or float array, got dtype {arr.dtype}")
-    if arr.dtype not in KERNEL_MASKS:
+    if arr.dtype != np.bool_:
         arr = arr != 0
-    return kernel_array(arr).reshape(-1)
+    return kernel_array(arr)
 
 
 def layout_of(primary: np.ndarray, name: str, mask: Any, cu_seqlens: Any) -> Layout:
@@ -115,26 +113,23 @@ def layout_of(primary: np.ndarray, name: str, mask: Any, cu_seqlens: Any) -> Lay
             )
         if primary.ndim != 2:
             raise ShapeError(f"{name}: expected a 2-D [B, T] array (or 1-D [N] with cu_seqlens), got shape {shape}")
-        grid = (shape[0], shape[1])
         cu = None
     else:
         if primary.ndim != 1:
             raise ShapeError(f"{name}: with cu_seqlens expected a 1-D [N] array, got shape {shape}")
         cu = _as_cu_seqlens(cu_seqlens)
-        grid = (0, 0)
-    flat_mask = None if mask is None else _as_mask(mask, shape)
-    return Layout(shape=shape, grid=grid, cu_seqlens=cu, mask=flat_mask)
+    return Layout(shape=shape, cu_seqlens=cu, mask=None if mask is None else _as_mask(mask, shape))
 
 
-def flat_float(x: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """``x`` as a flat C-contiguous array of ``dtype`` with the token shape ``shape``;
+def token_array(x: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``x`` as a C-contiguous, aligned array of ``dtype`` and the token shape ``shape``;
     no copy when it already is one."""
     arr = as_numpy(x, name)
     if arr.shape != shape:
         raise ShapeError(f"{name}: expected shape {shape} like the first array, got {arr.shape}")
     if arr.dtype.kind not in "biuf":
         raise DTypeError(f"{name}: expected a float array, got dtype {arr.dtype}")
-    return kernel_array(arr, dtype).reshape(-1)
+    return kernel_array(arr, dtype)
 
 
 def per_row(x: Any, name: str, rows: int) -> np.ndarray | None:
@@ -176,12 +171,22 @@ def check_finite(name: str, value: Any) -> float:
     return x
 
 
-class Outputs:
-    """Output buffers of one call: either fresh arrays, or the caller's ``out=`` arrays.
+def kernel_result(result: Any, fn: str) -> Any:
+    """``result`` of a ``_core`` entry called with arguments this module made canonical;
+    None there would mean the two disagree on what canonical is."""
+    if result is None:
+        raise RuntimeError(f"comppo_core internal error: _core.{fn} refused arguments in canonical form")
+    return result
 
-    The kernels write flat arrays of the compute dtype. When the output dtype differs
-    (float16), they write into a float32 scratch array that :meth:`finish` casts into the
-    returned (or the caller's) buffer.
+
+class Outputs:
+    """The ``out=`` of one call: the caller's arrays, checked, or fresh ones.
+
+    The kernels write arrays of the compute dtype. When the output dtype is the compute
+    dtype, :attr:`kernel` is what the ``_core`` entry takes as ``out``: the caller's
+    arrays, or None for fresh ones it allocates. When it differs (float16 computed in
+    float32), :attr:`kernel` is None and :meth:`finish` casts the kernel's float32
+    results into the caller's arrays, or into fresh arrays of the output dtype.
     """
 
     def __init__(
@@ -191,41 +196,43 @@ class Outputs:
         compute: np.dtype,
         output: np.dtype,
         out: Any,
-        inputs: tuple[np.ndarray | None, ...],
+        inputs: tuple[Any, ...],
     ) -> None:
-        self.shape, self.compute, self.output = shape, compute, output
-        if out is None:
-            self.final = [np.empty(shape, dtype=output) for _ in names]
-        else:
-            self.final = self._check_out(names, out, inputs)
-        self.kernel = [
-            a.reshape(-1) if a.dtype == compute else np.empty(a.size, dtype=compute) for a in self.final
-        ]
+        self.output = output
+        self.given = None if out is None else self._check_out(names, shape, out, inputs)
+        self.kernel = self.given if output == compute and self.given is not None else None
 
-    def _check_out(self, names: tuple[str, ...], out: Any, inputs: tuple[np.ndarray | None, ...]) -> list[np.ndarray]:
+    def _check_out(
+        self, names: tuple[str, ...], shape: tuple[int, ...], out: Any, inputs: tuple[Any, ...]
+    ) -> tuple[np.ndarray, ...]:
         if len(names) == 1 and isinstance(out, np.ndarray):
             out = (out,)
         if not isinstance(out, (tuple, list)) or len(out) != len(names):
             raise ParameterError(f"out: expected a tuple of {len(names)} arrays ({', '.join(names)}), got {out!r:.80}")
-        bufs = []
+        arrays = [i for i in inputs if isinstance(i, np.ndarray)]
+        bufs: list[np.ndarray] = []
         for name, buf in zip(names, out):
             arg = f"out ({name})"
             if not isinstance(buf, np.ndarray):
                 raise DTypeError(f"{arg}: expected a NumPy array, got {type(buf).__name__}")
-            if buf.shape != self.shape:
-                raise ShapeError(f"{arg}: expected shape {self.shape}, got {buf.shape}")
+            if buf.shape != shape:
+                raise ShapeError(f"{arg}: expected shape {shape}, got {buf.shape}")
             if buf.dtype != self.output:
                 raise DTypeError(f"{arg}: expected dtype {self.output} (the output dtype), got {buf.dtype}")
             if not (buf.flags.c_contiguous and buf.flags.aligned and buf.flags.writeable):
                 raise ShapeError(f"{arg}: expected a writeable, aligned C-contiguous array")
-            for other in [*bufs, *(i for i in inputs if i is not None)]:
+            for other in [*bufs, *arrays]:
                 if np.may_share_memory(buf, other):
                     raise ShapeError(f"{arg}: shares memory with an input or another output; pass separate buffers")
             bufs.append(buf)
-        return bufs
+        return tuple(bufs)
 
-    def finish(self) -> list[np.ndarray]:
-        for final, flat in zip(self.final, self.kernel):
-            if final.dtype != self.compute:
-                final.reshape(-1)[...] = flat
-        return self.final
+    def finish(self, results: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """The call's results from the kernel's ``results``, in the output dtype."""
+        if results[0].dtype == self.output:
+            return results
+        if self.given is None:
+            return tuple(r.astype(self.output) for r in results)
+        for final, r in zip(self.given, results):
+            final[...] = r
+        return self.given

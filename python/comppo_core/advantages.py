@@ -20,7 +20,18 @@ import numpy as np
 
 from . import _core
 from ._torch import tensor_io
-from ._arrays import Layout, Outputs, as_numpy, check_choice, check_unit, flat_float, float_dtypes, layout_of, per_row
+from ._arrays import (
+    Layout,
+    Outputs,
+    as_numpy,
+    check_choice,
+    check_unit,
+    float_dtypes,
+    kernel_result,
+    layout_of,
+    per_row,
+    token_array,
+)
 
 __all__ = ["GAEResult", "gae", "td_targets"]
 
@@ -33,16 +44,15 @@ class GAEResult(NamedTuple):
 
 
 class _Inputs(NamedTuple):
-    """The arrays of a GAE-family call, prepared for the kernels."""
+    """The arrays of a GAE-family call in canonical form (see :mod:`._arrays`)."""
 
-    rewards: np.ndarray  # as given (NumPy view)
-    values: np.ndarray  # as given (NumPy view)
+    originals: tuple[Any, ...]  # as given (NumPy views where they are arrays)
     compute: np.dtype
     output: np.dtype
     layout: Layout
-    r_flat: np.ndarray
-    v_flat: np.ndarray
-    g_flat: np.ndarray | None
+    rewards: np.ndarray
+    values: np.ndarray
+    gates: np.ndarray | None
     last_values: np.ndarray | None
     gamma: float
 
@@ -53,14 +63,13 @@ def _prepare(rewards: Any, values: Any, mask: Any, cu_seqlens: Any, gates: Any, 
     compute, output = float_dtypes(r, "rewards")
     lay = layout_of(r, "rewards", mask, cu_seqlens)
     return _Inputs(
-        rewards=r,
-        values=v,
+        originals=(r, v, mask, cu_seqlens, gates, last_values),
         compute=compute,
         output=output,
         layout=lay,
-        r_flat=flat_float(r, "rewards", lay.shape, compute),
-        v_flat=flat_float(v, "values", lay.shape, compute),
-        g_flat=None if gates is None else flat_float(gates, "gates", lay.shape, compute),
+        rewards=token_array(r, "rewards", lay.shape, compute),
+        values=token_array(v, "values", lay.shape, compute),
+        gates=None if gates is None else token_array(gates, "gates", lay.shape, compute),
         last_values=per_row(last_values, "last_values", lay.rows),
         gamma=check_unit("gamma", gamma),
     )
@@ -103,11 +112,12 @@ def gae(
       ``GAEResult(advantages, returns)`` shaped like ``rewards``, in its dtype (float16
       is computed in float32; accumulation is float64 whatever the dtype).
     """
-    # NumPy arrays the kernel takes as they are go straight to it (see rust/bindings/plain.rs);
-    # anything else (tensors, other dtypes or layouts, bad arguments) takes the general path.
-    plain = _core.gae_plain(rewards, values, mask, cu_seqlens, gates, last_values, out, gamma, lam, lam_critic, masked_rewards)
-    if plain is not None:
-        return GAEResult(*plain)
+    # Arguments in canonical form (see _arrays) are computed at once; for anything else
+    # (tensors, other dtypes or layouts, bad arguments) the entry returns None and
+    # _gae converts the arguments, or names the bad one, and makes the same call.
+    result = _core.gae(rewards, values, mask, cu_seqlens, gates, last_values, out, gamma, lam, lam_critic, masked_rewards)
+    if result is not None:
+        return GAEResult(*result)
     return _gae(
         rewards,
         values,
@@ -138,28 +148,19 @@ def _gae(
     masked_rewards: str,
     out: tuple[np.ndarray, np.ndarray] | None,
 ) -> GAEResult:
-    """:func:`gae` for any arguments: converts them (tensors, other dtypes, strided
-    arrays) or raises the error that names the first bad one."""
+    """:func:`gae` for any arguments: puts them in canonical form (tensors, other dtypes,
+    strided arrays) or raises the error that names the first bad one."""
     x = _prepare(rewards, values, mask, cu_seqlens, gates, last_values, gamma)
     lam_ = check_unit("lam", lam)
     lam_c = lam_ if lam_critic is None else check_unit("lam_critic", lam_critic)
-    drop = check_choice("masked_rewards", masked_rewards, ("error", "drop")) == "drop"
-    inputs = (x.rewards, x.values, x.r_flat, x.v_flat, x.g_flat, x.layout.mask, x.last_values)
-    outs = Outputs(("advantages", "returns"), x.layout.shape, x.compute, x.output, out, inputs)
-    _core.gae(
-        x.r_flat,
-        x.v_flat,
-        *outs.kernel,
-        gates=x.g_flat,
-        gamma=x.gamma,
-        lam=lam_,
-        lam_critic=lam_c,
-        last_values=x.last_values,
-        drop_masked_rewards=drop,
-        **x.layout.kernel_args(),
+    choice = check_choice("masked_rewards", masked_rewards, ("error", "drop"))
+    lay = x.layout
+    inputs = (*x.originals, x.rewards, x.values, x.gates, lay.mask, lay.cu_seqlens, x.last_values)
+    outs = Outputs(("advantages", "returns"), lay.shape, x.compute, x.output, out, inputs)
+    result = _core.gae(
+        x.rewards, x.values, lay.mask, lay.cu_seqlens, x.gates, x.last_values, outs.kernel, x.gamma, lam_, lam_c, choice
     )
-    adv, ret = outs.finish()
-    return GAEResult(adv, ret)
+    return GAEResult(*outs.finish(kernel_result(result, "gae")))
 
 
 def td_targets(
@@ -178,20 +179,18 @@ def td_targets(
     ``last_values[b]`` (default 0) after its last one. Masked positions get 0. Shapes,
     layouts and dtypes as :func:`gae`.
     """
-    # As in gae: plain NumPy arrays go straight to the kernel, anything else takes the general path.
-    plain = _core.td_targets_plain(rewards, values, mask, cu_seqlens, gates, last_values, gamma)
-    if plain is not None:
-        return plain
+    # As in gae: canonical arguments are computed at once, anything else is converted first.
+    result = _core.td_targets(rewards, values, mask, cu_seqlens, gates, last_values, gamma)
+    if result is not None:
+        return result
     return _td_targets(rewards, values, mask=mask, cu_seqlens=cu_seqlens, gates=gates, gamma=gamma, last_values=last_values)
 
 
 @tensor_io("rewards", "values", "mask", "cu_seqlens", "gates", "last_values")
 def _td_targets(rewards: Any, values: Any, *, mask: Any, cu_seqlens: Any, gates: Any, gamma: float, last_values: Any) -> np.ndarray:
-    """:func:`td_targets` for any arguments: converts them or raises the error that
-    names the first bad one."""
+    """:func:`td_targets` for any arguments: puts them in canonical form or raises the
+    error that names the first bad one."""
     x = _prepare(rewards, values, mask, cu_seqlens, gates, last_values, gamma)
-    outs = Outputs(("targets",), x.layout.shape, x.compute, x.output, None, ())
-    _core.td_targets(
-        x.r_flat, x.v_flat, *outs.kernel, gates=x.g_flat, gamma=x.gamma, last_values=x.last_values, **x.layout.kernel_args()
-    )
-    return outs.finish()[0]
+    lay = x.layout
+    result = _core.td_targets(x.rewards, x.values, lay.mask, lay.cu_seqlens, x.gates, x.last_values, x.gamma)
+    return Outputs(("targets",), lay.shape, x.compute, x.output, None, ()).finish((kernel_result(result, "td_targets"),))[0]

@@ -35,7 +35,8 @@ Accepted inputs:
 
 Where copies happen (all documented, none of a float values buffer of matching dtype):
 the offsets are converted to int64 for the kernels (``B+1`` integers); a bool mask is
-unpacked from Arrow's bits to NumPy bools; a column whose chunks do not line up with
+unpacked from Arrow's bits to NumPy bools, and a mask of integers wider than a byte is
+converted to bools (an int8 or uint8 one is read in place); a column whose chunks do not line up with
 the rewards' chunks is concatenated for that stretch; a float column of another dtype
 than the rewards is cast to the rewards' dtype (as :func:`comppo_core.gae` does).
 
@@ -359,6 +360,8 @@ def _packed(arr: pa.Array, name: str, role: str, kind: str, row0: int) -> _Packe
             k = int(np.flatnonzero((flat < 0) | (flat > 1))[0])
             r, p = _locate(cu, k)
             raise OutOfRangeError(f"{col}: expected 0 or 1, got {int(flat[k])} at (row {row0 + r}, position {p})")
+    if kind == "mask" and flat.dtype.itemsize == 1 and flat.dtype != np.bool_:
+        flat = flat.view(np.bool_)  # bytes that are 0 or 1 are the kernels' bool mask, read in place
     return _Packed(arr, offsets, cu, flat)
 
 

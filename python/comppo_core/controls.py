@@ -43,25 +43,26 @@ def _valid_tokens(gates: Any, mask: Any, cu_seqlens: Any) -> tuple[np.ndarray, _
     lay = layout_of(g, "gates", mask, cu_seqlens)
     flat = kernel_array(g).reshape(-1)
     if lay.cu_seqlens is None:
-        b, t = lay.grid
+        b, t = lay.shape
         rows = np.repeat(np.arange(b, dtype=np.int64), t)
     else:
         cu = lay.cu_seqlens
         if cu.size == 0 or cu[0] != 0 or np.any(np.diff(cu) < 0) or cu[-1] != flat.size:
-            from . import _core  # the kernels' own check names the first offending index
+            from . import _core  # the kernels' own check of the layout names the first offending index
 
-            _core.broadcast(np.zeros(max(cu.size - 1, 0)), np.empty(flat.size), mask=None, cu_seqlens=cu, shape=(0, 0))
+            zeros = np.zeros(flat.size)
+            _core.td_targets(zeros, zeros, None, cu, None, None, 1.0)
         rows = np.repeat(np.arange(cu.size - 1, dtype=np.int64), np.diff(cu))
     positions = np.arange(flat.size, dtype=np.int64)
     if lay.mask is not None:
-        keep = lay.mask != 0
+        keep = lay.mask.reshape(-1)
         positions, rows = positions[keep], rows[keep]
     values = flat[positions].astype(np.float64)
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
         k = int(positions[bad[0]])
         row = int(rows[bad[0]])
-        pos = k % lay.grid[1] if lay.cu_seqlens is None else k - int(lay.cu_seqlens[row])
+        pos = k % lay.shape[1] if lay.cu_seqlens is None else k - int(lay.cu_seqlens[row])
         raise NonFiniteError(f"gates: expected finite values at valid positions, got {values[bad[0]]} at (row {row}, position {pos})")
     return g, _Valid(positions, rows, values)
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _core
 from ._torch import tensor_io
-from ._arrays import Outputs, as_numpy, check_choice, check_finite, flat_float, float_dtypes, layout_of
+from ._arrays import Outputs, as_numpy, check_choice, check_finite, float_dtypes, kernel_result, layout_of, token_array
 
 __all__ = ["GATE_STD_EPS", "gates_from_concentration"]
 
@@ -55,11 +55,11 @@ def gates_from_concentration(
     Returns:
       gates shaped like ``conc``, in its dtype (float16 computed in float32).
     """
-    # Plain NumPy arrays and parameters go straight to the kernel (rust/bindings/plain.rs);
-    # anything else takes the general path, which converts it or names what is wrong.
-    plain = _core.gates_from_concentration_plain(conc, mask, cu_seqlens, low, high, sharpness, normalize, center, scale, invert)
-    if plain is not None:
-        return plain
+    # Arguments in canonical form (see _arrays) are computed at once; anything else is
+    # converted (or named) by _gates_from_concentration, which makes the same call.
+    result = _core.gates_from_concentration(conc, mask, cu_seqlens, low, high, sharpness, normalize, center, scale, invert)
+    if result is not None:
+        return result
     return _gates_from_concentration(
         conc, mask=mask, cu_seqlens=cu_seqlens, low=low, high=high, sharpness=sharpness,
         normalize=normalize, center=center, scale=scale, invert=invert,
@@ -80,24 +80,24 @@ def _gates_from_concentration(
     scale: float,
     invert: bool,
 ) -> np.ndarray:
-    """:func:`gates_from_concentration` for any arguments: converts them or raises the
-    error that names the first bad one."""
+    """:func:`gates_from_concentration` for any arguments: puts them in canonical form or
+    raises the error that names the first bad one."""
     c = as_numpy(conc, "concentration")
     compute, output = float_dtypes(c, "concentration")
     lay = layout_of(c, "concentration", mask, cu_seqlens)
-    c_flat = flat_float(c, "concentration", lay.shape, compute)
+    c_canon = token_array(c, "concentration", lay.shape, compute)
     norm = check_choice("normalize", normalize, ("sequence", "batch", "none"))
-    outs = Outputs(("gates",), lay.shape, compute, output, None, ())
-    _core.gates_from_concentration(
-        c_flat,
-        *outs.kernel,
-        low=check_finite("low", low),
-        high=check_finite("high", high),
-        sharpness=check_finite("sharpness", sharpness),
-        normalize=norm,
-        center=check_finite("center", center),
-        scale=check_finite("scale", scale),
-        invert=bool(invert),
-        **lay.kernel_args(),
+    result = _core.gates_from_concentration(
+        c_canon,
+        lay.mask,
+        lay.cu_seqlens,
+        check_finite("low", low),
+        check_finite("high", high),
+        check_finite("sharpness", sharpness),
+        norm,
+        check_finite("center", center),
+        check_finite("scale", scale),
+        bool(invert),
     )
-    return outs.finish()[0]
+    gates = kernel_result(result, "gates_from_concentration")
+    return Outputs(("gates",), lay.shape, compute, output, None, ()).finish((gates,))[0]

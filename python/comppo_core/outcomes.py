@@ -22,7 +22,6 @@ import numpy as np
 from . import _core
 from ._torch import tensor_io
 from ._arrays import (
-    Layout,
     Outputs,
     _as_cu_seqlens,
     _as_mask,
@@ -31,6 +30,7 @@ from ._arrays import (
     check_finite,
     float_dtypes,
     kernel_array,
+    kernel_result,
 )
 from .errors import DTypeError, ParameterError, ShapeError
 
@@ -79,18 +79,19 @@ def group_advantages(
       ``scores`` (float64 for integer scores). verl's REINFORCE++-baseline then whitens the
       token-level result: ``masked_whiten(broadcast(a, mask=m), mask=m)``.
     """
-    # float64 scores and int64 ids go straight to the kernel (see rust/bindings/plain.rs);
-    # anything else (tensors, other dtypes, labels, bad arguments) takes the general path.
-    plain = _core.group_advantages_plain(scores, groups, method, eps, singleton)
-    if plain is not None:
-        return plain
+    # float64 scores and int64 ids (canonical form) are computed at once; anything else
+    # (tensors, other dtypes, labels, bad arguments) is converted (or named) by
+    # _group_advantages, which makes the same call.
+    result = _core.group_advantages(scores, groups, method, eps, singleton)
+    if result is not None:
+        return result
     return _group_advantages(scores, groups, method=method, eps=eps, singleton=singleton)
 
 
 @tensor_io("scores", "groups")
 def _group_advantages(scores: Any, groups: Any, *, method: str, eps: float, singleton: str) -> np.ndarray:
-    """:func:`group_advantages` for any arguments: converts them (tensors, other dtypes,
-    string labels) or raises the error that names the first bad one."""
+    """:func:`group_advantages` for any arguments: puts them in canonical form (tensors,
+    other dtypes, string labels) or raises the error that names the first bad one."""
     s = as_numpy(scores, "scores")
     if s.ndim != 1:
         raise ShapeError(f"scores: expected a 1-D [B] array, one score per sequence, got shape {s.shape}")
@@ -103,13 +104,11 @@ def _group_advantages(scores: Any, groups: Any, *, method: str, eps: float, sing
     eps_ = check_finite("eps", eps)
     if eps_ < 0:
         raise ParameterError(f"eps: expected a number >= 0, got {eps_}")
-    out = np.empty(s.shape[0], dtype=np.float64)
-    _core.group_advantages(s64, ids, out, method=method, eps=eps_, singleton=singleton)
+    out = kernel_result(_core.group_advantages(s64, ids, method, eps_, singleton), "group_advantages")
     _, output = float_dtypes(s, "scores")
     return out if output == out.dtype else out.astype(output)
 
 
-@tensor_io("per_sequence", "mask", "cu_seqlens")
 def broadcast(per_sequence: Any, *, mask: Any = None, cu_seqlens: Any = None) -> np.ndarray:
     """Per-sequence values to per-token: ``x[b, i] = a[b]`` at valid positions, 0 elsewhere.
 
@@ -123,6 +122,18 @@ def broadcast(per_sequence: Any, *, mask: Any = None, cu_seqlens: Any = None) ->
       ``[B, T]`` or ``[N]`` in the dtype of ``per_sequence`` (float16 via float32;
       integers give float64).
     """
+    # Arguments in canonical form (see _arrays) are computed at once; anything else is
+    # converted (or named) by _broadcast, which makes the same call.
+    result = _core.broadcast(per_sequence, mask, cu_seqlens)
+    if result is not None:
+        return result
+    return _broadcast(per_sequence, mask=mask, cu_seqlens=cu_seqlens)
+
+
+@tensor_io("per_sequence", "mask", "cu_seqlens")
+def _broadcast(per_sequence: Any, *, mask: Any, cu_seqlens: Any) -> np.ndarray:
+    """:func:`broadcast` for any arguments: puts them in canonical form or raises the
+    error that names the first bad one."""
     a = as_numpy(per_sequence, "per_sequence")
     if a.ndim != 1:
         raise ShapeError(f"per_sequence: expected a 1-D [B] array, got shape {a.shape}")
@@ -134,7 +145,8 @@ def broadcast(per_sequence: Any, *, mask: Any = None, cu_seqlens: Any = None) ->
         m = as_numpy(mask, "mask")
         if m.ndim != 2 or m.shape[0] != b:
             raise ShapeError(f"mask: expected shape ({b}, T), one row per sequence, got {m.shape}")
-        lay = Layout(shape=tuple(m.shape), grid=(m.shape[0], m.shape[1]), cu_seqlens=None, mask=_as_mask(m, m.shape))
+        shape: tuple[int, ...] = tuple(m.shape)
+        cu, canon_mask = None, _as_mask(m, shape)
     else:
         cu = _as_cu_seqlens(cu_seqlens)
         if cu.shape[0] != b + 1:
@@ -142,10 +154,9 @@ def broadcast(per_sequence: Any, *, mask: Any = None, cu_seqlens: Any = None) ->
         n = int(cu[-1]) if cu.size else 0
         if n < 0:
             raise ShapeError(f"cu_seqlens: expected offsets ending at N >= 0, got {n}")
-        flat_mask = None if mask is None else _as_mask(mask, (n,))
-        lay = Layout(shape=(n,), grid=(0, 0), cu_seqlens=cu, mask=flat_mask)
-    a_flat = kernel_array(a, compute)
-    outs = Outputs(("tokens",), lay.shape, compute, output, None, ())
-    _core.broadcast(a_flat, *outs.kernel, **lay.kernel_args())
-    return outs.finish()[0]
+        shape = (n,)
+        canon_mask = None if mask is None else _as_mask(mask, shape)
+    result = _core.broadcast(kernel_array(a, compute), canon_mask, cu)
+    tokens = kernel_result(result, "broadcast")
+    return Outputs(("tokens",), shape, compute, output, None, ()).finish((tokens,))[0]
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _core
 from ._torch import tensor_io
-from ._arrays import Layout, Outputs, as_numpy, check_finite, flat_float, float_dtypes, layout_of
+from ._arrays import Layout, Outputs, as_numpy, check_finite, float_dtypes, kernel_result, layout_of, token_array
 from .errors import DTypeError, ParameterError, ShapeError
 
 __all__ = ["masked_whiten"]
@@ -48,19 +48,19 @@ def masked_whiten(
     Returns:
       shaped like ``x``, in its dtype (float16 via float32; integers give float64).
     """
-    # NumPy arrays the kernel takes as they are go straight to it (see rust/bindings/plain.rs);
-    # anything else (tensors, other dtypes, out=x, bad arguments) takes the general path.
-    plain = _core.masked_whiten_plain(x, mask, cu_seqlens, shift_mean, eps, out)
-    if plain is not None:
-        return plain
+    # Arguments in canonical form (see _arrays; out=x included) are computed at once;
+    # anything else is converted (or named) by _masked_whiten, which makes the same call.
+    result = _core.masked_whiten(x, mask, cu_seqlens, shift_mean, eps, out)
+    if result is not None:
+        return result
     return _masked_whiten(x, mask=mask, cu_seqlens=cu_seqlens, shift_mean=shift_mean, eps=eps, out=out)
 
 
 @tensor_io("x", "mask", "cu_seqlens")
 def _masked_whiten(x: Any, *, mask: Any, cu_seqlens: Any, shift_mean: bool, eps: float, out: np.ndarray | None) -> np.ndarray:
-    """:func:`masked_whiten` for any arguments: converts them (tensors, other dtypes,
-    strided arrays), whitens in place for ``out=x``, or raises the error that names the
-    first bad one."""
+    """:func:`masked_whiten` for any arguments: puts them in canonical form (tensors,
+    other dtypes, strided arrays), whitens in place for ``out=x``, or raises the error
+    that names the first bad one."""
     arr = as_numpy(x, "x")
     compute, output = float_dtypes(arr, "x")
     lay = layout_of(arr, "x", mask, cu_seqlens)
@@ -69,10 +69,11 @@ def _masked_whiten(x: Any, *, mask: Any, cu_seqlens: Any, shift_mean: bool, eps:
         raise ParameterError(f"eps: expected a number >= 0, got {eps_}")
     if out is not None and out is x:
         return _whiten_in_place(arr, lay, compute, mask, cu_seqlens, bool(shift_mean), eps_)
-    x_flat = flat_float(arr, "x", lay.shape, compute)
-    outs = Outputs(("whitened",), lay.shape, compute, output, out, (arr, x_flat, lay.mask))
-    _core.masked_whiten(x_flat, *outs.kernel, shift_mean=bool(shift_mean), eps=eps_, **lay.kernel_args())
-    return outs.finish()[0]
+    x_canon = token_array(arr, "x", lay.shape, compute)
+    outs = Outputs(("whitened",), lay.shape, compute, output, out, (arr, mask, cu_seqlens, x_canon, lay.mask))
+    kernel_out = None if outs.kernel is None else outs.kernel[0]
+    result = _core.masked_whiten(x_canon, lay.mask, lay.cu_seqlens, bool(shift_mean), eps_, kernel_out)
+    return outs.finish((kernel_result(result, "masked_whiten"),))[0]
 
 
 def _whiten_in_place(
@@ -84,7 +85,7 @@ def _whiten_in_place(
     if x.dtype.kind != "f":
         raise DTypeError(f"out (whitened): out=x needs a float array to hold the result, got dtype {x.dtype}")
     if x.dtype == compute and x.flags.c_contiguous and x.flags.aligned:
-        _core.masked_whiten_in_place(x.reshape(-1), shift_mean=shift_mean, eps=eps, **lay.kernel_args())
+        kernel_result(_core.masked_whiten(x, lay.mask, lay.cu_seqlens, shift_mean, eps, x), "masked_whiten")
     else:  # float16 (computed in float32), strided or unaligned: whiten into a fresh array, copy back
         x[...] = masked_whiten(x, mask=mask, cu_seqlens=cu_seqlens, shift_mean=shift_mean, eps=eps)
     return x
