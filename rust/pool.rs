@@ -7,13 +7,13 @@
 //! reduces across rows in row order.
 //!
 //! A parallel call ([`map`]) starts working on the calling thread at once while pool
-//! workers wake up and join it. A binding that knows a large call is coming can start
-//! that wake-up earlier with [`wake_ahead`], before it allocates the outputs.
+//! workers wake up and join it.
 
 use crate::layout::{split_by_tasks, task_size, Layout, Task};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 pub const ENV_VAR: &str = "COMPPO_NUM_THREADS";
 
@@ -80,82 +80,11 @@ pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// tens of microseconds (more in a VM), more than the work.
 pub const PARALLEL_MIN: usize = 1 << 15;
 
-/// How long a worker woken by [`wake_ahead`] waits for the call it was woken for.
-const WAKE_AHEAD_WAIT: std::time::Duration = std::time::Duration::from_micros(200);
-
-/// The worker woken by [`wake_ahead`], as seen by it and by the next parallel call.
-enum Woken {
-    /// None is out.
-    None,
-    /// Woken (or on its way) and waiting for a job.
-    Waiting,
-    /// A call's first helper job, handed to it.
-    Job(HelperJob),
-}
-
-static WOKEN: Mutex<Woken> = Mutex::new(Woken::None);
-
-type HelperJob = Box<dyn FnOnce() + Send>;
-
-fn woken() -> std::sync::MutexGuard<'static, Woken> {
-    WOKEN.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Starts waking one pool worker for a parallel call that the calling thread is about to
-/// make (after allocating its outputs, say), so that the wake-up overlaps that work.
-///
-/// Waking a sleeping worker takes 50–90 µs on the 2-vCPU VMs this was tuned on, and a
-/// large call's caller reaches [`map`] 15–30 µs after its arguments were checked (most
-/// of it allocating the outputs). The woken worker spins until the next parallel call
-/// hands it that call's first helper job directly (see [`take_woken`]: no second
-/// wake-up), or gives up after [`WAKE_AHEAD_WAIT`] (a call that failed before its
-/// kernel). At most one such worker is out at a time, and none with a pool of one
-/// thread. Which thread computes a task never changes a result.
-pub fn wake_ahead() {
-    if num_threads() < 2 {
-        return;
-    }
-    // The pool first: were building it to fail, nothing may say a worker is waiting.
-    let pool = pool();
-    {
-        let mut w = woken();
-        if !matches!(*w, Woken::None) {
-            return;
-        }
-        *w = Woken::Waiting;
-    }
-    pool.spawn(|| {
-        let start = std::time::Instant::now();
-        loop {
-            // Look at the slot every few spins only: the caller takes the same lock.
-            for _ in 0..16 {
-                std::hint::spin_loop();
-            }
-            let mut w = woken();
-            match std::mem::replace(&mut *w, Woken::None) {
-                Woken::Job(job) => {
-                    drop(w);
-                    return job();
-                }
-                Woken::Waiting if start.elapsed() < WAKE_AHEAD_WAIT => *w = Woken::Waiting,
-                _ => return, // gave up: no call came
-            }
-        }
-    });
-}
-
-/// Hands `job` to the worker woken by [`wake_ahead`] if one is waiting; else gives it
-/// back.
-fn take_woken(job: HelperJob) -> Option<HelperJob> {
-    let mut w = woken();
-    if !matches!(*w, Woken::Waiting) {
-        return Some(job);
-    }
-    *w = Woken::Job(job);
-    #[cfg(test)]
-    tests::HANDED_OFF_JOBS.fetch_add(1, Ordering::SeqCst);
-    None
-}
+/// How long a call that has run out of items spins for the helpers still computing one
+/// before it starts yielding its core between looks. A helper's item is a task of 1/32
+/// of its share, tens of microseconds on the batches that run in parallel; sleeping
+/// instead would cost a wake-up as long as that (50–90 µs on a small VM).
+const JOIN_SPIN: Duration = Duration::from_micros(50);
 
 /// The tasks a parallel pass over `layout` is cut into: runs of whole consecutive rows
 /// of about [`task_size`] positions for the current number of threads.
@@ -263,9 +192,9 @@ impl Helpers {
         // SAFETY (of the transmute): only the lifetime changes; see `WorkPtr`.
         let erased: *const (dyn Fn() + Sync + 'static) =
             unsafe { std::mem::transmute(work as *const (dyn Fn() + Sync)) };
-        for k in 0..count {
+        for _ in 0..count {
             let (shared, job) = (shared.clone(), WorkPtr(erased));
-            let helper: HelperJob = Box::new(move || {
+            pool.spawn(move || {
                 let job = job; // the whole wrapper, not its raw (non-`Send`) field
                 shared.active.fetch_add(1, Ordering::SeqCst);
                 if !shared.closed.load(Ordering::SeqCst) {
@@ -278,25 +207,21 @@ impl Helpers {
                 }
                 shared.active.fetch_sub(1, Ordering::SeqCst);
             });
-            // The first helper goes to a worker woken ahead of the call, if one waits:
-            // spawning would wake another.
-            let helper = if k == 0 { take_woken(helper) } else { Some(helper) };
-            if let Some(helper) = helper {
-                pool.spawn(helper);
-            }
         }
         let own = catch_unwind(AssertUnwindSafe(work));
         shared.closed.store(true, Ordering::SeqCst);
         // A joined helper holds at most the one item it is computing (a task of 1/32
-        // of a thread's share), so the wait is short: spin, then yield the core if the
-        // helper's thread was descheduled.
-        let mut spins = 0u32;
+        // of a thread's share), so the wait is short: spin for up to [`JOIN_SPIN`], then
+        // yield the core between looks (the helper's thread may have been descheduled).
+        let start = Instant::now();
+        let mut looks = 0u32;
         while shared.active.load(Ordering::SeqCst) != 0 {
-            if spins < 1 << 16 {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
+            looks = looks.wrapping_add(1);
+            // Reading the clock costs ~20 ns: every 64th look only.
+            if looks % 64 == 0 && start.elapsed() > JOIN_SPIN {
                 std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
             }
         }
         if let Err(payload) = own {
@@ -315,9 +240,6 @@ pub(crate) mod tests {
     /// The pool size is global: tests that set it run one at a time (those of other
     /// modules too).
     static SERIAL: Mutex<()> = Mutex::new(());
-
-    /// How many helper jobs [`take_woken`] has handed to a woken worker.
-    pub(super) static HANDED_OFF_JOBS: AtomicUsize = AtomicUsize::new(0);
 
     pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
         SERIAL.lock().unwrap_or_else(|e| e.into_inner())
@@ -354,59 +276,6 @@ pub(crate) mod tests {
             });
             assert_eq!(out, data.iter().map(|x| x + 1).collect::<Vec<_>>());
         }
-    }
-
-    /// Waits up to a second for the worker woken ahead to be back in the pool.
-    fn woken_worker_returns() -> bool {
-        let start = std::time::Instant::now();
-        while !matches!(*woken(), Woken::None) {
-            if start.elapsed() > std::time::Duration::from_secs(1) {
-                return false;
-            }
-            std::thread::yield_now();
-        }
-        true
-    }
-
-    /// A worker woken ahead of a call takes the call's first helper job (or any other
-    /// parallel call's: tests of other modules run kernels meanwhile) and the call's
-    /// results are whole; one woken for a call that never comes gives up on its own;
-    /// with one thread nothing is woken.
-    #[test]
-    fn waking_ahead_hands_off_or_times_out() {
-        let _serial = serial();
-        set_num_threads(2);
-        let _ = map((0..4).collect(), true, |i: usize| i); // the pool, built
-        let handed_off = HANDED_OFF_JOBS.load(Ordering::SeqCst);
-        for round in 0..200usize {
-            wake_ahead();
-            wake_ahead(); // at most one worker out: a no-op while the first is
-            if round % 2 == 1 {
-                // Let the worker arrive and wait first, as in a large call (busy: a sleep
-                // can overshoot the worker's wait).
-                let until = std::time::Instant::now() + std::time::Duration::from_micros(30);
-                while std::time::Instant::now() < until {}
-            }
-            let out = map((0..64).collect(), true, |i: usize| {
-                for _ in 0..500 {
-                    std::hint::spin_loop();
-                }
-                i * round
-            });
-            assert_eq!(out, (0..64).map(|i| i * round).collect::<Vec<_>>());
-            assert!(woken_worker_returns(), "round {round}: the woken worker did not take its job");
-        }
-        // Most rounds' workers took a job: the state says a worker waits from `wake_ahead`
-        // on, even before it runs, so the round's call (or another module's kernel, first)
-        // claims it, unless this thread was descheduled past the worker's wait.
-        let taken = HANDED_OFF_JOBS.load(Ordering::SeqCst) - handed_off;
-        assert!(taken > 100, "only {taken} of 200 woken workers took a job");
-        wake_ahead();
-        assert!(woken_worker_returns(), "a worker woken for no call did not give up");
-        set_num_threads(1);
-        wake_ahead();
-        assert!(matches!(*woken(), Woken::None));
-        assert_eq!(map((0..8).collect(), true, |i: usize| i + 1), (1..9).collect::<Vec<_>>());
     }
 
     /// A panic in an item, on whichever thread, reaches the caller once no helper is
