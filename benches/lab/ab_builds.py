@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         m = load(f"build{k}", path)
         m.set_num_threads(a.threads)
         fns[f"build {k} ({os.path.basename(os.path.dirname(os.path.abspath(path)))})"] = (
-            lambda m=m: m.gae_plain(  # type: ignore[misc]
+            # builds before f1e16cb named the entry gae_plain; the signature is the same
+            lambda m=m: getattr(m, "gae_plain", m.gae)(  # type: ignore[misc]
                 w.rewards, w.values, w.mask, None, w.gates, None, out,
                 compare.GAMMA, compare.LAM, None, "error",
             )
