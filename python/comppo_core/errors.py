@@ -42,8 +42,6 @@ boundaries, e.g. Ray workers, intact).
 
 from __future__ import annotations
 
-from typing import Optional
-
 __all__ = [
     "ComppoError",
     "DTypeError",
@@ -57,7 +55,7 @@ __all__ = [
 ]
 
 
-def location(row: int, position: int, index: Optional[int] = None) -> str:
+def location(row: int, position: int, index: int | None = None) -> str:
     """The text messages give a token location: ``(row r, position p)``, followed by
     `` [flat index k]`` when ``index`` is given (the kernels' format, ``rust/error.rs``)."""
     text = f"(row {row}, position {position})"
@@ -73,19 +71,19 @@ class ComppoError(ValueError):
         docstring); ``None`` where they do not apply.
     """
 
-    argument: Optional[str]
-    row: Optional[int]
-    position: Optional[int]
-    index: Optional[int]
+    argument: str | None
+    row: int | None
+    position: int | None
+    index: int | None
 
     def __init__(
         self,
         message: str,
         *,
-        argument: Optional[str] = None,
-        row: Optional[int] = None,
-        position: Optional[int] = None,
-        index: Optional[int] = None,
+        argument: str | None = None,
+        row: int | None = None,
+        position: int | None = None,
+        index: int | None = None,
     ) -> None:
         # args == (message,): str() is the message, and pickling (BaseException's
         # __reduce__: the class, args and __dict__) rebuilds it with its attributes.

@@ -8,28 +8,37 @@
 
 :class:`GateParams` holds the seven parameters of that mapping, so every layer that
 maps concentration to gates (the array API, Arrow, Hugging Face, Ray, the CLI and
-``rl``) takes one ``gate_params=`` value instead of spelling the seven keywords out
-again. ``GateParams()`` is the mapping's defaults; ``cc.gates_from_concentration(c,
-**params.as_kwargs())`` applies it.
+``rl``) passes one value instead of spelling the seven keywords out again.
+``GateParams()`` is the mapping's defaults; ``cc.gates_from_concentration(c,
+params=params)`` (or ``**params.as_kwargs()``) applies it.
+
+The public functions that took the seven keywords before take them still, or one
+``GateParams`` instead (``params=`` in :func:`comppo_core.gates_from_concentration` and
+:func:`comppo_core.arrow.gates_from_concentration`, ``gate_params=`` where the function
+has other parameters too); :func:`from_keywords` is the rule they share: with a
+``GateParams``, every keyword must keep its default.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any
+
+import numpy as np
 
 from .errors import ParameterError
 
-__all__ = ["NORMALIZE_MODES", "GateParams"]
+__all__ = ["DEFAULTS", "NORMALIZE_MODES", "GateParams", "from_keywords"]
 
 #: The values ``normalize`` may take.
 NORMALIZE_MODES = ("sequence", "batch", "none")
 
 
 def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-        raise ParameterError(f"{name}: expected a finite number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise ParameterError(f"{name}: expected a finite number, got {value!r}", argument=name)
     return float(value)
 
 
@@ -42,11 +51,14 @@ class GateParams:
       sharpness: slope of the sigmoid (finite).
       normalize: ``"sequence"`` (z-score over each row's valid tokens), ``"batch"``
         (over all valid tokens) or ``"none"`` (``(c − center)/scale``).
-      center, scale: used by ``normalize="none"``; ``scale > 0``.
+      center, scale: finite; used by ``normalize="none"``, which needs ``scale > 0``
+        (other modes ignore them, so there any finite scale is accepted, as by
+        :func:`comppo_core.gates_from_concentration`).
       invert: map high concentration to low gates.
 
-    Validated on construction: a bad value raises :class:`~comppo_core.errors.ParameterError`
-    naming the field.
+    Validated on construction, with the rules and messages of
+    :func:`comppo_core.gates_from_concentration`: a bad value raises
+    :class:`~comppo_core.errors.ParameterError` whose ``argument`` is the field.
     """
 
     low: float = 0.9
@@ -58,26 +70,60 @@ class GateParams:
     invert: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.normalize, str) or self.normalize not in NORMALIZE_MODES:
+            modes = ", ".join(map(repr, NORMALIZE_MODES))
+            raise ParameterError(f"normalize: expected one of {modes}, got {self.normalize!r}", argument="normalize")
         for name in ("low", "high", "sharpness", "center", "scale"):
             object.__setattr__(self, name, _number(name, getattr(self, name)))
-        if not 0.0 <= self.low <= 1.0:
-            raise ParameterError(f"low: expected a number in [0, 1], got {self.low!r}")
-        if not 0.0 <= self.high <= 1.0:
-            raise ParameterError(f"high: expected a number in [0, 1], got {self.high!r}")
+        for name in ("low", "high"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ParameterError(f"{name}: expected a number in [0, 1], got {getattr(self, name)!r}", argument=name)
         if self.low > self.high:
-            raise ParameterError(f"low: expected low <= high, got low={self.low!r} > high={self.high!r}")
-        if self.scale <= 0.0:
-            raise ParameterError(f"scale: expected a number > 0, got {self.scale!r}")
-        if self.normalize not in NORMALIZE_MODES:
-            raise ParameterError(f"normalize: expected one of {NORMALIZE_MODES}, got {self.normalize!r}")
-        if not isinstance(self.invert, bool):
-            raise ParameterError(f"invert: expected a bool, got {self.invert!r}")
+            raise ParameterError(f"low: expected low <= high (high = {self.high!r}), got {self.low!r}", argument="low")
+        if self.normalize == "none" and self.scale <= 0.0:
+            raise ParameterError(f"scale: expected a finite number > 0, got {self.scale!r}", argument="scale")
+        if not isinstance(self.invert, (bool, np.bool_)):
+            raise ParameterError(f"invert: expected a bool, got {self.invert!r}", argument="invert")
+        object.__setattr__(self, "invert", bool(self.invert))
 
     @classmethod
-    def constant(cls, value: float) -> "GateParams":
+    def constant(cls, value: float) -> GateParams:
         """The constant gate ``g ≡ value`` (``low == high == value``)."""
         return cls(low=value, high=value)
 
     def as_kwargs(self) -> dict[str, Any]:
         """The seven keywords of :func:`comppo_core.gates_from_concentration`."""
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+#: The mapping's defaults, keyword by keyword (``GateParams().as_kwargs()``).
+DEFAULTS: dict[str, Any] = GateParams().as_kwargs()
+
+
+def from_keywords(params: GateParams | None, keywords: dict[str, Any], *, name: str = "params") -> GateParams:
+    """The one :class:`GateParams` of a call given either ``params`` or the seven keywords.
+
+    ``keywords`` holds the seven keywords as the call received them (their defaults are
+    :data:`DEFAULTS`). With ``params`` None they make the GateParams (validated); with a
+    GateParams, a keyword that differs from its default is an error, as both would say
+    what the mapping is. ``name`` is the caller's name for ``params`` (in messages).
+
+    Raises :class:`~comppo_core.errors.ParameterError` (``argument`` the first keyword
+    given as well, or ``name`` for a ``params`` that is not a GateParams).
+    """
+    if params is None:
+        return GateParams(**keywords)
+    if not isinstance(params, GateParams):
+        raise ParameterError(f"{name}: expected a comppo_core.GateParams, got {type(params).__name__}", argument=name)
+    given = [k for k, v in keywords.items() if not _same(v, DEFAULTS[k])]
+    if given:
+        raise ParameterError(
+            f"{given[0]}: the gate mapping is given twice, as {name}= and as the keyword{'s' if len(given) > 1 else ''} "
+            f"{', '.join(given)}; pass one or the other",
+            argument=given[0],
+        )
+    return params
+
+
+def _same(value: Any, default: Any) -> bool:
+    return type(value) is type(default) and value == default
