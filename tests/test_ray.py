@@ -22,6 +22,7 @@ pytest.importorskip("ray.data")
 import comppo_core as cc  # noqa: E402
 from comppo_core import arrow  # noqa: E402
 from comppo_core import ray as cc_ray  # noqa: E402
+from comppo_core.gate_params import GateParams  # noqa: E402
 
 FILES, ROWS = 3, 40
 
@@ -146,3 +147,30 @@ def test_errors(dataset: Any, parquet_dir: Path) -> None:
     bad = ray.data.from_arrow(t)
     with pytest.raises(Exception, match=r"column 'values': expected finite values at valid positions, got NaN at \(row 5, position 0\)"):
         collect(cc_ray.compute_advantages(bad))
+
+
+def test_errors_cross_to_the_driver_with_their_attributes(dataset: Any, parquet_dir: Path) -> None:
+    """With Ray Data raising the map function's own exception, the driver's error is an
+    instance of the package's class carrying the block's argument, row and position
+    (the error was pickled in the worker and rebuilt here)."""
+    t = pq.read_table(parquet_dir / "part-2.parquet")
+    c = t.column("concentration").combine_chunks()
+    vals = np.asarray(c.flatten()).copy()
+    vals[int(c.offsets[7].as_py()) + 1] = np.inf
+    m = t.column("mask").combine_chunks()
+    masks = np.asarray(m.flatten()).copy()
+    masks[int(m.offsets[7].as_py()) + 1] = True
+    t = t.set_column(t.schema.get_field_index("concentration"), "concentration", pa.ListArray.from_arrays(c.offsets, pa.array(vals)))
+    t = t.set_column(t.schema.get_field_index("mask"), "mask", pa.ListArray.from_arrays(m.offsets, pa.array(masks)))
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.raise_original_map_exception
+    ctx.raise_original_map_exception = True
+    try:
+        bad = ray.data.from_arrow(t)
+        with pytest.raises(cc.NonFiniteError) as info:
+            collect(cc_ray.compute_advantages(bad, concentration_col="concentration", gate_params=GateParams(low=0.5, sharpness=2.0)))
+    finally:
+        ctx.raise_original_map_exception = saved
+    e = info.value
+    assert (e.argument, e.row, e.position, e.index) == ("concentration", 7, 1, None)
+    assert "column 'concentration': expected finite values at valid positions, got inf at (row 7, position 1)" in str(e)

@@ -58,10 +58,11 @@ column, plus ``row_offset`` where given):
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, NamedTuple, Union
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -72,7 +73,17 @@ except ImportError as _e:  # pragma: no cover - exercised only without pyarrow
 
 from ._arrays import check_choice, check_unit
 from .advantages import gae as _gae
-from .errors import ComppoError, DTypeError, LayoutError, NonFiniteError, OutOfRangeError, ParameterError, ShapeError
+from .errors import (
+    ComppoError,
+    DTypeError,
+    LayoutError,
+    NonFiniteError,
+    OutOfRangeError,
+    ParameterError,
+    ShapeError,
+    location,
+)
+from .gate_params import GateParams, from_keywords
 from .gating import GATE_STD_EPS
 from .gating import gates_from_concentration as _gates
 
@@ -80,9 +91,9 @@ __all__ = [
     "AUTO_LAST_VALUES",
     "AUTO_MASK",
     "ArrowGAEResult",
+    "Columns",
     "ConcentrationMoments",
     "ListColumn",
-    "Columns",
     "compute_advantages",
     "concentration_moments",
     "gae",
@@ -91,7 +102,7 @@ __all__ = [
 ]
 
 #: A list column: one list array, or a chunked array of them.
-ListColumn = Union[pa.Array, pa.ChunkedArray]
+ListColumn = pa.Array | pa.ChunkedArray
 
 
 class _Auto:
@@ -222,15 +233,18 @@ def resolve_columns(
         if spec is None:
             return None
         if not isinstance(spec, str):
-            raise ParameterError(f"{role}_col: expected a column name, got {spec!r}")
+            raise ParameterError(f"{role}_col: expected a column name, got {spec!r}", argument=f"{role}_col")
         if spec not in names:
-            raise ParameterError(f"column {spec!r} ({role}) not found{_where(source)}{listing}")
+            raise ParameterError(f"column {spec!r} ({role}) not found{_where(source)}{listing}", argument=spec)
         if names.count(spec) > 1:
-            raise ParameterError(f"column {spec!r} ({role}) appears {names.count(spec)} times{_where(source)}")
+            raise ParameterError(f"column {spec!r} ({role}) appears {names.count(spec)} times{_where(source)}", argument=spec)
         return spec
 
     if gates_col is not None and concentration_col is not None:
-        raise ParameterError("gates_col and concentration_col: give one of them (gates, or concentration to map to gates), not both")
+        raise ParameterError(
+            "gates_col and concentration_col: give one of them (gates, or concentration to map to gates), not both",
+            argument="gates_col",
+        )
     rewards = pick("rewards", rewards_col)
     values = pick("values", values_col)
     assert rewards is not None and values is not None
@@ -248,17 +262,21 @@ def resolve_columns(
         kind = _KIND[role]
         t = schema.field(name).type
         if not _TYPE_OK[kind](t):
-            raise DTypeError(f"column {name!r} ({role}){_where(source)}: expected {_EXPECTED[kind]}, got {t}")
+            raise DTypeError(f"column {name!r} ({role}){_where(source)}: expected {_EXPECTED[kind]}, got {t}", argument=name)
     for role, name in (("advantages", advantages_col), ("returns", returns_col)):
         if not isinstance(name, str) or not name:
-            raise ParameterError(f"{role}_col: expected a non-empty column name, got {name!r}")
+            raise ParameterError(f"{role}_col: expected a non-empty column name, got {name!r}", argument=f"{role}_col")
         if name in names and not replace:
             raise ParameterError(
                 f"column {name!r} ({role}) already exists{_where(source)}; choose another name with "
-                f"{role}_col or pass replace=True to overwrite it"
+                f"{role}_col or pass replace=True to overwrite it",
+                argument=name,
             )
     if advantages_col == returns_col:
-        raise ParameterError(f"advantages_col and returns_col: expected two different names, got {advantages_col!r} for both")
+        raise ParameterError(
+            f"advantages_col and returns_col: expected two different names, got {advantages_col!r} for both",
+            argument="advantages_col",
+        )
     return cols
 
 
@@ -305,7 +323,7 @@ def _packed(arr: pa.Array, name: str, role: str, kind: str, row0: int) -> _Packe
     nulls. ``row0`` is added to row indices in messages."""
     col = _describe(name, role)
     if not _TYPE_OK[kind](arr.type):
-        raise DTypeError(f"{col}: expected {_EXPECTED[kind]}, got {arr.type}")
+        raise DTypeError(f"{col}: expected {_EXPECTED[kind]}, got {arr.type}", argument=name)
     rows = len(arr)
     off_type = np.dtype(np.int64 if pa.types.is_large_list(arr.type) else np.int32)
     off_buf = arr.buffers()[1]
@@ -315,26 +333,32 @@ def _packed(arr: pa.Array, name: str, role: str, kind: str, row0: int) -> _Packe
     else:
         if off_buf is None or off_buf.size < need * off_type.itemsize:
             have = 0 if off_buf is None else off_buf.size // off_type.itemsize
-            raise LayoutError(f"{col}: expected an offsets buffer of at least {need} entries, got {have}")
+            raise LayoutError(f"{col}: expected an offsets buffer of at least {need} entries, got {have}", argument=name)
         offsets = np.frombuffer(off_buf, dtype=off_type, count=need)[arr.offset :]
 
     if arr.null_count:
         row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-        raise NonFiniteError(f"{col}: expected a list in every row, got null at row {row0 + row}")
+        raise NonFiniteError(f"{col}: expected a list in every row, got null at row {row0 + row}", argument=name, row=row0 + row)
 
     child = arr.values
     start, end = int(offsets[0]), int(offsets[-1])
     if start < 0:
-        raise LayoutError(f"{col}: expected list offsets >= 0, got {start} at row {row0}")
+        raise LayoutError(f"{col}: expected list offsets >= 0, got {start} at row {row0}", argument=name, row=row0)
     steps = np.diff(offsets)
     if steps.size and int(steps.min()) < 0:
         r = int(np.flatnonzero(steps < 0)[0])
         raise LayoutError(
             f"{col}: expected non-decreasing list offsets, got row {row0 + r} ending at "
-            f"{int(offsets[r + 1])} before its start {int(offsets[r])}"
+            f"{int(offsets[r + 1])} before its start {int(offsets[r])}",
+            argument=name,
+            row=row0 + r,
         )
     if end > len(child):
-        raise LayoutError(f"{col}: expected list offsets within the {len(child)} child values, got {end} (last row {row0 + rows - 1})")
+        raise LayoutError(
+            f"{col}: expected list offsets within the {len(child)} child values, got {end} (last row {row0 + rows - 1})",
+            argument=name,
+            row=row0 + rows - 1,
+        )
     cu = offsets if start == 0 else offsets - offsets.dtype.type(start)
 
     if child.null_count:
@@ -342,7 +366,9 @@ def _packed(arr: pa.Array, name: str, role: str, kind: str, row0: int) -> _Packe
         if sub.null_count:
             k = int(np.flatnonzero(sub.is_null().to_numpy(zero_copy_only=False))[0])
             r, p = _locate(cu, k)
-            raise NonFiniteError(f"{col}: expected no null values, got null at (row {row0 + r}, position {p})")
+            raise NonFiniteError(
+                f"{col}: expected no null values, got null at {location(row0 + r, p)}", argument=name, row=row0 + r, position=p
+            )
 
     if pa.types.is_boolean(child.type):
         # Arrow packs booleans in bits; NumPy needs one byte each: the one copy here.
@@ -352,14 +378,16 @@ def _packed(arr: pa.Array, name: str, role: str, kind: str, row0: int) -> _Packe
         data = child.buffers()[1]
         total = child.offset + len(child)
         if data is None or data.size < total * dt.itemsize:
-            raise LayoutError(f"{col}: the child values buffer is shorter than its {len(child)} values")
+            raise LayoutError(f"{col}: the child values buffer is shorter than its {len(child)} values", argument=name)
         flat = np.frombuffer(data, dtype=dt, count=total)[child.offset + start : child.offset + end]
     if kind == "mask" and flat.dtype != np.bool_ and flat.size:
         lo, hi = int(flat.min()), int(flat.max())
         if lo < 0 or hi > 1:
             k = int(np.flatnonzero((flat < 0) | (flat > 1))[0])
             r, p = _locate(cu, k)
-            raise OutOfRangeError(f"{col}: expected 0 or 1, got {int(flat[k])} at (row {row0 + r}, position {p})")
+            raise OutOfRangeError(
+                f"{col}: expected 0 or 1, got {int(flat[k])} at {location(row0 + r, p)}", argument=name, row=row0 + r, position=p
+            )
     if kind == "mask" and flat.dtype.itemsize == 1 and flat.dtype != np.bool_:
         flat = flat.view(np.bool_)  # bytes that are 0 or 1 are the kernels' bool mask, read in place
     return _Packed(arr, offsets, cu, flat)
@@ -367,27 +395,41 @@ def _packed(arr: pa.Array, name: str, role: str, kind: str, row0: int) -> _Packe
 
 def _same_rows(ref: _Packed, other: _Packed, ref_name: str, name: str, role: str, row0: int) -> None:
     if ref.rows != other.rows:
-        raise ShapeError(f"{_describe(name, role)}: expected {ref.rows} rows like column {ref_name!r}, got {other.rows}")
+        raise ShapeError(f"{_describe(name, role)}: expected {ref.rows} rows like column {ref_name!r}, got {other.rows}", argument=name)
     if ref.cu_seqlens is other.cu_seqlens or np.array_equal(ref.cu_seqlens, other.cu_seqlens):
         return
     a, b = np.diff(ref.cu_seqlens), np.diff(other.cu_seqlens)
     r = int(np.flatnonzero(a != b)[0])
     raise ShapeError(
         f"{_describe(name, role)}: row {row0 + r} has {int(b[r])} values but column {ref_name!r} has "
-        f"{int(a[r])}; every list column must have the rewards' row lengths"
+        f"{int(a[r])}; every list column must have the rewards' row lengths",
+        argument=name,
+        row=row0 + r,
     )
 
 
 def _scalars(arr: pa.Array, name: str, role: str, row0: int) -> np.ndarray:
     col = _describe(name, role)
     if not _scalar_ok(arr.type):
-        raise DTypeError(f"{col}: expected {_EXPECTED['scalar']}, got {arr.type}")
+        raise DTypeError(f"{col}: expected {_EXPECTED['scalar']}, got {arr.type}", argument=name)
     if arr.null_count:
         row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
         raise NonFiniteError(
-            f"{col}: expected a value in every row, got null at row {row0 + row} (use 0 for a terminal response)"
+            f"{col}: expected a value in every row, got null at row {row0 + row} (use 0 for a terminal response)",
+            argument=name,
+            row=row0 + row,
         )
-    return arr.to_numpy(zero_copy_only=False)
+    out = arr.to_numpy(zero_copy_only=False)
+    finite = np.isfinite(out)
+    if not finite.all():
+        r = int(np.flatnonzero(~finite)[0])
+        raise ParameterError(f"{col}: expected finite values, got {_nonfinite(float(out[r]))} at row {row0 + r}", argument=name, row=row0 + r)
+    return out
+
+
+def _nonfinite(x: float) -> str:
+    """A non-finite value as the kernels' messages write it."""
+    return "NaN" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
 def _wrap(ref: _Packed, flat: np.ndarray, list_type: pa.DataType) -> pa.Array:
@@ -407,23 +449,31 @@ def _wrap(ref: _Packed, flat: np.ndarray, list_type: pa.DataType) -> pa.Array:
 
 
 # --------------------------------------------------------------------------- #
-# Error messages: kernel arguments -> column names, chunk rows -> column rows
+# Errors of a chunk's kernel call: kernel arguments -> columns, chunk rows -> column rows
 # --------------------------------------------------------------------------- #
-
-_ROW_POS = re.compile(r"\(row (\d+), position (\d+)\)(?: \[flat index \d+\])?")
-_AT_ROW = re.compile(r"\bat row (\d+)\b")
 
 
 def _relabel(exc: ComppoError, names: dict[str, str], row0: int) -> ComppoError:
-    """``exc`` with the kernel's argument name replaced by the column and the rows
-    shifted by ``row0`` (the flat index, meaningless for a column, is dropped)."""
-    msg = str(exc)
-    arg, sep, rest = msg.partition(": ")
-    if sep and arg in names:
-        msg = f"{_describe(names[arg], arg)}: {rest}"
-    msg = _ROW_POS.sub(lambda m: f"(row {int(m[1]) + row0}, position {m[2]})", msg)
-    msg = _AT_ROW.sub(lambda m: f"at row {int(m[1]) + row0}", msg)
-    return type(exc)(msg)
+    """``exc``, raised by a kernel call on one chunk, as the column's error: its
+    ``argument`` (the kernel's name, a role) becomes the column's name and its ``row``
+    counts from the column's start (``+ row0``); the flat ``index``, meaningless for a
+    column, is dropped. The message is rewritten to match from the attributes: the
+    argument it starts with, and the location it gives (``errors.location``, or
+    ``at row r`` for a per-row value)."""
+    msg, argument, row, index = str(exc), exc.argument, exc.row, exc.index
+    if argument is not None and argument in names:
+        prefix = f"{argument}: "
+        if msg.startswith(prefix):
+            msg = f"{_describe(names[argument], argument)}: {msg[len(prefix):]}"
+        argument = names[argument]
+    if exc.row is not None:
+        row = exc.row + row0
+        if exc.position is not None:
+            msg = msg.replace(location(exc.row, exc.position, exc.index), location(row, exc.position), 1)
+            index = None
+        else:
+            msg = msg.replace(f"at row {exc.row}", f"at row {row}", 1)
+    return type(exc)(msg, argument=argument, row=row, position=exc.position, index=index)
 
 
 # --------------------------------------------------------------------------- #
@@ -452,7 +502,7 @@ def _aligned(x: ListColumn, start: int, length: int) -> pa.Array:
 
 def _check_column(x: Any, name: str, role: str) -> None:
     if not isinstance(x, (pa.Array, pa.ChunkedArray)):
-        raise DTypeError(f"{name}: expected a pyarrow Array or ChunkedArray, got {type(x).__name__}")
+        raise DTypeError(f"{name}: expected a pyarrow Array or ChunkedArray, got {type(x).__name__}", argument=name)
 
 
 def _assemble(template: ListColumn, pieces: list[pa.Array], list_type: pa.DataType) -> ListColumn:
@@ -485,7 +535,7 @@ class ConcentrationMoments:
     max: float = -math.inf
 
     @classmethod
-    def of(cls, valid: np.ndarray) -> "ConcentrationMoments":
+    def of(cls, valid: np.ndarray) -> ConcentrationMoments:
         """The moments of a 1-D array of (finite) valid values."""
         if valid.size == 0:
             return cls()
@@ -494,7 +544,7 @@ class ConcentrationMoments:
         d = x - np.float64(mean)
         return cls(int(x.size), mean, float(np.dot(d, d)), float(x.min()), float(x.max()))
 
-    def merge(self, other: "ConcentrationMoments") -> "ConcentrationMoments":
+    def merge(self, other: ConcentrationMoments) -> ConcentrationMoments:
         """The moments of both pieces together."""
         if other.n == 0:
             return self
@@ -521,7 +571,8 @@ class ConcentrationMoments:
         if not (math.isfinite(self.mean) and math.isfinite(std)):
             raise ParameterError(
                 f"concentration: values too large (up to {max(abs(self.min), abs(self.max)):.3g}) for "
-                "normalize='batch' statistics across chunks; rescale the column"
+                "normalize='batch' statistics across chunks; rescale the column",
+                argument="concentration",
             )
         return {"normalize": "none", "center": self.mean, "scale": std + GATE_STD_EPS, "sharpness": sharpness}
 
@@ -533,11 +584,12 @@ def _valid_moments(c: _Packed, m: _Packed | None, name: str, row0: int) -> Conce
         k_valid = int(np.flatnonzero(~finite)[0])
         k = k_valid if m is None else int(np.flatnonzero(m.flat != 0)[k_valid])
         r, p = _locate(c.cu_seqlens, k)
-        x = float(c.flat[k])
-        got = "NaN" if math.isnan(x) else ("inf" if x > 0 else "-inf")
         raise NonFiniteError(
-            f"{_describe(name, 'concentration')}: expected finite values at valid positions, got {got} at "
-            f"(row {row0 + r}, position {p})"
+            f"{_describe(name, 'concentration')}: expected finite values at valid positions, got {_nonfinite(float(c.flat[k]))} "
+            f"at {location(row0 + r, p)}",
+            argument=name,
+            row=row0 + r,
+            position=p,
         )
     return ConcentrationMoments.of(valid)
 
@@ -558,7 +610,7 @@ def _moments_of_columns(conc: ListColumn, mask: ListColumn | None, conc_name: st
 
 
 def concentration_moments(
-    data: "pa.Table | pa.RecordBatch | ListColumn",
+    data: pa.Table | pa.RecordBatch | ListColumn,
     *,
     concentration_col: str = "concentration",
     mask: ListColumn | None = None,
@@ -573,12 +625,14 @@ def concentration_moments(
         table = _as_table(data)
         names = table.schema.names
         if concentration_col not in names:
-            raise ParameterError(f"column {concentration_col!r} (concentration) not found (columns: {', '.join(names)})")
+            raise ParameterError(
+                f"column {concentration_col!r} (concentration) not found (columns: {', '.join(names)})", argument=concentration_col
+            )
         mcol = mask_col.name if isinstance(mask_col, _Auto) and mask_col.name in names else mask_col
         if isinstance(mcol, _Auto):
             mcol = None
         if mcol is not None and mcol not in names:
-            raise ParameterError(f"column {mcol!r} (mask) not found (columns: {', '.join(names)})")
+            raise ParameterError(f"column {mcol!r} (mask) not found (columns: {', '.join(names)})", argument=mcol)
         conc = table.column(concentration_col)
         mcolumn = None if mcol is None else table.column(mcol)
         return _moments_of_columns(conc, mcolumn, concentration_col, mcol or "mask", row_offset)
@@ -593,42 +647,25 @@ def concentration_moments(
 # --------------------------------------------------------------------------- #
 
 
-@dataclass(frozen=True)
-class _GateOptions:
-    low: float
-    high: float
-    sharpness: float
-    normalize: str
-    center: float
-    scale: float
-    invert: bool
-
-
-def _gate_kwargs(opts: _GateOptions, moments: ConcentrationMoments | None) -> dict[str, Any]:
-    kw: dict[str, Any] = {
-        "low": opts.low,
-        "high": opts.high,
-        "sharpness": opts.sharpness,
-        "normalize": opts.normalize,
-        "center": opts.center,
-        "scale": opts.scale,
-        "invert": opts.invert,
-    }
-    if opts.normalize == "batch" and moments is not None:
-        kw.update(moments.gate_args(opts.sharpness))
-    return kw
+def _chunk_params(params: GateParams, moments: ConcentrationMoments | None) -> GateParams:
+    """The mapping one chunk's kernel call applies: ``params``, except that
+    ``normalize="batch"`` with the moments of more than the chunk becomes ``"none"``
+    with their mean and std (:meth:`ConcentrationMoments.gate_args`)."""
+    if params.normalize == "batch" and moments is not None:
+        return dataclasses.replace(params, **moments.gate_args(params.sharpness))
+    return params
 
 
 def _batch_moments(
-    conc: ListColumn, mask: ListColumn | None, names: dict[str, str], opts: _GateOptions, given: ConcentrationMoments | None, row0: int
+    conc: ListColumn, mask: ListColumn | None, names: dict[str, str], params: GateParams, given: ConcentrationMoments | None, row0: int
 ) -> ConcentrationMoments | None:
     """The moments to use for normalize="batch": the given ones, else None when the
     column is one chunk (the kernel's own batch z-score is exact), else computed."""
-    if opts.normalize != "batch":
+    if params.normalize != "batch":
         return None
     if given is not None:
         if not isinstance(given, ConcentrationMoments):
-            raise ParameterError(f"batch_moments: expected a ConcentrationMoments, got {type(given).__name__}")
+            raise ParameterError(f"batch_moments: expected a ConcentrationMoments, got {type(given).__name__}", argument="batch_moments")
         return given
     if len(_chunks(conc)) <= 1:
         return None
@@ -643,15 +680,15 @@ def _run(
     lam: float,
     lam_critic: float | None,
     masked_rewards: str,
-    gate_opts: _GateOptions | None,
+    gate_params: GateParams | None,
     batch_moments: ConcentrationMoments | None,
     row_offset: int,
 ) -> Iterator[tuple[_Packed, np.ndarray, np.ndarray]]:
     """Per chunk of the rewards: (packed rewards chunk, advantages, returns)."""
     rewards = cols["rewards"]
     moments = None
-    if gate_opts is not None and "concentration" in cols:
-        moments = _batch_moments(cols["concentration"], cols.get("mask"), names, gate_opts, batch_moments, row_offset)
+    if gate_params is not None and "concentration" in cols:
+        moments = _batch_moments(cols["concentration"], cols.get("mask"), names, gate_params, batch_moments, row_offset)
     start = 0
     for chunk in _chunks(rewards):
         n = len(chunk)
@@ -671,8 +708,9 @@ def _run(
         try:
             gates = packed["gates"].flat if "gates" in packed else None
             if "concentration" in packed:
-                assert gate_opts is not None
-                gates = _gates(packed["concentration"].flat, mask=mask, cu_seqlens=r.cu_seqlens, **_gate_kwargs(gate_opts, moments))
+                assert gate_params is not None
+                chunk_params = _chunk_params(gate_params, moments)
+                gates = _gates(packed["concentration"].flat, mask=mask, cu_seqlens=r.cu_seqlens, **chunk_params.as_kwargs())
             adv, ret = _gae(
                 r.flat,
                 packed["values"].flat,
@@ -697,11 +735,6 @@ def _check_params(gamma: Any, lam: Any, lam_critic: Any, masked_rewards: Any) ->
     if lam_critic is not None:
         check_unit("lam_critic", lam_critic)
     check_choice("masked_rewards", masked_rewards, ("error", "drop"))
-
-
-def _gate_options(low: Any, high: Any, sharpness: Any, normalize: Any, center: Any, scale: Any, invert: Any) -> _GateOptions:
-    check_choice("normalize", normalize, ("sequence", "batch", "none"))
-    return _GateOptions(float(low), float(high), float(sharpness), normalize, float(center), float(scale), bool(invert))
 
 
 # --------------------------------------------------------------------------- #
@@ -756,7 +789,7 @@ def gae(
         cols["last_values"] = last_values
     for role, x in cols.items():
         if len(x) != len(rewards):
-            raise ShapeError(f"{role}: expected {len(rewards)} rows like rewards, got {len(x)}")
+            raise ShapeError(f"{role}: expected {len(rewards)} rows like rewards, got {len(x)}", argument=role)
     names = {role: role for role in cols}
     advs, rets = [], []
     for r, adv, ret in _run(
@@ -766,7 +799,7 @@ def gae(
         lam=lam,
         lam_critic=lam_critic,
         masked_rewards=masked_rewards,
-        gate_opts=None,
+        gate_params=None,
         batch_moments=None,
         row_offset=row_offset,
     ):
@@ -786,6 +819,7 @@ def gates_from_concentration(
     center: float = 0.0,
     scale: float = 1.0,
     invert: bool = False,
+    params: GateParams | None = None,
     batch_moments: ConcentrationMoments | None = None,
     row_offset: int = 0,
 ) -> ListColumn:
@@ -795,17 +829,20 @@ def gates_from_concentration(
 
     ``normalize="sequence"`` z-scores each row, ``"batch"`` all valid tokens of the
     column (every chunk; or the data ``batch_moments`` were computed over), ``"none"``
-    uses ``(c − center)/scale``. Masked tokens get 1. Returns a list column of the
-    concentration's type and chunking, sharing its offsets.
+    uses ``(c − center)/scale``. Masked tokens get 1. ``params``: the seven as one
+    :class:`~comppo_core.GateParams`, instead of the keywords (which must then keep their
+    defaults). Returns a list column of the concentration's type and chunking, sharing
+    its offsets.
     """
     _check_column(concentration, "concentration", "concentration")
-    opts = _gate_options(low, high, sharpness, normalize, center, scale, invert)
+    keywords = {"low": low, "high": high, "sharpness": sharpness, "normalize": normalize, "center": center, "scale": scale, "invert": invert}
+    gate = from_keywords(params, keywords)
     names = {"concentration": "concentration", "mask": "mask"}
     if mask is not None:
         _check_column(mask, "mask", "mask")
         if len(mask) != len(concentration):
-            raise ShapeError(f"mask: expected {len(concentration)} rows like concentration, got {len(mask)}")
-    moments = _batch_moments(concentration, mask, names, opts, batch_moments, row_offset)
+            raise ShapeError(f"mask: expected {len(concentration)} rows like concentration, got {len(mask)}", argument="mask")
+    moments = _batch_moments(concentration, mask, names, gate, batch_moments, row_offset)
     pieces = []
     start = 0
     for chunk in _chunks(concentration):
@@ -817,7 +854,8 @@ def gates_from_concentration(
             m = _packed(_aligned(mask, start, n), "mask", "mask", "mask", row0)
             _same_rows(c, m, "concentration", "mask", "mask", row0)
         try:
-            g = _gates(c.flat, mask=None if m is None else m.flat, cu_seqlens=c.cu_seqlens, **_gate_kwargs(opts, moments))
+            chunk_params = _chunk_params(gate, moments)
+            g = _gates(c.flat, mask=None if m is None else m.flat, cu_seqlens=c.cu_seqlens, **chunk_params.as_kwargs())
         except ComppoError as e:
             raise _relabel(e, names, row0) from e
         pieces.append(_wrap(c, g, concentration.type))
@@ -835,11 +873,11 @@ def _as_table(data: Any) -> pa.Table:
         return data
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
-    raise DTypeError(f"table: expected a pyarrow Table or RecordBatch, got {type(data).__name__}")
+    raise DTypeError(f"table: expected a pyarrow Table or RecordBatch, got {type(data).__name__}", argument="table")
 
 
 def compute_advantages(
-    table: "pa.Table | pa.RecordBatch",
+    table: pa.Table | pa.RecordBatch,
     *,
     rewards_col: str = "rewards",
     values_col: str = "values",
@@ -858,6 +896,7 @@ def compute_advantages(
     center: float = 0.0,
     scale: float = 1.0,
     invert: bool = False,
+    gate_params: GateParams | None = None,
     batch_moments: ConcentrationMoments | None = None,
     advantages_col: str = "advantages",
     returns_col: str = "returns",
@@ -871,7 +910,9 @@ def compute_advantages(
     None for none) and last values (``last_values_col``; by default ``"last_values"`` if
     present). Gates come from ``gates_col``, or from ``concentration_col`` through the
     gate mapping (``low``, ``high``, ``sharpness``, ``normalize``, ``center``, ``scale``,
-    ``invert``: see :func:`gates_from_concentration`), or are 1 (plain GAE).
+    ``invert``: see :func:`gates_from_concentration`; or all seven as one
+    :class:`~comppo_core.GateParams`, ``gate_params``, with the keywords left at their
+    defaults), or are 1 (plain GAE).
 
     ``normalize="batch"`` z-scores over every valid token of the table (all chunks), or
     over the data ``batch_moments`` describe (:func:`concentration_moments`; the
@@ -899,7 +940,8 @@ def compute_advantages(
         replace=replace,
     )
     _check_params(gamma, lam, lam_critic, masked_rewards)
-    gate_opts = _gate_options(low, high, sharpness, normalize, center, scale, invert) if cols.concentration else None
+    keywords = {"low": low, "high": high, "sharpness": sharpness, "normalize": normalize, "center": center, "scale": scale, "invert": invert}
+    params = from_keywords(gate_params, keywords, name="gate_params") if cols.concentration else None
     names = cols.inputs()
     arrays = {role: t.column(name) for role, name in names.items()}
     advs, rets = [], []
@@ -910,7 +952,7 @@ def compute_advantages(
         lam=lam,
         lam_critic=lam_critic,
         masked_rewards=masked_rewards,
-        gate_opts=gate_opts,
+        gate_params=params,
         batch_moments=batch_moments,
         row_offset=row_offset,
     ):

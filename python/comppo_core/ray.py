@@ -25,10 +25,19 @@ Two ways to use it::
 to get their moments (:func:`dataset_moments`), then hands them to every block. With
 ``map_batches`` directly, "batch" would mean each batch; pass ``batch_moments=`` there.
 
+The gate mapping's seven keywords (``low``, ``high``, ``sharpness``, ``normalize``,
+``center``, ``scale``, ``invert``) or one ``gate_params=`` :class:`~comppo_core.GateParams`
+are checked on the driver and reach every block as one ``GateParams``.
+
 Errors raised inside a block (NaN, a row with the wrong length, ...) reach the driver
-wrapped by Ray; their message is the :mod:`comppo_core.arrow` one, whose row indices
-count from the start of the failing *block*, as Ray does not tell a block where it
-starts in the dataset.
+wrapped by Ray; their message is the :mod:`comppo_core.arrow` one. By default Ray Data
+wraps them in its ``UserCodeException``, which keeps only the text; with
+``ray.data.DataContext.get_current().raise_original_map_exception = True`` (set before
+the dataset is built) the driver gets the package's error itself: Ray's exception is an
+instance of its class (``except cc.NonFiniteError`` works) and forwards its attributes
+(``argument``, ``row``, ``position``; the errors pickle with them). Row indices (``row``
+and the message's) count from the start of the failing *block*, as Ray does not tell a
+block where it starts in the dataset.
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ import pyarrow as pa
 
 from . import arrow
 from .errors import DTypeError, ParameterError
+from .gate_params import DEFAULTS as _GATE_DEFAULTS
+from .gate_params import from_keywords
 
 if TYPE_CHECKING:  # pragma: no cover
     import ray.data
@@ -47,7 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["advantages_batch", "compute_advantages", "dataset_moments"]
 
 
-def advantages_batch(batch: "pa.Table | pa.RecordBatch", **options: Any) -> pa.Table:
+def advantages_batch(batch: pa.Table | pa.RecordBatch, **options: Any) -> pa.Table:
     """The ``map_batches`` function: ``batch`` plus advantages and returns.
 
     Use with ``batch_format="pyarrow"``; ``options`` are those of
@@ -55,7 +66,8 @@ def advantages_batch(batch: "pa.Table | pa.RecordBatch", **options: Any) -> pa.T
     """
     if not isinstance(batch, (pa.Table, pa.RecordBatch)):
         raise DTypeError(
-            f"batch: expected a pyarrow Table (map_batches(..., batch_format='pyarrow')), got {type(batch).__name__}"
+            f"batch: expected a pyarrow Table (map_batches(..., batch_format='pyarrow')), got {type(batch).__name__}",
+            argument="batch",
         )
     return arrow.compute_advantages(batch, **options)
 
@@ -66,7 +78,7 @@ def _moments_batch(batch: pa.Table, *, concentration_col: str = "concentration",
 
 
 def dataset_moments(
-    dataset: "ray.data.Dataset", *, concentration_col: str = "concentration", mask_col: str | None = None
+    dataset: ray.data.Dataset, *, concentration_col: str = "concentration", mask_col: str | None = None
 ) -> arrow.ConcentrationMoments:
     """The :class:`~comppo_core.arrow.ConcentrationMoments` of a dataset's valid
     concentration values (one pass over two columns; executes the dataset)."""
@@ -96,12 +108,12 @@ def _arrow_schema(dataset: Any) -> pa.Schema | None:
 
 
 def compute_advantages(
-    dataset: "ray.data.Dataset",
+    dataset: ray.data.Dataset,
     *,
     batch_size: int | None = None,
     map_batches_kwargs: dict[str, Any] | None = None,
     **options: Any,
-) -> "ray.data.Dataset":
+) -> ray.data.Dataset:
     """``dataset`` plus the columns ``advantages`` and ``returns`` (lazy, like any
     ``map_batches``).
 
@@ -123,6 +135,10 @@ def compute_advantages(
         inspect.signature(arrow.compute_advantages).bind(None, **options)
     except TypeError as e:
         raise TypeError(f"compute_advantages: {e} (options are those of comppo_core.arrow.compute_advantages)") from None
+    if "gate_params" in options or any(k in options for k in _GATE_DEFAULTS):
+        # One GateParams, checked here (not in a worker), for every block.
+        keywords = {k: options.pop(k, default) for k, default in _GATE_DEFAULTS.items()}
+        options["gate_params"] = from_keywords(options.pop("gate_params", None), keywords, name="gate_params")
     schema = _arrow_schema(dataset)
     if schema is not None:
         names = {
@@ -143,16 +159,24 @@ def compute_advantages(
         cols = arrow.resolve_columns(schema, **names)
         # Every block uses the same columns, whatever the optional ones it happens to hold.
         options = {**options, "mask_col": cols.mask, "last_values_col": cols.last_values}
+        gate = options.get("gate_params")
         if (
             cols.concentration is not None
-            and options.get("normalize", "sequence") == "batch"
+            and gate is not None
+            and gate.normalize == "batch"
             and options.get("batch_moments") is None
         ):
             options["batch_moments"] = dataset_moments(dataset, concentration_col=cols.concentration, mask_col=cols.mask)
-    elif options.get("normalize") == "batch" and options.get("concentration_col") and options.get("batch_moments") is None:
+    elif (
+        options.get("gate_params") is not None
+        and options["gate_params"].normalize == "batch"
+        and options.get("concentration_col")
+        and options.get("batch_moments") is None
+    ):
         raise ParameterError(
             "normalize='batch': the dataset's Arrow schema is unknown, so the columns for the "
-            "batch statistics cannot be resolved; pass batch_moments=dataset_moments(dataset, ...)"
+            "batch statistics cannot be resolved; pass batch_moments=dataset_moments(dataset, ...)",
+            argument="normalize",
         )
     return dataset.map_batches(
         advantages_batch,
