@@ -1,6 +1,7 @@
-"""argparse ``type=`` converters shared by the ``comppo-core`` commands.
+"""argparse ``type=`` converters shared by the ``comppo-core`` commands, and the one
+:class:`~comppo_core.GateParams` of a command's gate flags.
 
-Each takes the option's text and returns the value, or raises
+Each converter takes the option's text and returns the value, or raises
 ``argparse.ArgumentTypeError`` with what was expected (argparse then exits with status 2
 and names the option).
 """
@@ -10,7 +11,10 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["finite_float", "nonnegative_int", "positive_float", "positive_int", "unit_float"]
+from ..errors import ParameterError
+from ..gate_params import DEFAULTS, GateParams
+
+__all__ = ["finite_float", "gate_params", "nonnegative_int", "positive_float", "positive_int", "unit_float"]
 
 
 def _int(text: str) -> int:
@@ -65,3 +69,20 @@ def positive_float(text: str) -> float:
     if not (math.isfinite(value) and value > 0.0):
         raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
     return value
+
+
+def gate_params(args: argparse.Namespace, parser: argparse.ArgumentParser) -> GateParams:
+    """The :class:`~comppo_core.GateParams` of the gate flags ``--low``, ``--high``,
+    ``--sharpness``, ``--normalize``, ``--center``, ``--scale`` and ``--invert`` in
+    ``args`` (those the command has; a flag left at None takes the GateParams default).
+
+    Values each flag accepts on its own are checked by its ``type=``; a combination
+    GateParams rejects (``--low`` above ``--high``, ``--scale 0`` with ``--normalize
+    none``) is a usage error (exit status 2) naming the flag of the error's ``argument``.
+    """
+    given = {name: getattr(args, name) for name in DEFAULTS if getattr(args, name, None) is not None}
+    try:
+        return GateParams(**given)
+    except ParameterError as e:
+        flag = "--" + (e.argument or "").replace("_", "-")
+        parser.error(f"{flag}: {str(e).removeprefix(f'{e.argument}: ')}")

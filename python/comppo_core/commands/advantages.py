@@ -35,21 +35,12 @@ import time
 from typing import Any, TextIO
 
 from .. import errors
-from ._argtypes import finite_float, unit_float
+from ..gate_params import DEFAULTS as _GATE_DEFAULTS
+from ..gate_params import GateParams
+from ._argtypes import finite_float, gate_params, unit_float
 
 __all__ = ["add_parser", "run", "writer_options"]
 
-#: Column options whose defaults mean "the conventional column if the file has it".
-_GATE_OPTIONS = ("low", "high", "sharpness", "normalize", "center", "scale", "invert")
-_GATE_DEFAULTS: dict[str, Any] = {
-    "low": 0.9,
-    "high": 1.0,
-    "sharpness": 1.0,
-    "normalize": "sequence",
-    "center": 0.0,
-    "scale": 1.0,
-    "invert": False,
-}
 _COMPRESSIONS = ("snappy", "zstd", "lz4", "gzip", "brotli", "none")
 
 
@@ -204,17 +195,13 @@ class _Failure(Exception):
     """A user-facing failure that is not a ComppoError (unreadable file, ...)."""
 
 
-def _gate_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    given = [name for name in _GATE_OPTIONS if getattr(args, name) is not None]
+def _gate_params(args: argparse.Namespace, parser: argparse.ArgumentParser) -> GateParams:
+    """The gate flags as one GateParams; they are a usage error without --concentration-col."""
+    given = [name for name in _GATE_DEFAULTS if getattr(args, name) is not None]
     if given and args.concentration_col is None:
         flags = ", ".join("--" + name for name in given)
         parser.error(f"{flags}: used only with --concentration-col (the gate mapping of a concentration column)")
-    opts = {name: (_GATE_DEFAULTS[name] if getattr(args, name) is None else getattr(args, name)) for name in _GATE_OPTIONS}
-    if opts["low"] > opts["high"]:
-        parser.error(f"--low {opts['low']} must not exceed --high {opts['high']}")
-    if opts["scale"] <= 0:
-        parser.error(f"--scale must be > 0, got {opts['scale']}")
-    return opts
+    return gate_params(args, parser)
 
 
 def writer_options(parquet_schema: Any, compression: str = "snappy") -> dict[str, Any]:
@@ -236,7 +223,7 @@ def writer_options(parquet_schema: Any, compression: str = "snappy") -> dict[str
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``comppo-core advantages``; returns the exit status."""
-    gate_opts = _gate_options(args, parser)
+    gate = _gate_params(args, parser)
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -297,7 +284,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "replace": args.replace,
     }
     if cols.concentration is not None:
-        kwargs.update(gate_opts)
+        kwargs["gate_params"] = gate
 
     row_starts = [0]
     for i in range(n_groups):
@@ -310,7 +297,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             raise _Failure(f"cannot read row group {i} of {src}: {e}") from e
 
     # ---- pass 1 (normalize="batch" only): moments of the whole file ------------
-    if cols.concentration is not None and gate_opts["normalize"] == "batch":
+    if cols.concentration is not None and gate.normalize == "batch":
         progress = _Progress(sys.stderr, show, "pass 1/2 (batch statistics)", n_groups, total_rows)
         moments = arrow.ConcentrationMoments()
         tokens = 0

@@ -30,7 +30,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ._argtypes import positive_float, positive_int, unit_float
+from ..errors import ParameterError
+from ..gate_params import GateParams
+from ._argtypes import gate_params, positive_float, positive_int, unit_float
 
 __all__ = ["CharTokenizer", "DemoBatch", "add_parser", "prepare", "render_html", "run", "verify"]
 
@@ -67,7 +69,9 @@ class CharTokenizer:
         try:
             return [self.index[c] for c in text]
         except KeyError as exc:
-            raise ValueError(f"text: character {exc.args[0]!r} is not in the demo vocabulary {self.CHARS!r}") from None
+            raise ParameterError(
+                f"text: character {exc.args[0]!r} is not in the demo vocabulary {self.CHARS!r}", argument="text"
+            ) from None
 
     def decode(self, ids: Sequence[int], *, stop_at_eos: bool = True) -> str:
         out = []
@@ -156,9 +160,10 @@ def _build_model(args: argparse.Namespace, tok: CharTokenizer) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if args.hidden % args.heads != 0 or args.heads % args.kv_heads != 0:
-        raise ValueError(
+        raise ParameterError(
             f"--hidden {args.hidden} must be a multiple of --heads {args.heads}, "
-            f"itself a multiple of --kv-heads {args.kv_heads}"
+            f"itself a multiple of --kv-heads {args.kv_heads}",
+            argument="hidden",
         )
     torch.manual_seed(args.seed)
     config = LlamaConfig(
@@ -234,8 +239,7 @@ def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
         gamma=args.gamma,
         lam=args.lam,
         statistic=args.statistic,
-        low=args.low,
-        high=args.high,
+        gate_params=GateParams(low=args.low, high=args.high),
         control=args.control,
         seed=args.seed,
     )
@@ -348,8 +352,7 @@ Hover a token for its numbers.</p>
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``comppo-core demo``; returns the exit status."""
-    if args.low > args.high:
-        parser.error(f"--low {args.low} must not exceed --high {args.high}")
+    gate_params(args, parser)  # --low above --high is a usage error
     if args.hidden % args.heads != 0 or args.heads % args.kv_heads != 0:
         parser.error(
             f"--hidden {args.hidden} must be a multiple of --heads {args.heads}, itself a multiple of --kv-heads {args.kv_heads}"

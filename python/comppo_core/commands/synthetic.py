@@ -17,7 +17,8 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from .. import __version__, gae, gates_from_concentration, get_num_threads, reference
-from ._argtypes import nonnegative_int, positive_int, unit_float
+from ..errors import ParameterError
+from ._argtypes import gate_params, nonnegative_int, positive_int, unit_float
 
 __all__ = ["SyntheticBatch", "add_parser", "run", "synthetic_batch"]
 
@@ -54,8 +55,9 @@ def synthetic_batch(seed: int = 0, batch: int = 256, length: int = 2048) -> Synt
 
     Same ``(seed, batch, length)``, same arrays (``numpy.random.default_rng(seed)``).
     """
-    if batch < 1 or length < 1:
-        raise ValueError(f"batch and length must be >= 1, got batch={batch}, length={length}")
+    for name, n in (("batch", batch), ("length", length)):
+        if n < 1:
+            raise ParameterError(f"{name}: expected an integer >= 1, got {n}", argument=name)
     rng = np.random.default_rng(seed)
     lo = max(1, length // 2)
     lengths = rng.integers(lo, length, size=batch, endpoint=True)
@@ -181,8 +183,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``comppo-core synthetic``; returns the exit status."""
     if args.row >= args.batch:
         parser.error(f"--row {args.row} is out of range for --batch {args.batch}")
-    if args.low > args.high:
-        parser.error(f"--low {args.low} must not exceed --high {args.high}")
+    gate = gate_params(args, parser)  # --low, --high; the mapping's other defaults
 
     t_start = time.perf_counter()
     data = synthetic_batch(args.seed, args.batch, args.length)
@@ -196,10 +197,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     print(
         f"gamma={args.gamma:g}  lam={args.lam:g}  gates from concentration: "
-        f"low={args.low:g} high={args.high:g} (z-score per sequence, sharpness 1)"
+        f"low={gate.low:g} high={gate.high:g} (z-score per sequence, sharpness {gate.sharpness:g})"
     )
 
-    gates = gates_from_concentration(conc, mask=mask, low=args.low, high=args.high)
+    gates = gates_from_concentration(conc, mask=mask, **gate.as_kwargs())
     plain = gae(rewards, values, mask=mask, gamma=args.gamma, lam=args.lam)
     comp = gae(rewards, values, mask=mask, gates=gates, gamma=args.gamma, lam=args.lam)
 
