@@ -56,6 +56,8 @@ from typing import Any, Optional
 
 import torch
 
+from ..errors import ParameterError
+
 __all__ = ["available", "interpreting", "raw_statistics"]
 
 #: Statistic codes passed to the kernel as a compile-time constant.
@@ -112,7 +114,7 @@ def raw_statistics(
     """
     block_m, block_n, num_warps = TILES if tiles is None else tiles
     if block_m % block_n:
-        raise ValueError(f"tiles: BLOCK_M ({block_m}) must be a multiple of BLOCK_N ({block_n})")
+        raise ParameterError(f"tiles: BLOCK_M ({block_m}) must be a multiple of BLOCK_N ({block_n})", argument="tiles")
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     raw = torch.empty(b, h, tq, dtype=torch.float32, device=q.device)

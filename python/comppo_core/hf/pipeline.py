@@ -4,7 +4,7 @@
 
     logprobs, c  = logprobs_and_concentration(model, input_ids, attention_mask)   [B, T−1]
     m            = response_mask[:, 1:] ∧ attention_mask[:, 1:] ∧ attention_mask[:, :-1]
-    g            = gates_from_concentration(c, mask=m, low, high, sharpness, normalize, ...)
+    g            = gates_from_concentration(c, mask=m, params=gate_params)   (GateParams)
     g            = control(g)          "none" | "shuffle" | "by_position" | "constant"
     A, R         = gae(r, V, mask=m, gates=g, γ, λ)                 Comp-GAE
     A⁰, R⁰       = gae(r, V, mask=m, γ, λ)                          plain GAE, for comparison
@@ -42,7 +42,8 @@ import torch
 
 from .. import controls as _controls
 from ..advantages import gae
-from ..errors import MaskedRewardError, ParameterError, ShapeError
+from ..errors import MaskedRewardError, ParameterError, ShapeError, location
+from ..gate_params import GateParams, from_keywords
 from ..gating import gates_from_concentration
 from .probe import _check_ids, logprobs_and_concentration
 from .statistics import DEFAULT_QUERY_CHUNK
@@ -84,7 +85,7 @@ class CompPOBatch:
 def _as_float(data: Any, name: str, device: torch.device) -> torch.Tensor:
     x: torch.Tensor = torch.as_tensor(data, device=device)
     if not (x.is_floating_point() or x.dtype in (torch.int32, torch.int64, torch.bool)):
-        raise ShapeError(f"{name}: expected a numeric tensor, got {x.dtype}")
+        raise ShapeError(f"{name}: expected a numeric tensor, got {x.dtype}", argument=name)
     return x.to(torch.float32)
 
 
@@ -99,14 +100,18 @@ def _rewards_to_columns(data: Any, b: int, t: int, device: torch.device) -> torc
             row = int(torch.nonzero(x[:, 0] != 0)[0, 0])
             raise MaskedRewardError(
                 f"rewards: token 0 has no log-prob column and cannot be a response token, "
-                f"got reward {float(x[row, 0])} at (row {row}, position 0)"
+                f"got reward {float(x[row, 0])} at {location(row, 0)}",
+                argument="rewards",
+                row=row,
+                position=0,
             )
         return x[:, 1:].contiguous()
     if x.shape == (b, t - 1):
         return x.contiguous()
     raise ShapeError(
         f"rewards: expected [B] (per sequence), [B, T] = [{b}, {t}] (per token) or [B, T-1] = [{b}, {t - 1}] "
-        f"(per log-prob column), got {tuple(x.shape)}"
+        f"(per log-prob column), got {tuple(x.shape)}",
+        argument="rewards",
     )
 
 
@@ -125,7 +130,8 @@ def _values_to_columns(data: Any, b: int, t: int, device: torch.device) -> torch
     raise ShapeError(
         f"values: expected [B, T] = [{b}, {t}] or [B, T-1] = [{b}, {t - 1}], got {tuple(x.shape)} "
         "([B, T]: the critic's output at each position, values[:, t] = V(input_ids[:, :t+1]); "
-        "[B, T-1]: column j = V(input_ids[:, :j+1]))"
+        "[B, T-1]: column j = V(input_ids[:, :j+1]))",
+        argument="values",
     )
 
 
@@ -139,7 +145,9 @@ def _outcome_on_last(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         row = int(torch.nonzero(bad)[0, 0])
         raise MaskedRewardError(
             f"rewards: row {row} has outcome {float(scores[row])} but no response token to carry it "
-            "(response_mask ∧ attention_mask is empty on that row)"
+            "(response_mask ∧ attention_mask is empty on that row)",
+            argument="rewards",
+            row=row,
         )
     last = cols - 1 - torch.flip(mask, dims=[1]).to(torch.int64).argmax(dim=1)
     rows = torch.nonzero(has).flatten()
@@ -168,6 +176,7 @@ def comp_gae_batch(
     center: float = 0.0,
     scale: float = 1.0,
     invert: bool = False,
+    gate_params: GateParams | None = None,
     control: str = "none",
     seed: int = 0,
     position_ids: Optional[torch.Tensor] = None,
@@ -204,6 +213,8 @@ def comp_gae_batch(
       low, high, sharpness, normalize, center, scale, invert: the gate mapping of
         :func:`comppo_core.gates_from_concentration`, over the response columns.
         ``low == high`` is a constant gate (Comp-GAE = GAE(γ·low, λ)).
+      gate_params: the seven as one :class:`~comppo_core.GateParams`, instead of the
+        keywords (which must then keep their defaults).
       control: ``"none"``, ``"shuffle"`` (each row's gates permuted, seeded by ``seed``),
         ``"by_position"`` (batch mean gate at each response-position index) or
         ``"constant"`` (batch mean gate), as :mod:`comppo_core.controls`.
@@ -212,17 +223,22 @@ def comp_gae_batch(
       :class:`CompPOBatch`, every field ``[B, T−1]`` on the model's device.
     """
     if not isinstance(control, str) or control not in CONTROLS:
-        raise ParameterError(f"control: expected one of {', '.join(map(repr, CONTROLS))}, got {control!r}")
+        raise ParameterError(f"control: expected one of {', '.join(map(repr, CONTROLS))}, got {control!r}", argument="control")
+    keywords = {"low": low, "high": high, "sharpness": sharpness, "normalize": normalize, "center": center, "scale": scale, "invert": invert}
+    gate = from_keywords(gate_params, keywords, name="gate_params")
     ids, am = _check_ids(input_ids, attention_mask)
     b, t = ids.shape
     if not isinstance(response_mask, torch.Tensor) or tuple(response_mask.shape) != (b, t):
         got = tuple(response_mask.shape) if isinstance(response_mask, torch.Tensor) else type(response_mask).__name__
-        raise ShapeError(f"response_mask: expected a tensor shaped like input_ids {(b, t)}, got {got}")
+        raise ShapeError(f"response_mask: expected a tensor shaped like input_ids {(b, t)}, got {got}", argument="response_mask")
     rm = response_mask.to(device=ids.device) != 0
     if bool(rm[:, 0].any()):
         row = int(torch.nonzero(rm[:, 0])[0, 0])
         raise ShapeError(
-            f"response_mask: token 0 cannot be a response token (no position scores it), got one at (row {row}, position 0)"
+            f"response_mask: token 0 cannot be a response token (no position scores it), got one at {location(row, 0)}",
+            argument="response_mask",
+            row=row,
+            position=0,
         )
 
     lp, conc = logprobs_and_concentration(
@@ -238,15 +254,13 @@ def comp_gae_batch(
     r_in = torch.as_tensor(rewards, device=device)
     if r_in.dim() == 1:
         if r_in.shape[0] != b:
-            raise ShapeError(f"rewards: expected [B] = [{b}] outcome scores, got {tuple(r_in.shape)}")
+            raise ShapeError(f"rewards: expected [B] = [{b}] outcome scores, got {tuple(r_in.shape)}", argument="rewards")
         r = _outcome_on_last(r_in.to(torch.float32), mask)
     else:
         r = _rewards_to_columns(r_in, b, t, device)
     v = torch.zeros_like(lp) if values is None else _values_to_columns(values, b, t, device)
 
-    gates: Any = gates_from_concentration(
-        conc, mask=mask, low=low, high=high, sharpness=sharpness, normalize=normalize, center=center, scale=scale, invert=invert
-    )
+    gates: Any = gates_from_concentration(conc, mask=mask, **gate.as_kwargs())
     if control == "shuffle":
         gates = _controls.shuffle(gates, mask=mask, seed=seed)
     elif control == "by_position":

@@ -144,7 +144,8 @@ class _ModelState:
         if not isinstance(layer, int):
             raise UnsupportedModelError(
                 f"model: attention module {type(module).__name__} has no integer layer_idx "
-                f"(got {layer!r}); the probe needs it to know which layer it is in"
+                f"(got {layer!r}); the probe needs it to know which layer it is in",
+                argument="model",
             )
         wanted = [p for p in recording if layer in p._layer_set]
         if not wanted:
@@ -152,13 +153,15 @@ class _ModelState:
         if kwargs.get("position_bias") is not None:
             raise UnsupportedModelError(
                 f"model: {type(module).__name__} adds a position bias to its attention scores; "
-                "the probe supports plain scaled-dot-product attention only"
+                "the probe supports plain scaled-dot-product attention only",
+                argument="model",
             )
         if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4):
             raise UnsupportedModelError(
                 f"attention_mask: the probe reads transformers' 4-D boolean SDPA masks, got "
                 f"{type(mask).__name__}{'' if not isinstance(mask, torch.Tensor) else f' {mask.dtype} {tuple(mask.shape)}'}; "
-                "pass a 2-D padding mask to the model, not a prepared 4-D mask"
+                "pass a 2-D padding mask to the model, not a prepared 4-D mask",
+                argument="attention_mask",
             )
         q_len = query.shape[2]
         is_causal = kwargs.get("is_causal")
@@ -249,7 +252,8 @@ def _num_layers(model: Any) -> int:
     n = getattr(text, "num_hidden_layers", None)
     if not isinstance(n, int) or n < 1:
         raise UnsupportedModelError(
-            f"model: expected a config with num_hidden_layers >= 1, got {n!r} on {type(cfg).__name__}"
+            f"model: expected a config with num_hidden_layers >= 1, got {n!r} on {type(cfg).__name__}",
+            argument="model",
         )
     return n
 
@@ -262,7 +266,8 @@ def _attach(model: Any, probe: ConcentrationProbe) -> None:
             if other is not None:
                 raise ProbeError(
                     "model: a probe is already active on another model that shares its module "
-                    f"{type(m).__name__}; probe the outer model only"
+                    f"{type(m).__name__}; probe the outer model only",
+                    argument="model",
                 )
         state = _ModelState(model)
         state.saved = [(cfg, getattr(cfg, "_attn_implementation_internal", None)) for cfg in _configs(model)]
@@ -271,7 +276,8 @@ def _attach(model: Any, probe: ConcentrationProbe) -> None:
         except (ValueError, ImportError, KeyError) as exc:
             _restore(state)
             raise UnsupportedModelError(
-                f"model: {type(model).__name__} cannot run the probe's SDPA-based attention function ({exc})"
+                f"model: {type(model).__name__} cannot run the probe's SDPA-based attention function ({exc})",
+                argument="model",
             ) from exc
         except BaseException:
             _restore(state)
@@ -280,7 +286,8 @@ def _attach(model: Any, probe: ConcentrationProbe) -> None:
             _restore(state)
             raise UnsupportedModelError(
                 f"model: {type(model).__name__} does not support setting its attention implementation "
-                "through transformers' AttentionInterface, so the probe cannot attach to it"
+                "through transformers' AttentionInterface, so the probe cannot attach to it",
+                argument="model",
             )
         for m in model.modules():
             _MODULE_STATE[m] = state
@@ -315,22 +322,22 @@ def _normalize_layers(layers: None | int | slice | Iterable[int], n: int) -> tup
     if isinstance(layers, slice):
         out = tuple(range(n)[layers])
         if not out:
-            raise ParameterError(f"layers: the slice {layers} selects no layer of the model's {n}")
+            raise ParameterError(f"layers: the slice {layers} selects no layer of the model's {n}", argument="layers")
         return out
     if isinstance(layers, bool):
-        raise ParameterError(f"layers: expected None, a slice or layer indices, got {layers!r}")
+        raise ParameterError(f"layers: expected None, a slice or layer indices, got {layers!r}", argument="layers")
     items: Sequence[Any] = [layers] if isinstance(layers, int) else list(layers)
     if not items:
-        raise ParameterError("layers: expected at least one layer index, got an empty selection")
+        raise ParameterError("layers: expected at least one layer index, got an empty selection", argument="layers")
     out_list: list[int] = []
     for x in items:
         if isinstance(x, bool) or not isinstance(x, int):
-            raise ParameterError(f"layers: expected integer layer indices, got {x!r}")
+            raise ParameterError(f"layers: expected integer layer indices, got {x!r}", argument="layers")
         if not -n <= x < n:
-            raise ParameterError(f"layers: index {x} is out of range for a model with {n} layers (expected {-n} <= i < {n})")
+            raise ParameterError(f"layers: index {x} is out of range for a model with {n} layers (expected {-n} <= i < {n})", argument="layers")
         i = x % n
         if i in out_list:
-            raise ParameterError(f"layers: layer {i} is selected twice")
+            raise ParameterError(f"layers: layer {i} is selected twice", argument="layers")
         out_list.append(i)
     return tuple(sorted(out_list))
 
@@ -391,13 +398,14 @@ class ConcentrationProbe:
     ) -> None:
         if not isinstance(model, PreTrainedModel):
             raise UnsupportedModelError(
-                f"model: expected a transformers PreTrainedModel, got {type(model).__module__}.{type(model).__name__}"
+                f"model: expected a transformers PreTrainedModel, got {type(model).__module__}.{type(model).__name__}",
+                argument="model",
             )
         self.model = model
         self.statistic = check_statistic(statistic)
         self.method = check_method(method, self.statistic)
         if isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1:
-            raise ParameterError(f"query_chunk: expected an integer >= 1, got {query_chunk!r}")
+            raise ParameterError(f"query_chunk: expected an integer >= 1, got {query_chunk!r}", argument="query_chunk")
         self.query_chunk = query_chunk
         self.precision = check_precision(precision)
         self.num_layers = _num_layers(model)
@@ -405,7 +413,7 @@ class ConcentrationProbe:
         self._layer_set = frozenset(self.layers)
         for name, flag in (("per_layer", per_layer), ("record_with_grad", record_with_grad)):
             if not isinstance(flag, bool):
-                raise ParameterError(f"{name}: expected True or False, got {flag!r}")
+                raise ParameterError(f"{name}: expected True or False, got {flag!r}", argument=name)
         self._keep_per_layer = per_layer
         #: whether passes run with gradients enabled are recorded
         self.record_with_grad = record_with_grad
@@ -470,7 +478,7 @@ class ConcentrationProbe:
             f"{count} real token(s) in that layer. The model's queries or keys are not finite there "
             "(NaN/inf activations: corrupted weights or an overflow); the pass was not recorded"
         )
-        raise NonFiniteError(self._error)
+        raise NonFiniteError(self._error, argument="concentration", row=row, position=pos)
 
     def _record(self, layer: int, stat: torch.Tensor, valid: torch.Tensor) -> None:
         if self._sum is not None and (layer in self._seen or self._sum.shape != stat.shape or self._sum.device != stat.device):
@@ -511,7 +519,8 @@ class ConcentrationProbe:
         if not self._keep_per_layer:
             raise ProbeError(
                 "per_layer: this probe keeps only the mean over layers; pass per_layer=True to "
-                "ConcentrationProbe to keep each layer's statistic"
+                "ConcentrationProbe to keep each layer's statistic",
+                argument="per_layer",
             )
         if self._last_per_layer is None:
             raise self._nothing_recorded("per_layer")
@@ -544,14 +553,15 @@ class ConcentrationProbe:
             why.append(f"the last pass raised NonFiniteError ({self._error})")
         return ProbeError(
             f"{name}: no forward pass was recorded"
-            + ("; " + "; ".join(why) if why else " (run the model inside the `with` block)")
+            + ("; " + "; ".join(why) if why else " (run the model inside the `with` block)"),
+            argument=name,
         )
 
     # ---- context manager ------------------------------------------------------
 
     def __enter__(self) -> ConcentrationProbe:  # noqa: PYI034 (typing.Self needs Python 3.11)
         if self._active:
-            raise ProbeError("ConcentrationProbe: this probe is already active; create another probe to nest")
+            raise ProbeError("ConcentrationProbe: this probe is already active; create another probe to nest", argument=None)
         self.reset()
         _attach(self.model, self)
         self._active = True
@@ -619,7 +629,7 @@ def token_logprobs(
     """
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or not logits.is_floating_point():
         got = f"{logits.dtype} {tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ShapeError(f"logits: expected a 3-D float tensor [B, L, V], got {got}")
+        raise ShapeError(f"logits: expected a 3-D float tensor [B, L, V], got {got}", argument="logits")
     b, length, vocab = logits.shape
     if (
         not isinstance(targets, torch.Tensor)
@@ -627,9 +637,9 @@ def token_logprobs(
         or targets.dtype not in (torch.int64, torch.int32)
     ):
         got = f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, torch.Tensor) else type(targets).__name__
-        raise ShapeError(f"targets: expected an integer tensor [B, L] = [{b}, {length}], got {got}")
+        raise ShapeError(f"targets: expected an integer tensor [B, L] = [{b}, {length}], got {got}", argument="targets")
     if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int) or chunk_elements < 1:
-        raise ParameterError(f"chunk_elements: expected an integer >= 1, got {chunk_elements!r}")
+        raise ParameterError(f"chunk_elements: expected an integer >= 1, got {chunk_elements!r}", argument="chunk_elements")
     out = torch.empty(b, length, dtype=torch.float32, device=logits.device)
     positions = max(1, min(length, chunk_elements // max(1, vocab)))
     rows = max(1, min(b, chunk_elements // max(1, length * vocab))) if positions == length else 1
@@ -646,14 +656,14 @@ def token_logprobs(
 def _check_ids(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
         got = f"{input_ids.dtype} {tuple(input_ids.shape)}" if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-        raise ShapeError(f"input_ids: expected a 2-D integer tensor [B, T], got {got}")
+        raise ShapeError(f"input_ids: expected a 2-D integer tensor [B, T], got {got}", argument="input_ids")
     if input_ids.shape[1] < 2:
-        raise ShapeError(f"input_ids: expected T >= 2 tokens per row (log-probs score tokens 1..T-1), got T={input_ids.shape[1]}")
+        raise ShapeError(f"input_ids: expected T >= 2 tokens per row (log-probs score tokens 1..T-1), got T={input_ids.shape[1]}", argument="input_ids")
     if attention_mask is None:
         return input_ids, None
     if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
         got_mask = str(tuple(attention_mask.shape)) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-        raise ShapeError(f"attention_mask: expected a tensor shaped like input_ids {tuple(input_ids.shape)}, got {got_mask}")
+        raise ShapeError(f"attention_mask: expected a tensor shaped like input_ids {tuple(input_ids.shape)}, got {got_mask}", argument="attention_mask")
     return input_ids, attention_mask.to(device=input_ids.device) != 0
 
 

@@ -179,20 +179,21 @@ def _fall_back(cache: set[CapabilityKey], key: CapabilityKey, failed: str, why: 
 def check_statistic(statistic: object) -> str:
     """``statistic`` if it is one of :data:`STATISTICS`, else a :class:`ParameterError`."""
     if not isinstance(statistic, str) or statistic not in STATISTICS:
-        raise ParameterError(f"statistic: expected one of {', '.join(map(repr, STATISTICS))}, got {statistic!r}")
+        raise ParameterError(f"statistic: expected one of {', '.join(map(repr, STATISTICS))}, got {statistic!r}", argument="statistic")
     return statistic
 
 
 def check_method(method: object, statistic: str) -> str:
     """``method`` if it is one of :data:`METHODS` and can compute ``statistic``."""
     if not isinstance(method, str) or method not in METHODS:
-        raise ParameterError(f"method: expected one of {', '.join(map(repr, METHODS))}, got {method!r}")
+        raise ParameterError(f"method: expected one of {', '.join(map(repr, METHODS))}, got {method!r}", argument="method")
     if method == "online" and not online.available():
-        raise ParameterError("method: 'online' needs Triton, which is not installed; use method='auto'")
+        raise ParameterError("method: 'online' needs Triton, which is not installed; use method='auto'", argument="method")
     if method == "fused" and statistic not in _FUSED_STATISTICS:
         raise ParameterError(
             f"method: 'fused' computes {' and '.join(map(repr, _FUSED_STATISTICS))} only, got statistic={statistic!r}; "
-            "use method='chunked' or 'auto'"
+            "use method='chunked' or 'auto'",
+            argument="method",
         )
     return method
 
@@ -200,13 +201,13 @@ def check_method(method: object, statistic: str) -> str:
 def check_precision(precision: object) -> str:
     """``precision`` if it is one of :data:`PRECISIONS`, else a :class:`ParameterError`."""
     if not isinstance(precision, str) or precision not in PRECISIONS:
-        raise ParameterError(f"precision: expected one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+        raise ParameterError(f"precision: expected one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}", argument="precision")
     return precision
 
 
 def _check_chunk(query_chunk: object) -> int:
     if isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1:
-        raise ParameterError(f"query_chunk: expected an integer >= 1, got {query_chunk!r}")
+        raise ParameterError(f"query_chunk: expected an integer >= 1, got {query_chunk!r}", argument="query_chunk")
     return query_chunk
 
 
@@ -536,23 +537,23 @@ def head_mean_concentration(
     query_chunk = _check_chunk(query_chunk)
     precision = check_precision(precision)
     if query.dim() != 4 or key.dim() != 4:
-        raise ParameterError(f"query, key: expected 4-D [B, H, T, d] tensors, got {tuple(query.shape)} and {tuple(key.shape)}")
+        raise ParameterError(f"query, key: expected 4-D [B, H, T, d] tensors, got {tuple(query.shape)} and {tuple(key.shape)}", argument="query")
     b, h, tq, d = query.shape
     if key.shape[0] != b or key.shape[3] != d or h % key.shape[1] != 0:
-        raise ParameterError(f"key: expected [{b}, Hkv, Tk, {d}] with {h} % Hkv == 0, got {tuple(key.shape)}")
+        raise ParameterError(f"key: expected [{b}, Hkv, Tk, {d}] with {h} % Hkv == 0, got {tuple(key.shape)}", argument="key")
     tk = key.shape[2]
     if mask is not None:
         if mask.dtype != torch.bool:
-            raise ParameterError(f"mask: expected a bool tensor, got {mask.dtype}")
+            raise ParameterError(f"mask: expected a bool tensor, got {mask.dtype}", argument="mask")
         if mask.dim() != 4 or mask.shape[-2:] != (tq, tk) or mask.shape[0] not in (1, b) or mask.shape[1] not in (1, h):
-            raise ParameterError(f"mask: expected [{b} or 1, {h} or 1, {tq}, {tk}], got {tuple(mask.shape)}")
+            raise ParameterError(f"mask: expected [{b} or 1, {h} or 1, {tq}, {tk}], got {tuple(mask.shape)}", argument="mask")
     scale_ = 1.0 / math.sqrt(d) if scale is None else float(scale)
     causal = bool(is_causal) and mask is None
     if causal and tk > tq:
         key = key[:, :, :tq]  # upper-left causal: query i sees keys 0..i only
 
     if method == "online" and query.device.type != "cuda" and not online.interpreting():
-        raise ParameterError(f"method: 'online' runs on CUDA tensors only, got {query.device.type}; use method='auto'")
+        raise ParameterError(f"method: 'online' runs on CUDA tensors only, got {query.device.type}; use method='auto'", argument="method")
     online_key = _capability_key(query, query.dtype)
     use_online = method == "online" or (
         method == "auto" and query.device.type in _ONLINE_DEVICES and online.available() and online_key not in _ONLINE_BROKEN
