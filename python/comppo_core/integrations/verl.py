@@ -32,6 +32,7 @@ import numpy as np
 
 from .._torch import tensor_io
 from ..advantages import gae
+from ..errors import ParameterError
 from ..whitening import masked_whiten
 
 __all__ = ["compute_comp_gae_advantage", "compute_gae_advantage_return", "register", "set_inputs"]
@@ -92,9 +93,10 @@ def compute_comp_gae_advantage(
     values = pending.get("values") if values is None else values
     gates = pending.get("gates") if gates is None else gates
     if values is None:
-        raise ValueError(
+        raise ParameterError(
             "values: comp_gae needs the critic's values; call "
-            "comppo_core.integrations.verl.set_inputs(values=..., gates=...) before compute_advantage"
+            "comppo_core.integrations.verl.set_inputs(values=..., gates=...) before compute_advantage",
+            argument="values",
         )
     gamma = getattr(config, "gamma", 1.0) if config is not None else 1.0
     lam = getattr(config, "lam", 1.0) if config is not None else 1.0

@@ -59,14 +59,15 @@ def _column_mask(name: str, x: Any, shape: tuple[int, int], columns: torch.Tenso
     """``x`` as a ``[B, T−1]`` bool tensor inside the scored columns, or a clear error."""
     if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ShapeError(f"{name}: expected a tensor [B, T−1] = {list(shape)} (column j scores token j+1), got {got}")
+        raise ShapeError(f"{name}: expected a tensor [B, T−1] = {list(shape)} (column j scores token j+1), got {got}", argument=name)
     m = x.to(device=columns.device) != 0
     outside = m & ~columns
     if bool(outside.any()):
         row, pos = (int(i) for i in torch.nonzero(outside)[0])
         raise ShapeError(
             f"{name}: expected only columns whose query and target tokens are real, got a padded column at "
-            f"(row {row}, position {pos})"
+            f"(row {row}, position {pos})",
+            argument=name, row=row, position=pos,
         )
     return m
 
@@ -74,12 +75,12 @@ def _column_mask(name: str, x: Any, shape: tuple[int, int], columns: torch.Tenso
 def _given_gates(gates: Any, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
     if not isinstance(gates, torch.Tensor) or tuple(gates.shape) != shape:
         got = tuple(gates.shape) if isinstance(gates, torch.Tensor) else type(gates).__name__
-        raise ShapeError(f"gates: expected a tensor [B, T−1] = {list(shape)}, got {got}")
+        raise ShapeError(f"gates: expected a tensor [B, T−1] = {list(shape)}, got {got}", argument="gates")
     g = gates.detach().to(device=device, dtype=torch.float32)
     bad = ~((g >= 0) & (g <= 1))
     if bool(bad.any()):
         row, pos = (int(i) for i in torch.nonzero(bad)[0])
-        raise OutOfRangeError(f"gates: expected values in [0, 1], got {float(g[row, pos])} at (row {row}, position {pos})")
+        raise OutOfRangeError(f"gates: expected values in [0, 1], got {float(g[row, pos])} at (row {row}, position {pos})", argument="gates", row=row, position=pos)
     return g
 
 

@@ -67,17 +67,17 @@ KL_KINDS = MappingProxyType(
 
 def _tensor(x: Any, name: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
-        raise DTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        raise DTypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}", argument=name)
     if not x.is_floating_point():
-        raise DTypeError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
+        raise DTypeError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}", argument=name)
     return x
 
 
 def _check_like(x: torch.Tensor, name: str, first: torch.Tensor, first_name: str) -> None:
     if x.shape != first.shape:
-        raise ShapeError(f"{name}: expected shape {tuple(first.shape)} like {first_name}, got {tuple(x.shape)}")
+        raise ShapeError(f"{name}: expected shape {tuple(first.shape)} like {first_name}, got {tuple(x.shape)}", argument=name)
     if x.device != first.device:
-        raise DTypeError(f"{name}: expected a tensor on {first.device} like {first_name}, got one on {x.device}")
+        raise DTypeError(f"{name}: expected a tensor on {first.device} like {first_name}, got one on {x.device}", argument=name)
 
 
 def _grid(tensors: dict[str, Any]) -> list[torch.Tensor]:
@@ -86,7 +86,7 @@ def _grid(tensors: dict[str, Any]) -> list[torch.Tensor]:
     names = list(tensors)
     first, first_name = checked[0], names[0]
     if first.dim() != 2:
-        raise ShapeError(f"{first_name}: expected a 2-D [B, T] tensor, got shape {tuple(first.shape)}")
+        raise ShapeError(f"{first_name}: expected a 2-D [B, T] tensor, got shape {tuple(first.shape)}", argument=first_name)
     for x, name in zip(checked[1:], names[1:]):
         _check_like(x, name, first, first_name)
     return checked
@@ -95,9 +95,9 @@ def _grid(tensors: dict[str, Any]) -> list[torch.Tensor]:
 def _mask(mask: Any, like: torch.Tensor, like_name: str) -> torch.Tensor:
     """``mask != 0`` as a bool tensor shaped like ``like``."""
     if not isinstance(mask, torch.Tensor):
-        raise DTypeError(f"mask: expected a torch.Tensor, got {type(mask).__name__}")
+        raise DTypeError(f"mask: expected a torch.Tensor, got {type(mask).__name__}", argument="mask")
     if mask.is_complex() or not (mask.dtype == torch.bool or mask.is_floating_point() or _is_integer(mask)):
-        raise DTypeError(f"mask: expected a bool, integer or float tensor, got dtype {mask.dtype}")
+        raise DTypeError(f"mask: expected a bool, integer or float tensor, got dtype {mask.dtype}", argument="mask")
     _check_like(mask, "mask", like, like_name)
     return mask if mask.dtype == torch.bool else mask != 0
 
@@ -108,20 +108,20 @@ def _is_integer(x: torch.Tensor) -> bool:
 
 def _number(name: str, value: Any, expected: str) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise ParameterError(f"{name}: expected {expected}, got {value!r}")
+        raise ParameterError(f"{name}: expected {expected}, got {value!r}", argument=name)
     return float(value)
 
 
 def _nonnegative(name: str, value: Any) -> float:
     x = _number(name, value, "a number ≥ 0")
     if not x >= 0.0:  # also rejects NaN
-        raise ParameterError(f"{name}: expected a number ≥ 0, got {x}")
+        raise ParameterError(f"{name}: expected a number ≥ 0, got {x}", argument=name)
     return x
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise ParameterError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
+        raise ParameterError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}", argument=name)
     return value
 
 
@@ -204,7 +204,7 @@ def aggregate(
     if normalizer is not None:
         x = _number("normalizer", normalizer, "a positive finite number")
         if not (x > 0.0 and math.isfinite(x)):
-            raise ParameterError(f"normalizer: expected a positive finite number, got {x}")
+            raise ParameterError(f"normalizer: expected a positive finite number, got {x}", argument="normalizer")
     return _aggregate(loss_mat, valid, mode, normalizer)
 
 
@@ -273,7 +273,8 @@ def policy_loss(
         clip_ratio_c = _number("dual_clip", dual_clip, "a finite number > 1 (or None to turn dual clipping off)")
         if not (clip_ratio_c > 1.0 and math.isfinite(clip_ratio_c)):
             raise ParameterError(
-                f"dual_clip: expected a finite number > 1 (or None to turn dual clipping off), got {clip_ratio_c}"
+                f"dual_clip: expected a finite number > 1 (or None to turn dual clipping off), got {clip_ratio_c}",
+                argument="dual_clip",
             )
     agg = _choice("agg", agg, AGG_MODES)
 

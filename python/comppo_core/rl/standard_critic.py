@@ -49,7 +49,7 @@ class StandardCritic(nn.Module):
         text = get_text() if callable(get_text) else cfg
         d = getattr(text, "hidden_size", None) or getattr(text, "n_embd", None)
         if not isinstance(d, int):
-            raise ParameterError(f"backbone: expected a transformers model with a config.hidden_size, got {type(backbone).__name__}")
+            raise ParameterError(f"backbone: expected a transformers model with a config.hidden_size, got {type(backbone).__name__}", argument="backbone")
         self.backbone = backbone
         device = next(backbone.parameters()).device
         self.value_head = nn.Linear(d, 1, bias=False, dtype=torch.float32, device=device)
@@ -63,7 +63,8 @@ class StandardCritic(nn.Module):
         base = getattr(model, "base_model", None)
         if not isinstance(base, nn.Module) or base is model:
             raise ParameterError(
-                f"model: expected a ...ForCausalLM with a base model (model.base_model), got {type(model).__name__}"
+                f"model: expected a ...ForCausalLM with a base model (model.base_model), got {type(model).__name__}",
+                argument="model",
             )
         return cls(copy.deepcopy(base), generator=generator)
 

@@ -167,13 +167,13 @@ class TransportAlignedCritic(nn.Module):
         super().__init__()
         for name, v in (("hidden_size", hidden_size), ("num_layers", num_layers), ("width", width), ("route_hidden", route_hidden), ("heads", heads)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ParameterError(f"{name}: expected an integer >= 1, got {v!r}")
+                raise ParameterError(f"{name}: expected an integer >= 1, got {v!r}", argument=name)
         if temporal not in TEMPORAL_MIXERS:
-            raise ParameterError(f"temporal: expected one of {TEMPORAL_MIXERS}, got {temporal!r}")
+            raise ParameterError(f"temporal: expected one of {TEMPORAL_MIXERS}, got {temporal!r}", argument="temporal")
         if isinstance(trunk_grad, bool) or not isinstance(trunk_grad, (int, float)) or not 0.0 <= trunk_grad <= 1.0:
-            raise ParameterError(f"trunk_grad: expected a number in [0, 1], got {trunk_grad!r}")
+            raise ParameterError(f"trunk_grad: expected a number in [0, 1], got {trunk_grad!r}", argument="trunk_grad")
         if temporal == "attention" and width % heads:
-            raise ParameterError(f"heads: expected a divisor of width={width}, got {heads}")
+            raise ParameterError(f"heads: expected a divisor of width={width}, got {heads}", argument="heads")
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.routing_layers = num_layers if routing_layers is None else int(routing_layers)
@@ -215,7 +215,7 @@ class TransportAlignedCritic(nn.Module):
         d = getattr(text, "hidden_size", None) or getattr(text, "n_embd", None)
         n = getattr(text, "num_hidden_layers", None)
         if not isinstance(d, int) or not isinstance(n, int):
-            raise ParameterError(f"model: expected a config with hidden_size and num_hidden_layers, got {type(cfg).__name__}")
+            raise ParameterError(f"model: expected a config with hidden_size and num_hidden_layers, got {type(cfg).__name__}", argument="model")
         eps = getattr(text, "rms_norm_eps", None) or getattr(text, "layer_norm_epsilon", None) or 1e-6
         try:
             device = next(model.parameters()).device
@@ -236,12 +236,13 @@ class TransportAlignedCritic(nn.Module):
     def routing_features(self, inputs: CriticInputs) -> torch.Tensor:
         """``[B, T−1, L + 3]``: per-layer concentration, gate, running log-gate, in-response flag."""
         if inputs.per_layer is None:
-            raise ParameterError("per_layer: TAC reads per-layer concentration; run rl.forward with this critic")
+            raise ParameterError("per_layer: TAC reads per-layer concentration; run rl.forward with this critic", argument="per_layer")
         per = inputs.per_layer.detach().float()
         if per.shape[-1] != self.routing_layers:
             raise ShapeError(
                 f"per_layer: expected {self.routing_layers} per-layer features (the critic's routing_layers), "
-                f"got {per.shape[-1]}; probe the same layers the critic was built for"
+                f"got {per.shape[-1]}; probe the same layers the critic was built for",
+                argument="per_layer",
             )
         resp = inputs.response_mask.to(torch.bool)
         g = torch.where(resp, inputs.gates.detach().float(), torch.ones_like(per[..., 0]))
@@ -254,7 +255,7 @@ class TransportAlignedCritic(nn.Module):
         u: Optional[torch.Tensor] = None
         for i, layer in enumerate(self.taps):
             if layer not in inputs.taps:
-                raise ParameterError(f"taps: the critic reads decoder layer {layer}, which rl.forward did not record")
+                raise ParameterError(f"taps: the critic reads decoder layer {layer}, which rl.forward did not record", argument="taps")
             h = self._trunk(inputs.taps[layer][:, :-1])
             x = weights[i] * self.tap_proj[i](self.tap_norms[i](h))
             u = x if u is None else u + x

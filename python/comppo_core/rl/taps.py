@@ -29,7 +29,8 @@ def decoder_layers(model: Any) -> nn.ModuleList:
     found = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == n]
     if not found:
         raise UnsupportedModelError(
-            f"model: found no nn.ModuleList of num_hidden_layers={n} decoder layers in {type(model).__name__}"
+            f"model: found no nn.ModuleList of num_hidden_layers={n} decoder layers in {type(model).__name__}",
+            argument="model",
         )
     return found[0]
 
@@ -51,15 +52,15 @@ def normalize_taps(taps: Iterable[int] | None, num_layers: int) -> tuple[int, ..
     out: list[int] = []
     for t in taps:
         if isinstance(t, bool) or not isinstance(t, int):
-            raise ParameterError(f"taps: expected integer layer indices, got {t!r}")
+            raise ParameterError(f"taps: expected integer layer indices, got {t!r}", argument="taps")
         if not -num_layers <= t < num_layers:
-            raise ParameterError(f"taps: layer {t} is out of range for a model with {num_layers} layers")
+            raise ParameterError(f"taps: layer {t} is out of range for a model with {num_layers} layers", argument="taps")
         i = t % num_layers
         if i in out:
-            raise ParameterError(f"taps: layer {i} is tapped twice")
+            raise ParameterError(f"taps: layer {i} is tapped twice", argument="taps")
         out.append(i)
     if not out:
-        raise ParameterError("taps: expected at least one layer")
+        raise ParameterError("taps: expected at least one layer", argument="taps")
     return tuple(sorted(out))
 
 
@@ -94,7 +95,8 @@ class TapRecorder:
             if not isinstance(out, torch.Tensor) or out.dim() != 3:
                 raise UnsupportedModelError(
                     f"model: decoder layer {layer} ({type(module).__name__}) returned "
-                    f"{type(out).__name__}, expected a [B, T, d] hidden-state tensor"
+                    f"{type(out).__name__}, expected a [B, T, d] hidden-state tensor",
+                    argument="model",
                 )
             self.hidden[layer] = out
 
@@ -108,5 +110,5 @@ class TapRecorder:
     def get(self, layer: int) -> torch.Tensor:
         """The recorded output of ``layer``; a clear error if the forward did not reach it."""
         if layer not in self.hidden:
-            raise UnsupportedModelError(f"taps: decoder layer {layer} did not run during the forward pass")
+            raise UnsupportedModelError(f"taps: decoder layer {layer} did not run during the forward pass", argument="taps")
         return self.hidden[layer]

@@ -42,6 +42,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from .. import reference
+from ..errors import ParameterError
 from .strategies import (
     ARRAY_KINDS,
     DTYPES,
@@ -199,7 +200,7 @@ def _gae_reference(example: GAEExample, semantics: str, whiten: bool) -> _GAERef
         r_e, v_e, stepped = r, v, valid
     else:
         if lv is not None:
-            raise ValueError("last_values: semantics='decay' (OpenRLHF) has no bootstrap value; draw examples with truncation=False")
+            raise ParameterError("last_values: semantics='decay' (OpenRLHF) has no bootstrap value; draw examples with truncation=False", argument="last_values")
         r_e, v_e, stepped = r * m, v * m, np.ones_like(valid)
     mask_arg = stepped.reshape(shape) if semantics == "skip" else None
     gates_arg = None if g is None else g.reshape(shape)
@@ -256,7 +257,7 @@ def _gae_reference(example: GAEExample, semantics: str, whiten: bool) -> _GAERef
     if whiten:
         n_valid = int(valid.sum())
         if n_valid < 2:
-            raise ValueError(f"whiten=True needs at least 2 valid tokens (unbiased variance), the example has {n_valid}")
+            raise ParameterError(f"whiten=True needs at least 2 valid tokens (unbiased variance), the example has {n_valid}", argument="whiten")
         w = np.asarray(
             reference.masked_whiten(a.reshape(shape), mask=valid.reshape(shape), cu_seqlens=cu, eps=WHITEN_EPS),
             dtype=np.float64,
@@ -790,11 +791,12 @@ def check_gae(
     masked_rewards = _check_choice("masked_rewards", masked_rewards, MASKED_REWARDS)
     long_len = _check_int("long_len", long_len, 0)
     if long_len == 1:
-        raise ValueError("long_len: expected 0 (off) or a row length >= 2, got 1")
+        raise ParameterError("long_len: expected 0 (off) or a row length >= 2, got 1", argument="long_len")
     seed_ = _check_seed(seed)
     if truncation and semantics == "decay":
-        raise ValueError(
-            "truncation: semantics='decay' (OpenRLHF) has no bootstrap value after the row; pass truncation=False"
+        raise ParameterError(
+            "truncation: semantics='decay' (OpenRLHF) has no bootstrap value after the row; pass truncation=False",
+            argument="truncation",
         )
     if array == "torch":
         _torch()
@@ -894,7 +896,7 @@ def check_group_advantages(
         _check_callable("call", call)
     method = _check_choice("method", method, GROUP_METHODS)
     if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating)) or not math.isfinite(float(eps)) or eps < 0:
-        raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
+        raise ParameterError(f"eps: expected a finite number >= 0, got {eps!r}", argument="eps")
     eps_ = float(eps)
     singleton = _check_choice("singleton", singleton, ("zero", "raw"))
     array = _check_choice("array", array, ARRAY_KINDS)

@@ -44,6 +44,8 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from ..errors import ParameterError
+
 __all__ = [
     "ARRAY_KINDS",
     "DTYPES",
@@ -124,29 +126,29 @@ def _check_subset(name: str, given: str | Iterable[Any], allowed: Sequence[str])
     for item in items:
         key = np.dtype(item).name if name == "dtypes" and not isinstance(item, str) else item
         if key not in allowed:
-            raise ValueError(f"{name}: expected values from {allowed}, got {item!r}")
+            raise ParameterError(f"{name}: expected values from {allowed}, got {item!r}", argument=name)
         if key not in out:
             out.append(key)
     if not out:
-        raise ValueError(f"{name}: expected at least one of {allowed}, got none")
+        raise ParameterError(f"{name}: expected at least one of {allowed}, got none", argument=name)
     return tuple(out)
 
 
 def _check_choice(name: str, value: Any, allowed: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in allowed:
-        raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+        raise ParameterError(f"{name}: expected one of {allowed}, got {value!r}", argument=name)
     return value
 
 
 def _check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name}: expected True or False, got {value!r}")
+        raise ParameterError(f"{name}: expected True or False, got {value!r}", argument=name)
     return bool(value)
 
 
 def _check_int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < low:
-        raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
+        raise ParameterError(f"{name}: expected an integer >= {low}, got {value!r}", argument=name)
     return int(value)
 
 
@@ -154,10 +156,10 @@ def _check_unit(name: str, value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise ValueError(f"{name}: expected None or a number in [0, 1], got {value!r}")
+        raise ParameterError(f"{name}: expected None or a number in [0, 1], got {value!r}", argument=name)
     v = float(value)
     if not 0.0 <= v <= 1.0:
-        raise ValueError(f"{name}: expected None or a number in [0, 1], got {value!r}")
+        raise ParameterError(f"{name}: expected None or a number in [0, 1], got {value!r}", argument=name)
     return v
 
 
@@ -444,14 +446,15 @@ def gae_examples(
     max_rows = _check_int("max_rows", max_rows, 1)
     min_valid = _check_int("min_valid", min_valid, 0)
     if min_len > max_len:
-        raise ValueError(f"min_len: expected at most max_len={max_len}, got {min_len}")
+        raise ParameterError(f"min_len: expected at most max_len={max_len}, got {min_len}", argument="min_len")
     if max_rows * max_len > MAX_ELEMENTWISE_CELLS:
-        raise ValueError(
+        raise ParameterError(
             f"max_len: max_rows * max_len must be at most {MAX_ELEMENTWISE_CELLS} for element-wise "
-            f"drawing, got {max_rows} * {max_len}; use long_gae_examples for long rows"
+            f"drawing, got {max_rows} * {max_len}; use long_gae_examples for long rows",
+            argument="max_len",
         )
     if min_valid > max_rows * max_len:
-        raise ValueError(f"min_valid: expected at most max_rows * max_len = {max_rows * max_len}, got {min_valid}")
+        raise ParameterError(f"min_valid: expected at most max_rows * max_len = {max_rows * max_len}, got {min_valid}", argument="min_valid")
     g_fixed = _check_unit("gamma", gamma)
     l_fixed = _check_unit("lam", lam)
 
