@@ -1,0 +1,325 @@
+"""``TrainConfig``: every setting of a :func:`comppo_core.rl.train` run, as one dataclass.
+
+One source for three uses: the dataclass (a run is ``train(TrainConfig(arm="comppo"))``),
+the JSON saved with each run and its checkpoints (:meth:`TrainConfig.to_json`,
+:meth:`TrainConfig.from_json`), and the command line (:meth:`TrainConfig.add_arguments`
+makes every field a ``--flag``; :meth:`TrainConfig.from_args` reads them back). Each
+field's help text lives in its ``metadata["help"]`` and is appended to the class
+docstring, so ``help(TrainConfig)`` lists them all.
+
+Names follow what RL engineers know from verl and TRL: ``ppo_epochs``, ``clip_low`` /
+``clip_high`` (verl's ``clip_ratio_low`` / ``clip_ratio_high``), ``dual_clip``
+(``clip_ratio_c``), ``value_clip`` (``cliprange_value``), ``vf_coef``, ``kl_coef``,
+``kl_kind`` (verl's ``kl_penalty``), ``kl_mode="loss"`` (verl's ``use_kl_loss``),
+``critic_warmup``, ``lam`` / ``lam_critic`` (decoupled GAE), ``loss_agg`` (verl's
+``loss_agg_mode``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import types
+import typing
+from typing import Any
+
+from ..errors import ParameterError
+from ..gate_params import NORMALIZE_MODES, GateParams
+from ..hf.statistics import STATISTICS
+from .losses import AGG_MODES, KL_KINDS
+from .tac import TEMPORAL_MIXERS
+
+__all__ = ["KL_MODES", "PRESETS", "TrainConfig"]
+
+#: Where a KL to the reference enters: a per-token reward penalty (TRL) or a loss term (verl's use_kl_loss).
+KL_MODES = ("reward", "loss")
+#: Outcome baselines of the group-relative arms (:func:`comppo_core.group_advantages`).
+GROUP_METHODS = ("grpo", "drgrpo", "rloo", "reinforce_baseline")
+TASKS = ("addition",)
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help, **kw})
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Settings of one training run (fields below; every one is a CLI flag ``--field-name``).
+
+    Invalid values raise :class:`~comppo_core.errors.ParameterError` naming the field.
+    """
+
+    # ---- the run
+    arm: str = _f("comppo", "which advantage estimator and critic (see comppo_core.rl.arms: grpo, ppo, comp_gae, "
+                  "tac_fixed, comppo, comppo_shuffle, comppo_position)")
+    seed: int = _f(0, "seeds the model initialisation, the warm start, the rollouts and the updates")
+    out: str | None = _f(None, "output directory (metrics.jsonl, config.json, summary.json, warmstart/, "
+                            "checkpoint/); None writes nothing")
+    steps: int = _f(40, "PPO steps (one rollout batch each)")
+    resume: bool = _f(False, "continue from OUT/checkpoint (the saved config must agree except steps, resume, "
+                      "progress, save_every, eval_every)")
+    save_every: int = _f(10, "write OUT/checkpoint every this many steps and after the last (0: only after the last)")
+    eval_every: int = _f(10, "held-out greedy accuracy at the start of every step that is a multiple of this "
+                         "(step 0 included) and after the last step; 0 turns it off")
+    eval_size: int = _f(256, "held-out problems in the evaluation set")
+    progress: bool = _f(True, "show a tqdm progress bar with reward and accuracy")
+    num_threads: int | None = _f(None, "torch.set_num_threads for the run (None: leave torch's setting)")
+
+    # ---- the task
+    task: str = _f("addition", "the built-in task (comppo_core.rl.tasks)")
+    digits: int = _f(2, "difficulty: operands below 10**digits")
+    split_seed: int = _f(0, "fixes which problems are held out (independent of seed)")
+    heldout_fraction: float = _f(0.2, "share of problems held out for evaluation")
+
+    # ---- the model and its warm start
+    init_from: str | None = _f(None, "start the policy from this save_pretrained directory instead of a "
+                                  "randomly initialised model and the SFT warm start")
+    model_hidden: int = _f(64, "hidden size of the built-in Llama policy")
+    model_layers: int = _f(4, "decoder layers of the built-in policy")
+    model_heads: int = _f(4, "attention heads of the built-in policy")
+    model_kv_heads: int = _f(2, "key/value heads of the built-in policy")
+    model_intermediate: int = _f(256, "MLP width of the built-in policy")
+    warmup_sft_steps: int = _f(160, "supervised steps on worked solutions before RL (0: none)")
+    sft_batch_size: int = _f(64, "sequences per SFT step")
+    sft_lr: float = _f(3e-3, "peak SFT learning rate (linear warm-up over 50 steps, linear decay to 0)")
+
+    # ---- rollout
+    prompts_per_step: int = _f(16, "prompts per rollout batch")
+    group_size: int = _f(4, "samples per prompt (G); the batch is prompts_per_step * group_size sequences")
+    temperature: float = _f(1.0, "sampling temperature")
+    top_p: float = _f(1.0, "nucleus sampling threshold (1: off)")
+    max_new_tokens: int | None = _f(None, "response budget in tokens (None: the task's longest response)")
+
+    # ---- advantages
+    gamma: float = _f(1.0, "discount γ")
+    lam: float = _f(0.95, "GAE λ of the actor's advantages")
+    lam_critic: float | None = _f(1.0, "λ of the critic's returns (decoupled GAE; None: lam)")
+    whiten_advantages: bool = _f(True, "masked_whiten the GAE advantages over the batch (critic arms; verl's GAE)")
+    group_method: str = _f("grpo", "outcome baseline of the grpo arm (grpo, drgrpo, rloo, reinforce_baseline)")
+    statistic: str = _f("entropy", "attention concentration statistic read by the probe (entropy, l2, max)")
+    gate_low: float = _f(0.9, "lowest gate of the concentration → gate mapping (GateParams.low)")
+    gate_high: float = _f(1.0, "highest gate (GateParams.high)")
+    gate_sharpness: float = _f(1.0, "slope of the gate sigmoid (GateParams.sharpness)")
+    gate_normalize: str = _f("sequence", "z-score of the concentration: sequence, batch or none (GateParams.normalize)")
+    gate_invert: bool = _f(False, "map high concentration to low gates (GateParams.invert)")
+    fixed_gate: float | None = _f(None, "tac_fixed's constant gate (None: the batch mean of the concentration "
+                                     "gates, cc.controls.constant)")
+
+    # ---- the PPO update
+    ppo_epochs: int = _f(2, "passes over each rollout batch")
+    num_minibatches: int = _f(2, "minibatches per epoch (the batch is split evenly)")
+    actor_lr: float = _f(2e-4, "actor learning rate (AdamW)")
+    critic_lr: float = _f(1e-3, "critic learning rate (AdamW)")
+    weight_decay: float = _f(0.0, "AdamW weight decay of both optimizers")
+    max_grad_norm: float = _f(1.0, "gradient clipping of the actor's and the critic's gradients, each on its own")
+    clip_low: float = _f(0.2, "PPO ratio clip below, ε_low (verl clip_ratio_low)")
+    clip_high: float | None = _f(None, "PPO ratio clip above, ε_high (None: clip_low)")
+    dual_clip: float | None = _f(3.0, "dual-clip constant c > 1 (verl clip_ratio_c; None: off)")
+    value_clip: float | None = _f(0.5, "value clip ε (verl cliprange_value; None: off)")
+    vf_coef: float = _f(0.5, "weight of the value loss")
+    loss_agg: str = _f("token-mean", "loss aggregation (verl loss_agg_mode)")
+    critic_warmup: int = _f(0, "first steps that train the critic only (the actor is frozen)")
+    kl_coef: float = _f(0.0, "weight of the KL to the frozen reference (the policy after the warm start)")
+    kl_kind: str = _f("k1", "KL estimator: k1, abs, k2, k3 (verl kl_penalty)")
+    kl_mode: str = _f("reward", "reward: −kl_coef·KL per token in the rewards (TRL); loss: kl_coef·KL added to "
+                      "the loss (verl use_kl_loss)")
+    log_kl: bool = _f(True, "keep the reference even with kl_coef = 0 to log the KL (one no-grad forward a step)")
+
+    # ---- critics
+    tac_width: int = _f(64, "width of the transport-aligned critic")
+    tac_temporal: str = _f("none", "TAC's causal mixer: none, gru, attention")
+    trunk_grad: float = _f(0.0, "fraction of the value gradient TAC lets into the actor's hidden states")
+
+    def __post_init__(self) -> None:
+        from .arms import (
+            ARMS,  # arms imports nothing from here; late to keep the modules one-way
+        )
+
+        _choice("arm", self.arm, tuple(ARMS))
+        _choice("task", self.task, TASKS)
+        _choice("group_method", self.group_method, GROUP_METHODS)
+        _choice("statistic", self.statistic, STATISTICS)
+        _choice("loss_agg", self.loss_agg, AGG_MODES)
+        _choice("kl_kind", self.kl_kind, tuple(KL_KINDS))
+        _choice("kl_mode", self.kl_mode, KL_MODES)
+        _choice("tac_temporal", self.tac_temporal, TEMPORAL_MIXERS)
+        _choice("gate_normalize", self.gate_normalize, NORMALIZE_MODES)
+        for name in ("steps", "eval_size", "model_hidden", "model_layers", "model_heads", "model_kv_heads",
+                     "model_intermediate", "sft_batch_size", "prompts_per_step", "group_size", "ppo_epochs",
+                     "num_minibatches", "tac_width"):
+            _integer(name, getattr(self, name), 1)
+        for name in ("seed", "save_every", "eval_every", "split_seed", "warmup_sft_steps", "critic_warmup"):
+            _integer(name, getattr(self, name), 0)
+        _integer("digits", self.digits, 1, 6)
+        for name in ("num_threads", "max_new_tokens"):
+            if getattr(self, name) is not None:
+                _integer(name, getattr(self, name), 1)
+        for name in ("gamma", "lam", "gate_low", "gate_high", "trunk_grad"):
+            _number(name, getattr(self, name), 0.0, 1.0)
+        for name in ("lam_critic", "fixed_gate"):
+            if getattr(self, name) is not None:
+                _number(name, getattr(self, name), 0.0, 1.0)
+        _number("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _number("heldout_fraction", self.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
+        for name in ("temperature", "sft_lr", "actor_lr", "critic_lr", "max_grad_norm"):
+            _number(name, getattr(self, name), 0.0, math.inf, low_open=True)
+        for name in ("weight_decay", "clip_low", "vf_coef", "kl_coef"):
+            _number(name, getattr(self, name), 0.0, math.inf)
+        for name in ("clip_high", "value_clip"):
+            if getattr(self, name) is not None:
+                _number(name, getattr(self, name), 0.0, math.inf)
+        if self.dual_clip is not None:
+            _number("dual_clip", self.dual_clip, 1.0, math.inf, low_open=True)
+        for name in ("out", "init_from"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, str):
+                raise ParameterError(f"{name}: expected a path string or None, got {v!r}")
+        for name in ("resume", "progress", "whiten_advantages", "gate_invert", "log_kl"):
+            if not isinstance(getattr(self, name), bool):
+                raise ParameterError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+        if self.model_hidden % self.model_heads or self.model_heads % self.model_kv_heads:
+            raise ParameterError(
+                f"model_heads: expected a divisor of model_hidden={self.model_hidden} and a multiple of "
+                f"model_kv_heads={self.model_kv_heads}, got {self.model_heads}"
+            )
+        batch = self.prompts_per_step * self.group_size
+        if self.num_minibatches > batch:
+            raise ParameterError(
+                f"num_minibatches: expected at most the batch size prompts_per_step * group_size = {batch}, "
+                f"got {self.num_minibatches}"
+            )
+        if self.resume and self.out is None:
+            raise ParameterError("resume: expected an out directory to resume from, got out=None")
+        _ = self.gate_params  # validates low <= high etc.
+
+    # ---- derived values
+
+    @property
+    def gate_params(self) -> GateParams:
+        """The concentration → gate mapping of the run (validated)."""
+        return GateParams(
+            low=self.gate_low,
+            high=self.gate_high,
+            sharpness=self.gate_sharpness,
+            normalize=self.gate_normalize,
+            invert=self.gate_invert,
+        )
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences per rollout batch, ``prompts_per_step * group_size``."""
+        return self.prompts_per_step * self.group_size
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with some fields changed (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    # ---- JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """The config as indented JSON (every field)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """From a dict of fields; missing fields take their defaults, unknown ones are an error."""
+        if not isinstance(data, dict):
+            raise ParameterError(f"config: expected a JSON object of fields, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ParameterError(f"config: unknown field {unknown[0]!r} (known: {', '.join(sorted(names))})")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        """Inverse of :meth:`to_json`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ParameterError(f"config: expected JSON, got a parse error at line {exc.lineno}: {exc.msg}") from None
+        return cls.from_dict(data)
+
+    # ---- command line
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add one ``--field-name`` flag per field (defaults: the dataclass's; booleans get
+        ``--flag/--no-flag``; optional fields accept ``none``)."""
+        hints = typing.get_type_hints(cls)
+        group = parser.add_argument_group("training (TrainConfig)")
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            tp, optional = _unwrap(hints[f.name])
+            help_ = f.metadata["help"] + " (default: %(default)s)"
+            if tp is bool:
+                group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
+            else:
+                group.add_argument(flag, dest=f.name, type=_parser(tp, optional, f.name), default=f.default,
+                                   metavar=tp.__name__.upper(), help=help_)
+        return parser
+
+    @classmethod
+    def from_args(cls, namespace: argparse.Namespace) -> TrainConfig:
+        """The config from a namespace parsed with :meth:`add_arguments` (other attributes are ignored)."""
+        return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if hasattr(namespace, f.name)})
+
+
+#: Named starting points (fields to change from the defaults); the CLI's ``--preset`` will read these.
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {"steps": 30, "eval_every": 10},
+    "default": {},
+}
+
+
+def _unwrap(tp: Any) -> tuple[type, bool]:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return inner, True
+    return tp, False
+
+
+def _parser(tp: type, optional: bool, name: str) -> Any:
+    def parse(text: str) -> Any:
+        if optional and text.lower() in ("none", "null"):
+            return None
+        try:
+            return tp(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: expected {tp.__name__}{' or none' if optional else ''}, got {text!r}") from None
+
+    parse.__name__ = tp.__name__
+    return parse
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ParameterError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+
+
+def _integer(name: str, value: Any, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        rng = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ParameterError(f"{name}: expected an integer {rng}, got {value!r}")
+
+
+def _number(name: str, value: Any, low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and not math.isnan(float(value))
+    if ok:
+        v = float(value)
+        ok = (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+        ok = ok and (math.isfinite(v) or high == math.inf and v != math.inf)
+    if not ok:
+        lo, hi = "(" if low_open else "[", ")" if high_open or high == math.inf else "]"
+        raise ParameterError(f"{name}: expected a number in {lo}{low}, {high}{hi}, got {value!r}")
+
+
+TrainConfig.__doc__ = (TrainConfig.__doc__ or "") + "\n    Fields:\n\n" + "\n".join(
+    f"      {f.name} = {f.default!r}: {f.metadata['help']}" for f in dataclasses.fields(TrainConfig)
+)

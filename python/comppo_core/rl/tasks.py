@@ -1,0 +1,205 @@
+"""The built-in task: addition with worked steps, a verifier and a character tokenizer.
+
+A problem is two non-negative integers below ``10**digits``; the prompt is ``"27+45="``
+and the response works the columns from the least significant digit, carrying, then
+gives the answer after ``;``::
+
+    prompt    "27+45="
+    response  "7+5=12,2+4+1=7;72" <eos>
+
+    column i:  f"{a_i}+{b_i}" + (f"+{c_i}" if c_i else "") + f"={s_i}",
+               s_i = a_i + b_i + c_i,  c_{i+1} = s_i // 10     (a_i = 0 past a's last digit)
+    answer:    str(a + b)
+
+Every response has at least 8 tokens (``"3+4=7;7"`` and its EOS), and a wrong column
+early on usually makes the answer wrong, so which tokens earned the reward matters:
+the setting token-level credit assignment is about.
+
+**Verifier** (:meth:`AdditionTask.score`): 1.0 when the response stopped at EOS and its
+text after the single ``;`` is exactly ``str(a + b)``; 0.0 otherwise (worked steps are
+not checked; a right answer reached by wrong steps still scores).
+
+**Split.** A pair ``(a, b)`` is held out when ``blake2b(f"{split_seed}:{a}:{b}")`` falls
+in the first ``heldout_fraction`` of its range, so the split is a fixed function of
+``split_seed`` whatever is sampled; training problems are drawn from the rest, and the
+evaluation set is a fixed list of distinct held-out pairs.
+
+**Tokenizer.** :class:`CharTokenizer`: one id per character, ``<pad>`` = 0, ``<bos>`` = 1,
+``<eos>`` = 2; nothing to download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..errors import ParameterError
+
+__all__ = ["ALPHABET", "AdditionTask", "CharTokenizer", "Problem", "worked_solution"]
+
+#: The characters of the built-in task.
+ALPHABET = "0123456789+=,;"
+
+
+class CharTokenizer:
+    """One token per character of ``alphabet``, after the specials ``<pad> <bos> <eos>``.
+
+    ``pad_token_id = 0``, ``bos_token_id = 1``, ``eos_token_id = 2``; character k of
+    ``alphabet`` is id ``3 + k``. :meth:`encode` rejects a character outside the
+    alphabet with a :class:`~comppo_core.errors.ParameterError` naming it and its index.
+    """
+
+    SPECIALS = ("<pad>", "<bos>", "<eos>")
+    pad_token_id = 0
+    bos_token_id = 1
+    eos_token_id = 2
+
+    def __init__(self, alphabet: str = ALPHABET) -> None:
+        if not isinstance(alphabet, str) or not alphabet or len(set(alphabet)) != len(alphabet):
+            raise ParameterError(f"alphabet: expected a non-empty string of distinct characters, got {alphabet!r}")
+        self.alphabet = alphabet
+        self._ids = {ch: 3 + i for i, ch in enumerate(alphabet)}
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids: the three specials and one per character."""
+        return 3 + len(self.alphabet)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """The ids of ``text``, optionally after ``<bos>`` and before ``<eos>``."""
+        ids = [self.bos_token_id] if add_bos else []
+        for i, ch in enumerate(text):
+            tok = self._ids.get(ch)
+            if tok is None:
+                raise ParameterError(f"text: expected characters of {self.alphabet!r}, got {ch!r} at index {i}")
+            ids.append(tok)
+        if add_eos:
+            ids.append(self.eos_token_id)
+        return ids
+
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
+        """The text of ``ids``; specials are dropped (or written as ``<pad>`` etc.)."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if 0 <= i < 3:
+                if not skip_special_tokens:
+                    out.append(self.SPECIALS[i])
+            elif 3 <= i < self.vocab_size:
+                out.append(self.alphabet[i - 3])
+            else:
+                raise ParameterError(f"ids: expected ids in [0, {self.vocab_size}), got {i}")
+        return "".join(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "char", "alphabet": self.alphabet}
+
+
+class Problem(NamedTuple):
+    """One problem: its prompt text, the exact answer and a worked response for SFT."""
+
+    prompt: str
+    answer: str
+    solution: str
+
+
+def worked_solution(a: int, b: int) -> str:
+    """The worked response for ``a + b`` (module docstring), without EOS."""
+    da, db = str(a)[::-1], str(b)[::-1]
+    steps, carry = [], 0
+    for i in range(max(len(da), len(db))):
+        x = int(da[i]) if i < len(da) else 0
+        y = int(db[i]) if i < len(db) else 0
+        s = x + y + carry
+        steps.append(f"{x}+{y}" + (f"+{carry}" if carry else "") + f"={s}")
+        carry = s // 10
+    return ",".join(steps) + ";" + str(a + b)
+
+
+class AdditionTask:
+    """Addition of two numbers below ``10**digits`` with worked steps (module docstring).
+
+    Args:
+      digits: the difficulty knob, 1 to 6 (operands in ``[0, 10**digits)``).
+      split_seed: fixes which pairs are held out.
+      heldout_fraction: share of pairs held out, in (0, 1).
+    """
+
+    name = "addition"
+
+    def __init__(self, digits: int = 2, *, split_seed: int = 0, heldout_fraction: float = 0.2) -> None:
+        if isinstance(digits, bool) or not isinstance(digits, int) or not 1 <= digits <= 6:
+            raise ParameterError(f"digits: expected an integer in [1, 6], got {digits!r}")
+        if not isinstance(heldout_fraction, (int, float)) or not 0.0 < float(heldout_fraction) < 1.0:
+            raise ParameterError(f"heldout_fraction: expected a number in (0, 1), got {heldout_fraction!r}")
+        self.digits = digits
+        self.split_seed = int(split_seed)
+        self.heldout_fraction = float(heldout_fraction)
+        self.tokenizer = CharTokenizer(ALPHABET)
+        self._threshold = int(self.heldout_fraction * 2**64)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Tokens the longest response needs, EOS included (``9…9+9…9``)."""
+        top = 10**self.digits - 1
+        return len(self.tokenizer.encode(worked_solution(top, top))) + 1
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """Tokens of the longest prompt, BOS included."""
+        return 1 + 2 * self.digits + 2
+
+    def is_heldout(self, a: int, b: int) -> bool:
+        """Whether ``(a, b)`` belongs to the held-out split."""
+        h = hashlib.blake2b(f"{self.split_seed}:{a}:{b}".encode(), digest_size=8).digest()
+        return int.from_bytes(h, "little") < self._threshold
+
+    def problem(self, a: int, b: int) -> Problem:
+        return Problem(f"{a}+{b}=", str(a + b), worked_solution(a, b))
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
+        """``n`` training problems (pairs outside the held-out split), drawn with ``rng``."""
+        out: list[Problem] = []
+        hi = 10**self.digits
+        while len(out) < n:
+            a, b = (int(x) for x in rng.integers(0, hi, size=2))
+            if not self.is_heldout(a, b):
+                out.append(self.problem(a, b))
+        return out
+
+    def heldout(self, n: int, seed: int = 0) -> list[Problem]:
+        """A fixed list of ``n`` distinct held-out problems (fewer if the split has fewer)."""
+        hi = 10**self.digits
+        pairs = [(a, b) for a in range(hi) for b in range(hi)] if hi <= 100 else None
+        rng = np.random.default_rng([self.split_seed, seed, 7])
+        seen: set[tuple[int, int]] = set()
+        out: list[Problem] = []
+        if pairs is not None:
+            held = [p for p in pairs if self.is_heldout(*p)]
+            order = rng.permutation(len(held))
+            return [self.problem(*held[i]) for i in order[:n]]
+        while len(out) < n:
+            a, b = (int(x) for x in rng.integers(0, hi, size=2))
+            if (a, b) not in seen and self.is_heldout(a, b):
+                seen.add((a, b))
+                out.append(self.problem(a, b))
+        return out
+
+    def score(self, problem: Problem, response: str, finished: bool) -> float:
+        """The verifier: 1.0 iff the response ``finished`` at EOS and its text after its
+        single ``;`` is exactly ``problem.answer``."""
+        if not finished or response.count(";") != 1:
+            return 0.0
+        return 1.0 if response.split(";", 1)[1] == problem.answer else 0.0
+
+    def scores(self, problems: Sequence[Problem], responses: Sequence[str], finished: Sequence[bool]) -> list[float]:
+        return [self.score(p, r, f) for p, r, f in zip(problems, responses, finished)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "digits": self.digits, "split_seed": self.split_seed, "heldout_fraction": self.heldout_fraction}

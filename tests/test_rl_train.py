@@ -1,0 +1,431 @@
+"""``comppo_core.rl.train``: the PPO trainer, its arms, task, config, checkpoints and errors.
+
+Runs are tiny (a 2-layer width-32 Llama, 1-digit addition, 8 sequences a step) so each
+takes about a second on one CPU thread. What is pinned: every arm runs two steps and
+writes every metric; each arm's gates are what its table says (a control is a function
+of the concentration gates); a run is a function of its seed; k steps straight equal
+k/2 steps and a resume, parameter for parameter; a non-finite loss stops the run naming
+the step and leaves the last checkpoint as it was; bad settings name the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("tqdm")
+
+from comppo_core import rl
+from comppo_core.errors import NonFiniteError, ParameterError
+from comppo_core.rl import losses
+from comppo_core.rl.arms import ARMS, get_arm
+from comppo_core.rl.config import TrainConfig
+from comppo_core.rl.tasks import AdditionTask, CharTokenizer, worked_solution
+from comppo_core.rl.trainer import METRIC_KEYS, Trainer, train
+
+TIMES = tuple(k for k in METRIC_KEYS if k.startswith("time_"))
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Any:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny(**changes: Any) -> TrainConfig:
+    """A run of about a second: 1-digit addition, 4 prompts × 2 samples, a 2-layer policy."""
+    base: dict[str, Any] = {
+        "digits": 1,
+        "model_hidden": 32,
+        "model_layers": 2,
+        "model_heads": 4,
+        "model_kv_heads": 2,
+        "model_intermediate": 64,
+        "warmup_sft_steps": 3,
+        "sft_batch_size": 8,
+        "prompts_per_step": 4,
+        "group_size": 2,
+        "eval_size": 8,
+        "steps": 2,
+        "eval_every": 2,
+        "save_every": 0,
+        "tac_width": 16,
+        "progress": False,
+    }
+    base.update(changes)
+    return TrainConfig(**base)
+
+
+def rows(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def without_times(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k not in TIMES} for r in rs]
+
+
+def params(trainer: Trainer) -> dict[str, Any]:
+    out = {f"actor.{k}": v.clone() for k, v in trainer.actor.state_dict().items()}
+    if trainer.critic is not None:
+        out.update({f"critic.{k}": v.clone() for k, v in trainer.critic.state_dict().items()})
+    return out
+
+
+def assert_same_params(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a.keys() == b.keys()
+    for k, value in a.items():
+        assert torch.equal(value, b[k]), k
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the task
+
+
+def test_worked_solution_and_verifier() -> None:
+    assert worked_solution(23, 45) == "3+5=8,2+4=6;68"
+    assert worked_solution(27, 45) == "7+5=12,2+4+1=7;72"
+    assert worked_solution(5, 45) == "5+5=10,0+4+1=5;50"
+    assert worked_solution(99, 99) == "9+9=18,9+9+1=19;198"
+    task = AdditionTask(2)
+    p = task.problem(27, 45)
+    assert task.score(p, p.solution, True) == 1.0
+    assert task.score(p, p.solution, False) == 0.0  # no EOS: truncated
+    assert task.score(p, "7+5=12;72", True) == 1.0  # the answer is what is verified
+    assert task.score(p, "7+5=12,2+4+1=7;71", True) == 0.0
+    assert task.score(p, "72", True) == 0.0
+    assert task.score(p, "1;72;72", True) == 0.0
+
+
+def test_responses_have_at_least_eight_tokens_and_fit_the_budget() -> None:
+    for digits in (1, 2, 3):
+        task = AdditionTask(digits)
+        probs = task.sample(np.random.default_rng(0), 200)
+        lengths = [len(task.tokenizer.encode(p.solution, add_eos=True)) for p in probs]
+        assert min(lengths) >= 8
+        assert max(lengths) <= task.max_new_tokens
+        assert max(len(task.tokenizer.encode(p.prompt, add_bos=True)) for p in probs) <= task.max_prompt_tokens
+
+
+def test_split_is_disjoint_and_fixed_by_split_seed() -> None:
+    task = AdditionTask(2, split_seed=3)
+    held = task.heldout(100)
+    assert len({p.prompt for p in held}) == 100
+    assert all(task.is_heldout(*map(int, p.prompt[:-1].split("+"))) for p in held)
+    train_probs = task.sample(np.random.default_rng(1), 500)
+    assert not any(task.is_heldout(*map(int, p.prompt[:-1].split("+"))) for p in train_probs)
+    assert [p.prompt for p in AdditionTask(2, split_seed=3).heldout(100)] == [p.prompt for p in held]
+    assert [p.prompt for p in AdditionTask(2, split_seed=4).heldout(100)] != [p.prompt for p in held]
+    share = np.mean([task.is_heldout(a, b) for a in range(100) for b in range(100)])
+    assert 0.17 < share < 0.23
+
+
+def test_char_tokenizer() -> None:
+    tok = CharTokenizer()
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    ids = tok.encode("27+45=", add_bos=True, add_eos=True)
+    assert ids[0] == 1 and ids[-1] == 2 and len(ids) == 8
+    assert tok.decode(ids) == "27+45="
+    assert tok.decode(ids, skip_special_tokens=False) == "<bos>27+45=<eos>"
+    with pytest.raises(ParameterError, match=r"text: .*'x' at index 2"):
+        tok.encode("12x")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the config
+
+
+def test_config_json_round_trip() -> None:
+    cfg = tiny(arm="ppo", clip_high=0.28, lam_critic=None)
+    assert TrainConfig.from_json(cfg.to_json()) == cfg
+    with pytest.raises(ParameterError, match="unknown field 'nope'"):
+        TrainConfig.from_json(json.dumps({"nope": 1}))
+
+
+def test_every_field_is_a_cli_flag() -> None:
+    parser = TrainConfig.add_arguments(argparse.ArgumentParser())
+    ns = parser.parse_args([])
+    assert TrainConfig.from_args(ns) == TrainConfig()
+    ns = parser.parse_args(
+        ["--arm", "ppo", "--no-progress", "--clip-high", "none", "--dual-clip", "2.5", "--actor-lr", "1e-5",
+         "--ppo-epochs", "3", "--out", "/tmp/x", "--kl-mode", "loss", "--whiten-advantages"]
+    )
+    cfg = TrainConfig.from_args(ns)
+    assert (cfg.arm, cfg.progress, cfg.clip_high, cfg.dual_clip, cfg.actor_lr, cfg.ppo_epochs, cfg.out, cfg.kl_mode) == (
+        "ppo", False, None, 2.5, 1e-5, 3, "/tmp/x", "loss"
+    )
+    flags = {a.dest for a in parser._actions}
+    assert {f for f in TrainConfig().to_dict()} <= flags
+    assert "arm" in (TrainConfig.__doc__ or "") and "kl_mode" in (TrainConfig.__doc__ or "")
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"arm": "reinforce"}, "arm"),
+        ({"steps": 0}, "steps"),
+        ({"lam": 1.5}, "lam"),
+        ({"kl_kind": "k9"}, "kl_kind"),
+        ({"kl_mode": "both"}, "kl_mode"),
+        ({"dual_clip": 1.0}, "dual_clip"),
+        ({"gate_low": 0.95, "gate_high": 0.9}, "low"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"num_minibatches": 100}, "num_minibatches"),
+        ({"resume": True}, "resume"),
+        ({"model_heads": 3}, "model_heads"),
+        ({"progress": "yes"}, "progress"),
+    ],
+)
+def test_bad_settings_name_the_field(changes: dict[str, Any], field: str) -> None:
+    with pytest.raises(ParameterError, match=rf"^{field}: expected"):
+        TrainConfig(**changes)
+
+
+def test_unknown_arm_lists_the_arms() -> None:
+    with pytest.raises(ParameterError, match=r"arm: expected one of grpo, ppo, comp_gae, .*got 'gae'"):
+        get_arm("gae")
+    with pytest.raises(ParameterError, match=r"^arm: "):
+        train(tiny(arm="gae"))
+
+
+def test_critic_warmup_needs_a_critic() -> None:
+    with pytest.raises(ParameterError, match="critic_warmup: the grpo arm has no critic"):
+        Trainer(tiny(arm="grpo", critic_warmup=1))
+
+
+def test_resume_without_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(ParameterError, match="resume: expected a checkpoint"):
+        Trainer(tiny(out=str(tmp_path), resume=True))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the arms
+
+
+def parity_reward(self: AdditionTask, problem: Any, response: str, finished: bool) -> float:
+    """A stand-in verifier with signal for an untrained policy: 1 for an even response length."""
+    return float(len(response) % 2 == 0)
+
+
+@pytest.fixture
+def signal(monkeypatch: Any) -> None:
+    """The untrained tiny policy never solves a problem, and with no reward PPO has nothing to
+    do; tests that check what an update does score responses by :func:`parity_reward`."""
+    monkeypatch.setattr(AdditionTask, "score", parity_reward)
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_two_steps_of_every_arm(arm: str, tmp_path: Path, signal: None) -> None:
+    trainer = Trainer(tiny(arm=arm, out=str(tmp_path)))
+    before = params(trainer)
+    summary = trainer.train()
+    rs = rows(tmp_path)
+    assert [r["step"] for r in rs] == [0, 1]
+    for r in rs:
+        assert set(r) == set(METRIC_KEYS)
+        assert r["arm"] == arm and r["seed"] == 0
+        for key in ("reward_mean", "train_accuracy", "kl", "clipfrac", "pg_loss", "adv_gini",
+                    "adv_effective_token_ratio", "response_length", "entropy", *TIMES[:-1]):
+            assert isinstance(r[key], float), key
+        assert r["actor_updated"] is True
+    assert rs[0]["eval_accuracy"] is not None and rs[1]["eval_accuracy"] is None
+    spec = ARMS[arm]
+    for r in rs:
+        if spec.critic is None:
+            assert r["value_loss"] is None and r["grad_norm_critic"] is None
+        else:
+            assert isinstance(r["value_loss"], float)
+        if spec.gates == "none":
+            assert r["gate_mean"] is None
+        else:
+            assert 0.9 <= r["gate_min"] <= r["gate_mean"] <= r["gate_max"] <= 1.0
+        if spec.gates == "constant":
+            assert r["gate_min"] == pytest.approx(r["gate_max"], abs=1e-6)
+    after = params(trainer)
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("actor."))
+    if spec.critic is not None:
+        assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("critic."))
+    assert summary["initial_eval_accuracy"] == rs[0]["eval_accuracy"]
+    assert [e[0] for e in summary["eval"]] == [0, 2]
+    assert json.loads((tmp_path / "summary.json").read_text())["arm"] == arm
+    assert TrainConfig.from_json((tmp_path / "config.json").read_text()).arm == arm
+    assert (tmp_path / "checkpoint" / "actor").is_dir() and (tmp_path / "warmstart").is_dir()
+
+
+def test_each_arm_gets_its_gates() -> None:
+    """Control gates are functions of the concentration gates over the response columns."""
+    trainer = Trainer(tiny(arm="comppo"))
+    r = trainer.rollout()
+    m = r.response_mask
+    base = trainer.score(r, 0)
+    conc = trainer._gates
+    assert conc is not None and base.critic_gates is None
+    assert torch.all(conc[~m] == 1.0)
+    for arm in ("comppo_shuffle", "comppo_position", "tac_fixed"):
+        trainer.arm = ARMS[arm]
+        g = trainer._arm_gates(r, 0)
+        assert g is not None
+        batch = trainer.score(r, 0)
+        assert torch.equal(batch.critic_gates, g)  # the critic reads the control too
+        assert torch.equal(trainer._gates[m], g[m])  # and so does Comp-GAE
+        if arm == "comppo_shuffle":
+            for b in range(m.shape[0]):
+                assert torch.equal(torch.sort(g[b][m[b]]).values, torch.sort(conc[b][m[b]]).values)
+            assert not torch.equal(g[m], conc[m])
+        elif arm == "comppo_position":
+            for j in range(m.shape[1]):
+                col = g[:, j][m[:, j]]
+                if col.numel():
+                    assert torch.allclose(col, conc[:, j][m[:, j]].double().mean().float().expand_as(col))
+        else:
+            assert torch.allclose(g[m], conc[m].double().mean().float().expand_as(g[m]))
+    trainer.config = trainer.config.replace(fixed_gate=0.97)
+    assert torch.all(trainer._arm_gates(r, 0)[m] == 0.97)
+
+
+def test_grpo_advantages_are_group_relative_and_broadcast() -> None:
+    trainer = Trainer(tiny(arm="grpo", group_size=4))
+    r = trainer.rollout()
+    r.scores = torch.tensor([1.0, 0.0, 0.0, 0.0] * 4)
+    batch = trainer.score(r, 0)
+    trainer.compute_advantages(r, batch)
+    m = batch.response_mask
+    a = batch.advantages
+    first = a[0][m[0]]
+    assert torch.allclose(first, torch.full_like(first, 1.5), atol=1e-4)  # (1 − 0.25)/σ, σ = 0.5 (unbiased)
+    second = a[1][m[1]]
+    assert torch.allclose(second, torch.full_like(second, -0.5), atol=1e-4)
+    assert torch.all(a[~m] == 0)
+
+
+def test_gae_arm_rewards_sit_on_the_last_response_token() -> None:
+    trainer = Trainer(tiny(arm="ppo", kl_coef=0.0, whiten_advantages=False, lam=1.0, lam_critic=1.0))
+    r = trainer.rollout()
+    r.scores = torch.arange(8, dtype=torch.float32)
+    batch = trainer.score(r, 0)
+    batch.old_values = torch.zeros_like(batch.old_values)
+    trainer.compute_advantages(r, batch)
+    m = batch.response_mask
+    # γ = λ = 1 and V = 0: every response token's advantage and return is the row's score
+    for b in range(8):
+        assert torch.allclose(batch.advantages[b][m[b]], torch.full((int(m[b].sum()),), float(b)))
+        assert torch.allclose(batch.returns[b][m[b]], torch.full((int(m[b].sum()),), float(b)))
+
+
+def test_kl_modes(signal: None) -> None:
+    """kl_mode="reward" changes the advantages; kl_mode="loss" changes the update only."""
+    runs = {}
+    for mode in ("reward", "loss"):
+        trainer = Trainer(tiny(arm="ppo", kl_coef=0.5, kl_mode=mode, steps=2, eval_every=0))
+        trainer.train()
+        runs[mode] = params(trainer)
+    assert any(not torch.equal(runs["reward"][k], runs["loss"][k]) for k in runs["reward"])
+
+
+def test_critic_warmup_freezes_the_actor(signal: None) -> None:
+    trainer = Trainer(tiny(arm="comppo", critic_warmup=1, steps=1, eval_every=0))
+    before = params(trainer)
+    trainer.train()
+    after = params(trainer)
+    assert all(torch.equal(before[k], after[k]) for k in before if k.startswith("actor."))
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("critic."))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# determinism, resume, non-finite
+
+
+def test_a_run_is_a_function_of_its_seed(tmp_path: Path, signal: None) -> None:
+    a, b, c = (Trainer(tiny(arm="comppo", out=str(tmp_path / n), seed=s)) for n, s in (("a", 0), ("b", 0), ("c", 1)))
+    for t in (a, b, c):
+        t.train()
+    assert without_times(rows(tmp_path / "a")) == without_times(rows(tmp_path / "b"))
+    assert without_times(rows(tmp_path / "a")) != without_times(rows(tmp_path / "c"))
+    assert_same_params(params(a), params(b))
+
+
+@pytest.mark.parametrize("arm", ["comppo", "ppo", "comppo_shuffle"])
+def test_resume_continues_bit_for_bit(arm: str, tmp_path: Path, signal: None) -> None:
+    k = 4
+    straight = Trainer(tiny(arm=arm, steps=k, save_every=2, eval_every=2, out=str(tmp_path / "straight")))
+    straight.train()
+    tiny(arm=arm, steps=k // 2, eval_every=2, out=str(tmp_path / "resumed"))
+    train(tiny(arm=arm, steps=k // 2, eval_every=2, out=str(tmp_path / "resumed")))
+    resumed = Trainer(tiny(arm=arm, steps=k, eval_every=2, out=str(tmp_path / "resumed"), resume=True))
+    assert resumed.start_step == k // 2
+    resumed.train()
+    assert_same_params(params(straight), params(resumed))
+    assert without_times(rows(tmp_path / "straight")) == without_times(rows(tmp_path / "resumed"))
+
+
+def test_resume_must_keep_the_settings(tmp_path: Path) -> None:
+    train(tiny(out=str(tmp_path)))
+    with pytest.raises(ParameterError, match=r"^actor_lr: a resumed run must keep"):
+        Trainer(tiny(out=str(tmp_path), resume=True, actor_lr=1.0))
+
+
+def test_a_non_finite_loss_stops_the_run_and_keeps_the_checkpoint(tmp_path: Path, monkeypatch: Any, signal: None) -> None:
+    cfg = tiny(arm="comppo", steps=4, save_every=1, eval_every=0, out=str(tmp_path))
+    calls = {"n": 0}
+    real = losses.policy_loss
+    per_step = cfg.ppo_epochs * cfg.num_minibatches
+
+    def poisoned(*args: Any, **kwargs: Any) -> Any:
+        loss, stats = real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] > 2 * per_step:  # the first minibatch of step 2
+            loss = loss * float("nan")
+        return loss, stats
+
+    monkeypatch.setattr(losses, "policy_loss", poisoned)
+    trainer = Trainer(cfg)
+    with pytest.raises(NonFiniteError, match=r"^step 2: the loss is not finite \(nan\) at epoch 0, minibatch 0; .*"
+                       r"continuing at step 2\) is kept at"):
+        trainer.train()
+    ckpt = tmp_path / "checkpoint"
+    assert torch.load(ckpt / "state.pt", weights_only=True)["next_step"] == 2
+    assert not (tmp_path / "checkpoint.tmp").exists()
+    assert [r["step"] for r in rows(tmp_path)] == [0, 1]
+    # the kept checkpoint resumes once the cause is gone
+    monkeypatch.setattr(losses, "policy_loss", real)
+    resumed = Trainer(cfg.replace(resume=True))
+    resumed.train()
+    assert [r["step"] for r in rows(tmp_path)] == [0, 1, 2, 3]
+
+
+def test_non_finite_values_name_the_step(tmp_path: Path, monkeypatch: Any, signal: None) -> None:
+    """A NaN the kernels catch (here the critic's values, in cc.gae) is reported with its step."""
+    cfg = tiny(arm="comppo", steps=3, save_every=1, eval_every=0, out=str(tmp_path))
+    trainer = Trainer(cfg)
+    real = rl.TransportAlignedCritic.forward
+    calls = {"n": 0}
+    per_step = 1 + cfg.ppo_epochs * cfg.num_minibatches  # the scoring pass and the updates
+
+    def forward(self: Any, inputs: Any) -> Any:
+        calls["n"] += 1
+        v = real(self, inputs)
+        return v * float("nan") if calls["n"] == per_step + 1 else v  # step 1's scoring pass
+
+    monkeypatch.setattr(rl.TransportAlignedCritic, "forward", forward)
+    with pytest.raises(NonFiniteError, match=r"^step 1: values: expected finite values.*; training stopped, "
+                       r"the last good checkpoint \(continuing at step 1\)"):
+        trainer.train()
+    assert torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=True)["next_step"] == 1
+
+
+def test_sft_warm_start_lowers_the_loss() -> None:
+    torch.manual_seed(0)
+    cfg = tiny()
+    task = AdditionTask(1)
+    model = rl.trainer.build_policy(cfg, task.tokenizer.vocab_size)
+    curve = rl.trainer.sft_warm_start(model, task, steps=100, batch_size=16, lr=3e-3, rng=np.random.default_rng(0))
+    assert len(curve) == 100
+    assert np.mean(curve[-5:]) < 0.6 * np.mean(curve[:5])
