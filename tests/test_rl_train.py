@@ -146,8 +146,9 @@ def test_char_tokenizer() -> None:
 def test_config_json_round_trip() -> None:
     cfg = tiny(arm="ppo", clip_high=0.28, lam_critic=None)
     assert TrainConfig.from_json(cfg.to_json()) == cfg
-    with pytest.raises(ParameterError, match="unknown field 'nope'"):
+    with pytest.raises(ParameterError, match="^nope: expected a TrainConfig field") as info:
         TrainConfig.from_json(json.dumps({"nope": 1}))
+    assert info.value.argument == "nope"
 
 
 def test_every_field_is_a_cli_flag() -> None:
@@ -185,8 +186,9 @@ def test_every_field_is_a_cli_flag() -> None:
     ],
 )
 def test_bad_settings_name_the_field(changes: dict[str, Any], field: str) -> None:
-    with pytest.raises(ParameterError, match=rf"^{field}: expected"):
+    with pytest.raises(ParameterError, match=rf"^{field}: expected") as info:
         TrainConfig(**changes)
+    assert info.value.argument == field
 
 
 def test_unknown_arm_lists_the_arms() -> None:
@@ -197,7 +199,7 @@ def test_unknown_arm_lists_the_arms() -> None:
 
 
 def test_critic_warmup_needs_a_critic() -> None:
-    with pytest.raises(ParameterError, match="critic_warmup: the grpo arm has no critic"):
+    with pytest.raises(ParameterError, match="critic_warmup: expected 0 for the grpo arm, which has no critic"):
         Trainer(tiny(arm="grpo", critic_warmup=1))
 
 
@@ -387,9 +389,10 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_checkpoint(tmp_path: Path
 
     monkeypatch.setattr(losses, "policy_loss", poisoned)
     trainer = Trainer(cfg)
-    with pytest.raises(NonFiniteError, match=r"^step 2: the loss is not finite \(nan\) at epoch 0, minibatch 0; .*"
-                       r"continuing at step 2\) is kept at"):
+    with pytest.raises(NonFiniteError, match=r"^loss: expected a finite value, got nan \(epoch 0, minibatch 0\) at step 2; "
+                       r"training stopped, the last good checkpoint \(continuing at step 2\) is kept at") as info:
         trainer.train()
+    assert info.value.argument == "loss"
     ckpt = tmp_path / "checkpoint"
     assert torch.load(ckpt / "state.pt", weights_only=True)["next_step"] == 2
     assert not (tmp_path / "checkpoint.tmp").exists()
@@ -415,9 +418,10 @@ def test_non_finite_values_name_the_step(tmp_path: Path, monkeypatch: Any, signa
         return v * float("nan") if calls["n"] == per_step + 1 else v  # step 1's scoring pass
 
     monkeypatch.setattr(rl.TransportAlignedCritic, "forward", forward)
-    with pytest.raises(NonFiniteError, match=r"^step 1: values: expected finite values.*; training stopped, "
-                       r"the last good checkpoint \(continuing at step 1\)"):
+    with pytest.raises(NonFiniteError, match=r"^values: expected finite values.* at step 1; training stopped, "
+                       r"the last good checkpoint \(continuing at step 1\)") as info:
         trainer.train()
+    assert (info.value.argument, info.value.row) == ("values", 0)
     assert torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=True)["next_step"] == 1
 
 

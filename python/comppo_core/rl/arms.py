@@ -83,5 +83,5 @@ def get_arm(name: str) -> Arm:
     """The arm called ``name``, or a :class:`~comppo_core.errors.ParameterError` naming ``arm``."""
     arm = ARMS.get(name) if isinstance(name, str) else None
     if arm is None:
-        raise ParameterError(f"arm: expected one of {', '.join(ARMS)}, got {name!r}")
+        raise ParameterError(f"arm: expected one of {', '.join(ARMS)}, got {name!r}", argument="arm")
     return arm

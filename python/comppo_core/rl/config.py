@@ -175,23 +175,25 @@ class TrainConfig:
         for name in ("out", "init_from"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
-                raise ParameterError(f"{name}: expected a path string or None, got {v!r}")
+                raise ParameterError(f"{name}: expected a path string or None, got {v!r}", argument=name)
         for name in ("resume", "progress", "whiten_advantages", "gate_invert", "log_kl"):
             if not isinstance(getattr(self, name), bool):
-                raise ParameterError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+                raise ParameterError(f"{name}: expected a bool, got {getattr(self, name)!r}", argument=name)
         if self.model_hidden % self.model_heads or self.model_heads % self.model_kv_heads:
             raise ParameterError(
                 f"model_heads: expected a divisor of model_hidden={self.model_hidden} and a multiple of "
-                f"model_kv_heads={self.model_kv_heads}, got {self.model_heads}"
+                f"model_kv_heads={self.model_kv_heads}, got {self.model_heads}",
+                argument="model_heads",
             )
         batch = self.prompts_per_step * self.group_size
         if self.num_minibatches > batch:
             raise ParameterError(
                 f"num_minibatches: expected at most the batch size prompts_per_step * group_size = {batch}, "
-                f"got {self.num_minibatches}"
+                f"got {self.num_minibatches}",
+                argument="num_minibatches",
             )
         if self.resume and self.out is None:
-            raise ParameterError("resume: expected an out directory to resume from, got out=None")
+            raise ParameterError("resume: expected an out directory to resume from, got out=None", argument="resume")
         _ = self.gate_params  # validates low <= high etc.
 
     # ---- derived values
@@ -229,11 +231,14 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """From a dict of fields; missing fields take their defaults, unknown ones are an error."""
         if not isinstance(data, dict):
-            raise ParameterError(f"config: expected a JSON object of fields, got {type(data).__name__}")
+            raise ParameterError(f"config: expected a JSON object of fields, got {type(data).__name__}", argument="config")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ParameterError(f"config: unknown field {unknown[0]!r} (known: {', '.join(sorted(names))})")
+            raise ParameterError(
+                f"{unknown[0]}: expected a TrainConfig field, got an unknown one (known: {', '.join(sorted(names))})",
+                argument=unknown[0],
+            )
         return cls(**data)
 
     @classmethod
@@ -242,7 +247,9 @@ class TrainConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ParameterError(f"config: expected JSON, got a parse error at line {exc.lineno}: {exc.msg}") from None
+            raise ParameterError(
+                f"config: expected JSON, got a parse error at line {exc.lineno}: {exc.msg}", argument="config"
+            ) from None
         return cls.from_dict(data)
 
     # ---- command line
@@ -300,13 +307,13 @@ def _parser(tp: type, optional: bool, name: str) -> Any:
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ParameterError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+        raise ParameterError(f"{name}: expected one of {', '.join(choices)}, got {value!r}", argument=name)
 
 
 def _integer(name: str, value: Any, low: int, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         rng = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ParameterError(f"{name}: expected an integer {rng}, got {value!r}")
+        raise ParameterError(f"{name}: expected an integer {rng}, got {value!r}", argument=name)
 
 
 def _number(name: str, value: Any, low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> None:
@@ -317,7 +324,7 @@ def _number(name: str, value: Any, low: float, high: float, *, low_open: bool = 
         ok = ok and (math.isfinite(v) or high == math.inf and v != math.inf)
     if not ok:
         lo, hi = "(" if low_open else "[", ")" if high_open or high == math.inf else "]"
-        raise ParameterError(f"{name}: expected a number in {lo}{low}, {high}{hi}, got {value!r}")
+        raise ParameterError(f"{name}: expected a number in {lo}{low}, {high}{hi}, got {value!r}", argument=name)
 
 
 TrainConfig.__doc__ = (TrainConfig.__doc__ or "") + "\n    Fields:\n\n" + "\n".join(

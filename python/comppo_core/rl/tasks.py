@@ -59,7 +59,9 @@ class CharTokenizer:
 
     def __init__(self, alphabet: str = ALPHABET) -> None:
         if not isinstance(alphabet, str) or not alphabet or len(set(alphabet)) != len(alphabet):
-            raise ParameterError(f"alphabet: expected a non-empty string of distinct characters, got {alphabet!r}")
+            raise ParameterError(
+                f"alphabet: expected a non-empty string of distinct characters, got {alphabet!r}", argument="alphabet"
+            )
         self.alphabet = alphabet
         self._ids = {ch: 3 + i for i, ch in enumerate(alphabet)}
 
@@ -77,7 +79,9 @@ class CharTokenizer:
         for i, ch in enumerate(text):
             tok = self._ids.get(ch)
             if tok is None:
-                raise ParameterError(f"text: expected characters of {self.alphabet!r}, got {ch!r} at index {i}")
+                raise ParameterError(
+                    f"text: expected characters of {self.alphabet!r}, got {ch!r} at index {i}", argument="text", index=i
+                )
             ids.append(tok)
         if add_eos:
             ids.append(self.eos_token_id)
@@ -86,7 +90,7 @@ class CharTokenizer:
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
         """The text of ``ids``; specials are dropped (or written as ``<pad>`` etc.)."""
         out = []
-        for i in ids:
+        for k, i in enumerate(ids):
             i = int(i)
             if 0 <= i < 3:
                 if not skip_special_tokens:
@@ -94,7 +98,7 @@ class CharTokenizer:
             elif 3 <= i < self.vocab_size:
                 out.append(self.alphabet[i - 3])
             else:
-                raise ParameterError(f"ids: expected ids in [0, {self.vocab_size}), got {i}")
+                raise ParameterError(f"ids: expected ids in [0, {self.vocab_size}), got {i} at index {k}", argument="ids", index=k)
         return "".join(out)
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,9 +139,11 @@ class AdditionTask:
 
     def __init__(self, digits: int = 2, *, split_seed: int = 0, heldout_fraction: float = 0.2) -> None:
         if isinstance(digits, bool) or not isinstance(digits, int) or not 1 <= digits <= 6:
-            raise ParameterError(f"digits: expected an integer in [1, 6], got {digits!r}")
+            raise ParameterError(f"digits: expected an integer in [1, 6], got {digits!r}", argument="digits")
         if not isinstance(heldout_fraction, (int, float)) or not 0.0 < float(heldout_fraction) < 1.0:
-            raise ParameterError(f"heldout_fraction: expected a number in (0, 1), got {heldout_fraction!r}")
+            raise ParameterError(
+                f"heldout_fraction: expected a number in (0, 1), got {heldout_fraction!r}", argument="heldout_fraction"
+            )
         self.digits = digits
         self.split_seed = int(split_seed)
         self.heldout_fraction = float(heldout_fraction)

@@ -186,7 +186,9 @@ def sft_warm_start(
             mask[i, : len(a) + len(b)] = 1
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         if not torch.isfinite(loss):
-            raise NonFiniteError(f"warm start: the SFT loss is not finite ({loss.item()}) at SFT step {len(out)}")
+            raise NonFiniteError(
+                f"loss: expected a finite SFT loss, got {loss.item()} at warm-start step {len(out)}", argument="loss"
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -258,11 +260,14 @@ class Trainer:
 
     def __init__(self, config: TrainConfig) -> None:
         if not isinstance(config, TrainConfig):
-            raise ParameterError(f"config: expected a TrainConfig, got {type(config).__name__}")
+            raise ParameterError(f"config: expected a TrainConfig, got {type(config).__name__}", argument="config")
         self.config = config
         self.arm: Arm = get_arm(config.arm)
         if self.arm.critic is None and config.critic_warmup:
-            raise ParameterError(f"critic_warmup: the {config.arm} arm has no critic to warm up, got {config.critic_warmup}")
+            raise ParameterError(
+                f"critic_warmup: expected 0 for the {config.arm} arm, which has no critic, got {config.critic_warmup}",
+                argument="critic_warmup",
+            )
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.task = AdditionTask(config.digits, split_seed=config.split_seed, heldout_fraction=config.heldout_fraction)
@@ -324,7 +329,7 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         if not Path(path).is_dir():
-            raise ParameterError(f"init_from: expected a save_pretrained directory, got {str(path)!r}")
+            raise ParameterError(f"init_from: expected a save_pretrained directory, got {str(path)!r}", argument="init_from")
         with _quiet_transformers():
             return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
@@ -396,7 +401,9 @@ class Trainer:
         if not ckpt.is_dir() and (self.out / "checkpoint.old").is_dir():
             ckpt = self.out / "checkpoint.old"  # a crash between the two renames of save_checkpoint
         if not (ckpt / "state.pt").is_file():
-            raise ParameterError(f"resume: expected a checkpoint in {str(self.out / 'checkpoint')!r}, found none")
+            raise ParameterError(
+                f"resume: expected a checkpoint in {str(self.out / 'checkpoint')!r}, found none", argument="resume"
+            )
         saved = TrainConfig.from_json((ckpt / "config.json").read_text())
         diff = [f.name for f in dataclasses.fields(TrainConfig)
                 if f.name not in RESUMABLE_CHANGES and getattr(saved, f.name) != getattr(self.config, f.name)]
@@ -404,7 +411,8 @@ class Trainer:
             name = diff[0]
             raise ParameterError(
                 f"{name}: a resumed run must keep the checkpoint's settings (only {', '.join(RESUMABLE_CHANGES)} may "
-                f"change); the checkpoint has {getattr(saved, name)!r}, got {getattr(self.config, name)!r}"
+                f"change); the checkpoint has {getattr(saved, name)!r}, got {getattr(self.config, name)!r}",
+                argument=name,
             )
         self.warm_start = json.loads((ckpt / "warm_start.json").read_text())
         self.actor = self._load_actor(ckpt / "actor").eval()
@@ -616,7 +624,7 @@ class Trainer:
                 if loss is None:
                     continue
                 if not bool(torch.isfinite(loss.detach())):
-                    raise NonFiniteError(f"the loss is not finite ({float(loss.detach())}) at {where}")
+                    raise NonFiniteError(f"loss: expected a finite value, got {float(loss.detach())} ({where})", argument="loss")
                 self.actor_opt.zero_grad(set_to_none=True)
                 if self.critic_opt is not None:
                     self.critic_opt.zero_grad(set_to_none=True)
@@ -628,7 +636,10 @@ class Trainer:
                     norms["grad_norm_critic"] = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm))
                 for name, value in norms.items():
                     if not math.isfinite(value):
-                        raise NonFiniteError(f"{name}: the gradient is not finite ({value}) at {where}")
+                        raise NonFiniteError(
+                            f"gradient: expected a finite norm of the {name[10:]}'s gradient, got {value} ({where})",
+                            argument="gradient",
+                        )
                 if train_actor:
                     self.actor_opt.step()
                 if self.critic_opt is not None:
@@ -709,7 +720,13 @@ class Trainer:
                 try:
                     row = self.step(s)
                 except NonFiniteError as exc:
-                    raise NonFiniteError(f"step {s}: {exc}; training stopped, {self._kept()}") from exc
+                    raise NonFiniteError(
+                        f"{exc} at step {s}; training stopped, {self._kept()}",
+                        argument=exc.argument,
+                        row=exc.row,
+                        position=exc.position,
+                        index=exc.index,
+                    ) from exc
                 rows.append(row)
                 if self.out is not None:
                     with open(self.out / "metrics.jsonl", "a") as fh:
