@@ -146,7 +146,8 @@ def _broadcast(per_sequence: Any, *, mask: Any, cu_seqlens: Any) -> np.ndarray:
         if m.ndim != 2 or m.shape[0] != b:
             raise ShapeError(f"mask: expected shape ({b}, T), one row per sequence, got {m.shape}")
         shape: tuple[int, ...] = tuple(m.shape)
-        cu, canon_mask = None, _as_mask(m, shape)
+        canon_mask: np.ndarray | None = _as_mask(m, shape)
+        cu = None
     else:
         cu = _as_cu_seqlens(cu_seqlens)
         if cu.shape[0] != b + 1:
