@@ -327,7 +327,9 @@ def test_kl_modes(signal: None) -> None:
     runs = {}
     for mode in ("reward", "loss"):
         trainer = Trainer(tiny(arm="ppo", kl_coef=0.5, kl_mode=mode, steps=2, eval_every=0))
-        trainer.train()
+        first, second = trainer.step(0), trainer.step(1)
+        assert first["kl"] == 0.0 and second["kl"] > 0.0  # the policy moved away from the reference
+        assert (second["kl_loss"] is None) == (mode == "reward")
         runs[mode] = params(trainer)
     assert any(not torch.equal(runs["reward"][k], runs["loss"][k]) for k in runs["reward"])
 
@@ -433,3 +435,27 @@ def test_sft_warm_start_lowers_the_loss() -> None:
     curve = rl.trainer.sft_warm_start(model, task, steps=100, batch_size=16, lr=3e-3, rng=np.random.default_rng(0))
     assert len(curve) == 100
     assert np.mean(curve[-5:]) < 0.6 * np.mean(curve[:5])
+
+
+def test_init_from_a_warm_start(tmp_path: Path) -> None:
+    """A run can start from another run's warm start (a paired comparison's arms do)."""
+    first = Trainer(tiny(out=str(tmp_path / "a")))
+    second = Trainer(tiny(arm="ppo", init_from=str(tmp_path / "a" / "warmstart"), warmup_sft_steps=50))
+    assert second.warm_start["sft_steps"] == 0 and second.warm_start["init_from"].endswith("warmstart")
+    assert_same_params(
+        {k: v for k, v in params(first).items() if k.startswith("actor.")},
+        {k: v for k, v in params(second).items() if k.startswith("actor.")},
+    )
+    with pytest.raises(ParameterError, match="^init_from: expected a save_pretrained directory") as info:
+        Trainer(tiny(init_from=str(tmp_path / "missing")))
+    assert info.value.argument == "init_from"
+
+
+def test_train_leaves_the_callers_rng_alone_and_shows_progress(capsys: Any) -> None:
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    train(tiny(progress=True))
+    assert torch.equal(torch.rand(3), expected)
+    err = capsys.readouterr().err
+    assert "grpo" not in err and "comppo" in err and "reward=" in err

@@ -70,7 +70,7 @@ __all__ = ["METRIC_KEYS", "Batch", "Rollout", "Trainer", "sft_warm_start", "trai
 
 #: The keys of each ``metrics.jsonl`` row (None where a quantity does not apply to the arm or step).
 METRIC_KEYS = (
-    "step", "arm", "seed", "reward_mean", "train_accuracy", "eval_accuracy", "kl", "approx_kl", "clipfrac",
+    "step", "arm", "seed", "reward_mean", "train_accuracy", "eval_accuracy", "kl", "kl_loss", "approx_kl", "clipfrac",
     "pg_loss", "value_loss", "value_clipfrac", "value_explained_var", "gate_mean", "gate_min", "gate_max",
     "adv_gini", "adv_effective_token_ratio", "response_length", "entropy", "grad_norm_actor", "grad_norm_critic",
     "actor_updated", "time_rollout_s", "time_score_s", "time_advantages_s", "time_update_s", "time_eval_s",
@@ -125,7 +125,11 @@ class Batch:
 
     def select(self, index: torch.Tensor) -> Batch:
         """The rows ``index`` (a minibatch)."""
-        return Batch(**{f.name: (None if (v := getattr(self, f.name)) is None else v[index]) for f in dataclasses.fields(self)})
+        rows: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            rows[f.name] = None if v is None else v[index]
+        return Batch(**rows)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -142,7 +146,7 @@ def _left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, to
     return ids, mask
 
 
-def build_policy(config: TrainConfig, vocab_size: int) -> nn.Module:
+def build_policy(config: TrainConfig, vocab_size: int) -> Any:
     """The built-in policy: a randomly initialised Llama (from torch's global RNG)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -258,6 +262,12 @@ class Trainer:
     ``Trainer(config)`` builds or resumes everything; :meth:`train` runs the remaining
     steps and returns the summary; :meth:`step` runs one (module docstring)."""
 
+    #: the policy, a transformers causal LM
+    actor: Any
+    #: the frozen KL reference (the policy after the warm start), or None
+    reference: Any
+    critic: nn.Module | None
+
     def __init__(self, config: TrainConfig) -> None:
         if not isinstance(config, TrainConfig):
             raise ParameterError(f"config: expected a TrainConfig, got {type(config).__name__}", argument="config")
@@ -325,7 +335,7 @@ class Trainer:
         torch.manual_seed(cfg.seed * 1000 + 2)
         self.rng = np.random.default_rng([cfg.seed, 2])
 
-    def _load_actor(self, path: Any) -> nn.Module:
+    def _load_actor(self, path: Any) -> Any:
         from transformers import AutoModelForCausalLM
 
         if not Path(path).is_dir():
@@ -333,7 +343,7 @@ class Trainer:
         with _quiet_transformers():
             return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
-    def _make_reference(self, actor: nn.Module) -> nn.Module | None:
+    def _make_reference(self, actor: Any) -> Any:
         cfg = self.config
         if cfg.kl_coef == 0.0 and not cfg.log_kl:
             return None
@@ -534,11 +544,12 @@ class Trainer:
         g = forward(self.actor, r.input_ids, r.attention_mask, response_mask=r.response_mask, statistic=cfg.statistic,
                     gate_params=cfg.gate_params).gates
         m = r.response_mask
+        # the array kernels return tensors for tensors (as_tensor only tells the type checker)
         if arm.gates == "constant":
-            return controls.constant(g, mask=m)
+            return torch.as_tensor(controls.constant(g, mask=m))
         if arm.gates == "shuffle":
-            return controls.shuffle(g, mask=m, seed=cfg.seed * 1_000_003 + step)
-        return controls.by_position(g, mask=m)
+            return torch.as_tensor(controls.shuffle(g, mask=m, seed=cfg.seed * 1_000_003 + step))
+        return torch.as_tensor(controls.by_position(g, mask=m))
 
     def score(self, r: Rollout, step: int) -> Batch:
         """Phase 2: old log-probs, values and gates (advantages filled in by phase 3)."""
@@ -568,21 +579,24 @@ class Trainer:
                 rewards = rewards - cfg.kl_coef * kl
         if self.arm.uses_gae:
             assert batch.old_values is not None
-            adv, returns = gae(rewards, batch.old_values, mask=m, gates=self._gates, gamma=cfg.gamma, lam=cfg.lam,
-                               lam_critic=cfg.lam_critic)
+            result = gae(rewards, batch.old_values, mask=m, gates=self._gates, gamma=cfg.gamma, lam=cfg.lam,
+                         lam_critic=cfg.lam_critic)
+            adv = torch.as_tensor(result.advantages)  # tensors in, tensors out (as_tensor: for the type checker)
             if cfg.whiten_advantages:
-                adv = masked_whiten(adv, mask=m)
-            batch.returns = returns
+                adv = torch.as_tensor(masked_whiten(adv, mask=m))
+            batch.returns = torch.as_tensor(result.returns)
         else:
-            seq = group_advantages(rewards.double().sum(-1), r.groups, method=cfg.group_method)
-            adv = broadcast(seq.float(), mask=m)
+            seq = torch.as_tensor(group_advantages(rewards.double().sum(-1), r.groups, method=cfg.group_method))
+            adv = torch.as_tensor(broadcast(seq.float(), mask=m))
         batch.advantages = adv
         credit = credit_stats(adv, mask=m)
         stats: dict[str, Any] = {
             "kl": None if kl is None else _masked_mean(kl, m),
             "adv_gini": credit["gini"],
             "adv_effective_token_ratio": credit["effective_token_ratio"],
-            "value_explained_var": None if batch.returns is None else _explained_variance(batch.old_values, batch.returns, m),
+            "value_explained_var": None
+            if batch.returns is None or batch.old_values is None
+            else _explained_variance(batch.old_values, batch.returns, m),
         }
         g = self._gates
         stats.update(gate_mean=None, gate_min=None, gate_max=None)
@@ -608,8 +622,8 @@ class Trainer:
                 pg_loss, pg = losses.policy_loss(lp, mb.old_logprobs, mb.advantages, mb.response_mask,
                                                  clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
                                                  agg=cfg.loss_agg)
-                loss = pg_loss if train_actor else None
-                if cfg.kl_mode == "loss" and cfg.kl_coef > 0.0 and train_actor:
+                loss: torch.Tensor | None = pg_loss if train_actor else None
+                if cfg.kl_mode == "loss" and cfg.kl_coef > 0.0 and loss is not None:
                     assert mb.ref_logprobs is not None
                     kl_loss = losses.aggregate(losses.kl_penalty(lp, mb.ref_logprobs, cfg.kl_kind), mb.response_mask, cfg.loss_agg)
                     loss = loss + cfg.kl_coef * kl_loss
@@ -710,7 +724,7 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         """Run steps ``start_step … steps − 1``; write the outputs; return the summary."""
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
         cfg = self.config
         rows: list[dict[str, Any]] = []
