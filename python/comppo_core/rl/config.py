@@ -31,7 +31,7 @@ from ..hf.statistics import STATISTICS
 from .losses import AGG_MODES, KL_KINDS
 from .tac import TEMPORAL_MIXERS
 
-__all__ = ["KL_MODES", "PRESETS", "TrainConfig"]
+__all__ = ["KL_MODES", "TrainConfig"]
 
 #: Where a KL to the reference enters: a per-token reward penalty (TRL) or a loss term (verl's use_kl_loss).
 KL_MODES = ("reward", "loss")
@@ -275,13 +275,6 @@ class TrainConfig:
     def from_args(cls, namespace: argparse.Namespace) -> TrainConfig:
         """The config from a namespace parsed with :meth:`add_arguments` (other attributes are ignored)."""
         return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if hasattr(namespace, f.name)})
-
-
-#: Named starting points (fields to change from the defaults); the CLI's ``--preset`` will read these.
-PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {"steps": 30, "eval_every": 10},
-    "default": {},
-}
 
 
 def _unwrap(tp: Any) -> tuple[type, bool]:
