@@ -21,6 +21,21 @@ each table row runs at least --rounds rounds and at least --min-seconds seconds)
                   (the float inputs and the mask read, two outputs written) into
                   preallocated buffers on every core
 
+Two more columns time the regime a user's training process is in, which this
+process is not: a fresh interpreter (``compare.py --torch-regime-child``) that imports
+torch, makes the batch with torch (``torch.randn`` and friends, as a PPO loop's data
+arrives) and allocates a little between calls:
+
+    torch alloc   cc.gae(...) allocating its outputs, there
+    torch out=    cc.gae(..., out=(adv, ret)), there
+
+There glibc's dynamic mmap threshold sits at the size of one output (the largest block
+freed so far), so two outputs freed together are trimmed off the heap and handed back
+to the operating system, and the next call faults fresh pages in again (about 1,000
+page faults a call on W1 before rust/buffers.rs cached them); in this process larger
+blocks freed earlier have raised the threshold and the call reuses the heap instead.
+The drop-in table gets the same regime's row.
+
 Ratios are times divided by the floor (lower is better) and speedups of comppo over
 the others. Timing noise on a shared machine is real: compare ratios, not bare times.
 
@@ -37,8 +52,11 @@ A second table times the outcome path:
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -261,8 +279,77 @@ def run(workloads: list[Workload], rounds: int, ref_tokens: int, with_torch: boo
     return rows
 
 
+# ---------------------------------------------------------------- the torch regime
+REGIME_CHILD = "--torch-regime-child"
+SHAPES = {"W1": (512, 4096), "W2": (64, 16384), "W3": (4096, 512), "W4": (512, 4096)}
+
+
+def torch_regime(names: list[str], rounds: int, min_seconds: float, threads: int | None, dropin: bool) -> dict:
+    """The torch regime's times (see the module), each workload measured in a fresh
+    interpreter of its own (one that ran a larger batch before would have raised glibc's
+    threshold past it): ``{workload: {"torch alloc": s, "torch out=": s, "faults alloc":
+    n, "faults out=": n}}``, and under ``"dropin"`` the verl drop-in's and verl's loop's
+    seconds on W1."""
+    results = {}
+    for name in [*names, *(["dropin"] if dropin else [])]:
+        cmd = [sys.executable, os.path.abspath(__file__), REGIME_CHILD, name, str(rounds), str(min_seconds), str(threads or 0)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def regime_child(name: str, rounds: int, min_seconds: float) -> dict:
+    """The body of ``--torch-regime-child``: the workload's batch made by torch, the
+    allocating and the out= call round-robin, a few small allocations before each call
+    (``name`` "dropin": the verl drop-in and verl's loop on W1's shape instead)."""
+    torch.manual_seed(0)
+    b, t = SHAPES["W1" if name == "dropin" else name]
+    lengths = torch.randint(t // 2, t + 1, (b,))
+    mask = torch.arange(t)[None, :] < lengths[:, None]
+    if name == "dropin":
+        from comppo_core.integrations import verl as verl_dropin
+
+        tm = mask.float()
+        tr, tv = torch.randn(b, t) * tm, torch.randn(b, t)
+        d = measure({"drop-in": lambda: verl_dropin.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)}, rounds, min_seconds)
+        loop = lambda: verl_original.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)  # noqa: E731
+        return {**d, **measure({"verl loop": loop}, max(3, rounds // 4))}
+    rewards, values, gates = torch.randn(b, t) * mask, torch.randn(b, t), torch.rand(b, t) * 0.5 + 0.5
+    if name == "W4":
+        kw = {"cu_seqlens": torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).numpy()}
+        rewards, values, gates = rewards[mask], values[mask], gates[mask]
+    else:
+        kw = {"mask": mask.numpy()}
+    r, v, g = rewards.numpy(), values.numpy(), gates.numpy()
+    adv, ret = np.empty_like(r), np.empty_like(r)
+    faults: dict[str, list[int]] = {"alloc": [], "out=": []}
+    scratch: list = []
+
+    def call(key: str, fn: Callable[[], object]) -> Callable[[], object]:
+        def once() -> object:
+            scratch[:] = [torch.empty(b, 64), list(range(10_000))]  # a loop's bookkeeping, between calls
+            f0 = _faults()
+            result = fn()
+            faults[key].append(_faults() - f0)
+            return result
+
+        return once
+
+    fns = {
+        "torch alloc": call("alloc", lambda: cc.gae(r, v, gates=g, gamma=GAMMA, lam=LAM, **kw)),
+        "torch out=": call("out=", lambda: cc.gae(r, v, gates=g, gamma=GAMMA, lam=LAM, out=(adv, ret), **kw)),
+    }
+    result: dict = measure(fns, rounds, min_seconds)
+    result.update({f"faults {k}": statistics.median(f) for k, f in faults.items()})
+    return result
+
+
 def report(rows: list[dict]) -> str:
-    cols = ["comppo", "comppo out=", "numba", "reference", "torch loop", "floor"]
+    cols = ["comppo", "comppo out=", "numba", "reference", "torch loop", "floor", "torch alloc", "torch out="]
     present = [c for c in cols if any(c in r for r in rows)]
     lines = []
     head = f"{'workload':<22}" + "".join(f"{c:>13}" for c in present)
@@ -272,16 +359,22 @@ def report(rows: list[dict]) -> str:
         lines.append(f"{r['workload']:<22}" + "".join(f"{r[c] * 1e3:>13.2f}" if c in r else f"{'-':>13}" for c in present))
     lines.append("")
     lines.append("ratios (lower is better for /floor; higher is better for speedups)")
-    head2 = ["comppo/floor", "out=/floor", "numba/comppo", "ref/comppo", "torch/comppo", "Mtok/s comppo"]
-    lines.append(f"{'workload':<22}" + "".join(f"{c:>15}" for c in head2))
+    head2 = ["comppo/floor", "out=/floor", "numba/comppo", "ref/comppo", "torch/comppo", "Mtok/s comppo",
+             "alloc/out=", "torch alloc/out="]  # fmt: skip
+    lines.append(f"{'workload':<22}" + "".join(f"{c:>17}" for c in head2))
     for r in rows:
         def ratio(a: str, b: str) -> str:
-            return f"{r[a] / r[b]:>15.2f}" if a in r and b in r else f"{'-':>15}"
+            return f"{r[a] / r[b]:>17.2f}" if a in r and b in r else f"{'-':>17}"
 
         cells = [ratio("comppo", "floor"), ratio("comppo out=", "floor"), ratio("numba", "comppo"),
                  ratio("reference", "comppo"), ratio("torch loop", "comppo"),
-                 f"{r['tokens'] / r['comppo'] / 1e6:>15.0f}"]
+                 f"{r['tokens'] / r['comppo'] / 1e6:>17.0f}", ratio("comppo", "comppo out="),
+                 ratio("torch alloc", "torch out=")]  # fmt: skip
         lines.append(f"{r['workload']:<22}" + "".join(cells))
+    if any("faults alloc" in r for r in rows):
+        lines.append("torch regime (fresh interpreter, batch made by torch): page faults per call, allocating / out=: "
+                     + ", ".join(f"{r['workload'].split()[0]} {r['faults alloc']:.0f} / {r['faults out=']:.0f}"
+                                 for r in rows if "faults alloc" in r))  # fmt: skip
     return "\n".join(lines)
 
 
@@ -404,7 +497,7 @@ def run_dropins(rounds: int, min_seconds: float) -> list[dict]:
     return [{"workload": "verl GAE W1", **t}]
 
 
-def report_dropins(rows: list[dict]) -> str:
+def report_dropins(rows: list[dict], regime: dict | None = None) -> str:
     lines = ["verl drop-in (compute_gae_advantage_return on CPU tensors): ms per call and ratios"]
     cols = ["drop-in (torch CPU)", "numpy path", "verl loop"]
     lines.append(f"{'workload':<14}" + "".join(f"{c:>21}" for c in cols) + f"{'verl/drop-in':>14}{'drop-in/numpy':>15}")
@@ -412,6 +505,10 @@ def report_dropins(rows: list[dict]) -> str:
         cells = "".join(f"{r[c] * 1e3:>21.2f}" for c in cols)
         d = r["drop-in (torch CPU)"]
         lines.append(f"{r['workload']:<14}{cells}{r['verl loop'] / d:>14.1f}{d / r['numpy path']:>15.2f}")
+    if regime is not None:
+        d = regime["drop-in"]
+        cells = f"{d * 1e3:>21.2f}{'-':>21}{regime['verl loop'] * 1e3:>21.2f}"
+        lines.append(f"{'W1, torch regime':<14}{cells}{regime['verl loop'] / d:>14.1f}{'-':>15}")
     return "\n".join(lines)
 
 
@@ -426,6 +523,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--only", choices=["gae", "outcomes", "dropins"], default=None, help="run one table only")
+    p.add_argument("--no-regime", action="store_true", help="skip the torch regime's columns (a fresh interpreter)")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [REGIME_CHILD]:
+        name, rounds_, seconds, threads = argv[1:5]
+        if int(threads):
+            cc.set_num_threads(int(threads))
+        print(json.dumps(regime_child(name, int(rounds_), float(seconds))))
+        return 0
     a = p.parse_args(argv)
     if a.threads:
         cc.set_num_threads(a.threads)
@@ -444,15 +549,19 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [all_w[k]() for k in want]
     print(f"comppo-core {cc.__version__}, threads={cc.get_num_threads()}, numba={'yes' if numba else 'no'}, "
           f"torch={'yes' if torch is not None and not a.no_torch else 'no'}, python {sys.version.split()[0]}")
+    with_regime = torch is not None and not a.no_torch and not a.no_regime
+    regime = torch_regime(want, rounds, min_seconds, a.threads, a.only in (None, "dropins")) if with_regime else {}
     if a.only in (None, "gae"):
         rows = run(workloads, rounds, a.ref_tokens, not a.no_torch, min_seconds)
+        for key, row in zip(want, rows):
+            row.update(regime.get(key, {}))
         print(report(rows))
     if a.only in (None, "outcomes"):
         print()
         print(report_outcomes(run_outcomes(rounds, not a.no_torch, min_seconds)))
     if a.only in (None, "dropins") and torch is not None and not a.no_torch:
         print()
-        print(report_dropins(run_dropins(rounds, min_seconds)))
+        print(report_dropins(run_dropins(rounds, min_seconds), regime.get("dropin")))
     return 0
 
 
