@@ -148,10 +148,12 @@ def forward(
     per = probe.per_layer[:, :-1].masked_fill(~columns.unsqueeze(-1), 0.0)
     lp = torch.where(columns, lp, torch.zeros_like(lp))
 
+    critic_gates: torch.Tensor | None
     if given is not None:
         comp_gates = critic_gates = torch.where(resp, given, 1.0)
     else:
-        comp_gates = gating.gates_from_concentration(conc, mask=resp, **params.as_kwargs()).to(torch.float32)
+        gates_np_or_tensor = gating.gates_from_concentration(conc, mask=resp, **params.as_kwargs())
+        comp_gates = torch.as_tensor(gates_np_or_tensor, dtype=torch.float32)  # a tensor in gives a tensor out
         critic_gates = causal_gates(conc, resp, params) if critic is not None else None
 
     values = None

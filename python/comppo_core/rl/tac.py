@@ -86,7 +86,8 @@ def causal_gates(concentration: torch.Tensor, mask: torch.Tensor, params: GatePa
     else:
         z = running_zscore(concentration, m)
         kw = {**params.as_kwargs(), "normalize": "none", "center": 0.0, "scale": 1.0}
-    return gating.gates_from_concentration(z, mask=m, **kw).to(torch.float32)
+    # a tensor in gives a tensor out (on its own device)
+    return torch.as_tensor(gating.gates_from_concentration(z, mask=m, **kw), dtype=torch.float32)
 
 
 class _RMSNorm(nn.Module):
