@@ -86,12 +86,6 @@ impl<'a> ErrorAttrs<'a> {
     }
 }
 
-/// An instance of `comppo_core.errors.<class>` carrying `msg` and no attributes (see
-/// [`raise_with`] to give them).
-fn raise(py: Python<'_>, class: &str, msg: String) -> PyErr {
-    raise_with(py, class, msg, ErrorAttrs::default())
-}
-
 /// An instance of `comppo_core.errors.<class>(msg, **attrs)`; a plain `ValueError(msg)`
 /// if the package's class cannot be had (it always can once the package is imported).
 fn raise_with(py: Python<'_>, class: &str, msg: String, attrs: ErrorAttrs<'_>) -> PyErr {
@@ -258,10 +252,11 @@ fn layout<'a>(py: Python<'_>, grid: &Grid<'_, '_>, cu: Option<&'a [i64]>, n: usi
 /// The error for an array another thread's call is writing into right now (the only way
 /// a borrow of a canonical argument can fail).
 fn in_use(py: Python<'_>, arg: &str) -> PyErr {
-    raise(
+    raise_with(
         py,
         "ShapeError",
         format!("{arg}: expected an array no running call writes to, got one another thread's call is writing"),
+        ErrorAttrs::arg(arg),
     )
 }
 
@@ -853,7 +848,12 @@ fn broadcast_typed<'py, F: FloatDtype>(
 #[pyfunction]
 fn set_num_threads(py: Python<'_>, n: i64) -> PyResult<()> {
     if n < 1 {
-        return Err(raise(py, "ParameterError", format!("n: expected an integer >= 1, got {n}")));
+        return Err(raise_with(
+            py,
+            "ParameterError",
+            format!("n: expected an integer >= 1, got {n}"),
+            ErrorAttrs::arg("n"),
+        ));
     }
     pool::set_num_threads(n as usize);
     Ok(())

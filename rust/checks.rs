@@ -32,7 +32,7 @@ pub fn check_row_values(arg: &'static str, x: Option<&[f64]>, rows: usize) -> Re
     }
     match x.iter().position(|v| !v.is_finite()) {
         Some(b) => {
-            Err(KernelError::Parameter { arg, expected: "finite values".into(), got: format!("{} at row {b}", x[b]) })
+            Err(KernelError::RowValue { arg, row: b, expected: "finite values".into(), got: format!("{}", x[b]) })
         }
         None => Ok(()),
     }

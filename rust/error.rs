@@ -95,10 +95,21 @@ mod tests {
 
     #[test]
     fn messages_carry_the_location() {
-        let e = KernelError::RowValue { arg: "last_values", row: 5, expected: "finite values".into(), got: "NaN".into() };
+        let e =
+            KernelError::RowValue { arg: "last_values", row: 5, expected: "finite values".into(), got: "NaN".into() };
         assert_eq!(e.to_string(), "last_values: expected finite values, got NaN at row 5");
         let at = Loc { row: 1, pos: 0, flat: Some(2) };
         let e = KernelError::NonFinite { arg: "rewards", at, value: f64::NAN };
-        assert_eq!(e.to_string(), "rewards: expected finite values at valid positions, got NaN at (row 1, position 0) [flat index 2]");
+        assert_eq!(
+            e.to_string(),
+            "rewards: expected finite values at valid positions, got NaN at (row 1, position 0) [flat index 2]"
+        );
+    }
+
+    #[test]
+    fn a_non_finite_per_row_value_carries_its_row() {
+        let e = crate::checks::check_row_values("last_values", Some(&[0.0, 1.0, f64::NAN]), 3).unwrap_err();
+        assert!(matches!(e, KernelError::RowValue { arg: "last_values", row: 2, .. }), "{e:?}");
+        assert_eq!(e.to_string(), "last_values: expected finite values, got NaN at row 2");
     }
 }
