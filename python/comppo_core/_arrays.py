@@ -39,13 +39,13 @@ def as_numpy(x: Any, name: str) -> np.ndarray:
         try:
             return np.from_dlpack(x)
         except (BufferError, TypeError, RuntimeError) as e:
-            raise DTypeError(f"{name}: expected an array on the CPU; its __dlpack__ export failed: {e}") from e
+            raise DTypeError(f"{name}: expected an array on the CPU; its __dlpack__ export failed: {e}", argument=name) from e
     try:
         arr = np.asarray(x)
     except (TypeError, ValueError) as e:
-        raise DTypeError(f"{name}: expected an array, got {type(x).__name__}") from e
+        raise DTypeError(f"{name}: expected an array, got {type(x).__name__}", argument=name) from e
     if arr.dtype == object:
-        raise DTypeError(f"{name}: expected a numeric array, got {type(x).__name__} of objects")
+        raise DTypeError(f"{name}: expected a numeric array, got {type(x).__name__} of objects", argument=name)
     return arr
 
 
@@ -60,7 +60,7 @@ def float_dtypes(x: np.ndarray, name: str) -> tuple[np.dtype, np.dtype]:
         return np.dtype(np.float32), dt
     if dt.kind in "biu":
         return np.dtype(np.float64), np.dtype(np.float64)
-    raise DTypeError(f"{name}: expected a float array (float16, float32 or float64), got dtype {dt}")
+    raise DTypeError(f"{name}: expected a float array (float16, float32 or float64), got dtype {dt}", argument=name)
 
 
 @dataclass(frozen=True)
@@ -81,11 +81,11 @@ class Layout:
 def _as_cu_seqlens(cu: Any) -> np.ndarray:
     arr = as_numpy(cu, "cu_seqlens")
     if arr.ndim != 1:
-        raise ShapeError(f"cu_seqlens: expected a 1-D array of B+1 offsets, got shape {arr.shape}")
+        raise ShapeError(f"cu_seqlens: expected a 1-D array of B+1 offsets, got shape {arr.shape}", argument="cu_seqlens")
     if arr.dtype.kind not in "iu":
-        raise DTypeError(f"cu_seqlens: expected int32 or int64 offsets, got dtype {arr.dtype}")
+        raise DTypeError(f"cu_seqlens: expected int32 or int64 offsets, got dtype {arr.dtype}", argument="cu_seqlens")
     if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
-        raise ShapeError("cu_seqlens: offsets exceed int64")
+        raise ShapeError("cu_seqlens: offsets exceed int64", argument="cu_seqlens")
     return kernel_array(arr, np.int64)
 
 
@@ -94,9 +94,9 @@ def _as_mask(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
     other numeric mask becomes ``mask != 0`` (NaN counts as valid, as it is nonzero)."""
     arr = as_numpy(mask, "mask")
     if arr.shape != shape:
-        raise ShapeError(f"mask: expected shape {shape} like the data, got {arr.shape}")
+        raise ShapeError(f"mask: expected shape {shape} like the data, got {arr.shape}", argument="mask")
     if arr.dtype.kind not in "biuf":
-        raise DTypeError(f"mask: expected a bool, integer or float array, got dtype {arr.dtype}")
+        raise DTypeError(f"mask: expected a bool, integer or float array, got dtype {arr.dtype}", argument="mask")
     if arr.dtype != np.bool_:
         arr = arr != 0
     return kernel_array(arr)
@@ -109,14 +109,15 @@ def layout_of(primary: np.ndarray, name: str, mask: Any, cu_seqlens: Any) -> Lay
         if primary.ndim == 1:
             raise ShapeError(
                 f"{name}: a 1-D array is the packed layout and needs cu_seqlens; for one sequence "
-                f"pass a [1, T] array or cu_seqlens=[0, {shape[0]}]"
+                f"pass a [1, T] array or cu_seqlens=[0, {shape[0]}]",
+                argument=name,
             )
         if primary.ndim != 2:
-            raise ShapeError(f"{name}: expected a 2-D [B, T] array (or 1-D [N] with cu_seqlens), got shape {shape}")
+            raise ShapeError(f"{name}: expected a 2-D [B, T] array (or 1-D [N] with cu_seqlens), got shape {shape}", argument=name)
         cu = None
     else:
         if primary.ndim != 1:
-            raise ShapeError(f"{name}: with cu_seqlens expected a 1-D [N] array, got shape {shape}")
+            raise ShapeError(f"{name}: with cu_seqlens expected a 1-D [N] array, got shape {shape}", argument=name)
         cu = _as_cu_seqlens(cu_seqlens)
     return Layout(shape=shape, cu_seqlens=cu, mask=None if mask is None else _as_mask(mask, shape))
 
@@ -126,9 +127,9 @@ def token_array(x: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> n
     no copy when it already is one."""
     arr = as_numpy(x, name)
     if arr.shape != shape:
-        raise ShapeError(f"{name}: expected shape {shape} like the first array, got {arr.shape}")
+        raise ShapeError(f"{name}: expected shape {shape} like the first array, got {arr.shape}", argument=name)
     if arr.dtype.kind not in "biuf":
-        raise DTypeError(f"{name}: expected a float array, got dtype {arr.dtype}")
+        raise DTypeError(f"{name}: expected a float array, got dtype {arr.dtype}", argument=name)
     return kernel_array(arr, dtype)
 
 
@@ -138,15 +139,15 @@ def per_row(x: Any, name: str, rows: int) -> np.ndarray | None:
         return None
     arr = as_numpy(x, name)
     if arr.dtype.kind not in "biuf":
-        raise DTypeError(f"{name}: expected a float array, got dtype {arr.dtype}")
+        raise DTypeError(f"{name}: expected a float array, got dtype {arr.dtype}", argument=name)
     if arr.shape != (rows,):
-        raise ShapeError(f"{name}: expected shape ({rows},), one value per sequence, got {arr.shape}")
+        raise ShapeError(f"{name}: expected shape ({rows},), one value per sequence, got {arr.shape}", argument=name)
     return kernel_array(arr, np.float64)
 
 
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise ParameterError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
+        raise ParameterError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}", argument=name)
     return value
 
 
@@ -155,9 +156,9 @@ def check_unit(name: str, value: Any) -> float:
     try:
         x = float(value)
     except (TypeError, ValueError) as e:
-        raise ParameterError(f"{name}: expected a number in [0, 1], got {value!r}") from e
+        raise ParameterError(f"{name}: expected a number in [0, 1], got {value!r}", argument=name) from e
     if not 0.0 <= x <= 1.0:
-        raise ParameterError(f"{name}: expected a number in [0, 1], got {x}")
+        raise ParameterError(f"{name}: expected a number in [0, 1], got {x}", argument=name)
     return x
 
 
@@ -165,9 +166,9 @@ def check_finite(name: str, value: Any) -> float:
     try:
         x = float(value)
     except (TypeError, ValueError) as e:
-        raise ParameterError(f"{name}: expected a finite number, got {value!r}") from e
+        raise ParameterError(f"{name}: expected a finite number, got {value!r}", argument=name) from e
     if not np.isfinite(x):
-        raise ParameterError(f"{name}: expected a finite number, got {x}")
+        raise ParameterError(f"{name}: expected a finite number, got {x}", argument=name)
     return x
 
 
@@ -208,22 +209,22 @@ class Outputs:
         if len(names) == 1 and isinstance(out, np.ndarray):
             out = (out,)
         if not isinstance(out, (tuple, list)) or len(out) != len(names):
-            raise ParameterError(f"out: expected a tuple of {len(names)} arrays ({', '.join(names)}), got {out!r:.80}")
+            raise ParameterError(f"out: expected a tuple of {len(names)} arrays ({', '.join(names)}), got {out!r:.80}", argument="out")
         arrays = [i for i in inputs if isinstance(i, np.ndarray)]
         bufs: list[np.ndarray] = []
         for name, buf in zip(names, out):
             arg = f"out ({name})"
             if not isinstance(buf, np.ndarray):
-                raise DTypeError(f"{arg}: expected a NumPy array, got {type(buf).__name__}")
+                raise DTypeError(f"{arg}: expected a NumPy array, got {type(buf).__name__}", argument=arg)
             if buf.shape != shape:
-                raise ShapeError(f"{arg}: expected shape {shape}, got {buf.shape}")
+                raise ShapeError(f"{arg}: expected shape {shape}, got {buf.shape}", argument=arg)
             if buf.dtype != self.output:
-                raise DTypeError(f"{arg}: expected dtype {self.output} (the output dtype), got {buf.dtype}")
+                raise DTypeError(f"{arg}: expected dtype {self.output} (the output dtype), got {buf.dtype}", argument=arg)
             if not (buf.flags.c_contiguous and buf.flags.aligned and buf.flags.writeable):
-                raise ShapeError(f"{arg}: expected a writeable, aligned C-contiguous array")
+                raise ShapeError(f"{arg}: expected a writeable, aligned C-contiguous array", argument=arg)
             for other in [*bufs, *arrays]:
                 if np.may_share_memory(buf, other):
-                    raise ShapeError(f"{arg}: shares memory with an input or another output; pass separate buffers")
+                    raise ShapeError(f"{arg}: shares memory with an input or another output; pass separate buffers", argument=arg)
             bufs.append(buf)
         return tuple(bufs)
 

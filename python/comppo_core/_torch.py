@@ -47,9 +47,9 @@ def _check_devices(tensors: dict[str, Any]) -> Any:
     first_name, device = next(iter(devices.items()))
     for name, d in devices.items():
         if d != device:
-            raise DTypeError(f"{name}: expected a tensor on {device} like {first_name}, got one on {d}")
+            raise DTypeError(f"{name}: expected a tensor on {device} like {first_name}, got one on {d}", argument=name)
     if device.type not in ("cpu", "cuda"):
-        raise DTypeError(f"{first_name}: tensors on {device} are not supported (CPU or CUDA only)")
+        raise DTypeError(f"{first_name}: tensors on {device} are not supported (CPU or CUDA only)", argument=first_name)
     return device
 
 
@@ -176,11 +176,12 @@ def tensor_io(*array_params: str) -> Callable[[F], F]:
             if lead not in tensors:
                 raise DTypeError(
                     f"{next(iter(tensors))}: expected a NumPy array like {lead}, got a torch tensor; "
-                    "pass all arrays of a call as tensors or all as arrays"
+                    "pass all arrays of a call as tensors or all as arrays",
+                    argument=next(iter(tensors)),
                 )
             device = _check_devices(tensors)
             if "out" in bound.arguments and bound.arguments["out"] is not None:
-                raise DTypeError("out: preallocated outputs are supported for NumPy arrays only, not torch tensors")
+                raise DTypeError("out: preallocated outputs are supported for NumPy arrays only, not torch tensors", argument="out")
             if device.type == "cpu":
                 for name, t in tensors.items():
                     bound.arguments[name] = _to_numpy_cpu(t)

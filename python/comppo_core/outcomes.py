@@ -44,7 +44,7 @@ def _group_ids(groups: Any, n: int) -> np.ndarray:
     are mapped to integers first."""
     g = as_numpy(groups, "groups") if not isinstance(groups, (list, tuple)) else np.asarray(groups)
     if g.ndim != 1 or g.shape[0] != n:
-        raise ShapeError(f"groups: expected shape ({n},), one id per score, got {g.shape}")
+        raise ShapeError(f"groups: expected shape ({n},), one id per score, got {g.shape}", argument="groups")
     if g.size == 0:
         return np.zeros(0, dtype=np.int64)
     if g.dtype.kind in "iub":
@@ -53,7 +53,7 @@ def _group_ids(groups: Any, n: int) -> np.ndarray:
         return kernel_array(g, np.int64)
     if g.dtype.kind in "USO":
         return np.unique(g, return_inverse=True)[1].astype(np.int64).reshape(-1)
-    raise DTypeError(f"groups: expected integer ids (or string labels), got dtype {g.dtype}")
+    raise DTypeError(f"groups: expected integer ids (or string labels), got dtype {g.dtype}", argument="groups")
 
 
 def group_advantages(
@@ -94,16 +94,16 @@ def _group_advantages(scores: Any, groups: Any, *, method: str, eps: float, sing
     other dtypes, string labels) or raises the error that names the first bad one."""
     s = as_numpy(scores, "scores")
     if s.ndim != 1:
-        raise ShapeError(f"scores: expected a 1-D [B] array, one score per sequence, got shape {s.shape}")
+        raise ShapeError(f"scores: expected a 1-D [B] array, one score per sequence, got shape {s.shape}", argument="scores")
     if s.dtype.kind not in "biuf":
-        raise DTypeError(f"scores: expected real numbers, got dtype {s.dtype}")
+        raise DTypeError(f"scores: expected real numbers, got dtype {s.dtype}", argument="scores")
     s64 = kernel_array(s, np.float64)
     ids = _group_ids(groups, s.shape[0])
     check_choice("method", method, GROUP_METHODS)
     check_choice("singleton", singleton, ("zero", "raw"))
     eps_ = check_finite("eps", eps)
     if eps_ < 0:
-        raise ParameterError(f"eps: expected a number >= 0, got {eps_}")
+        raise ParameterError(f"eps: expected a number >= 0, got {eps_}", argument="eps")
     out = kernel_result(_core.group_advantages(s64, ids, method, eps_, singleton), "group_advantages")
     _, output = float_dtypes(s, "scores")
     return out if output == out.dtype else out.astype(output)
@@ -136,25 +136,25 @@ def _broadcast(per_sequence: Any, *, mask: Any, cu_seqlens: Any) -> np.ndarray:
     error that names the first bad one."""
     a = as_numpy(per_sequence, "per_sequence")
     if a.ndim != 1:
-        raise ShapeError(f"per_sequence: expected a 1-D [B] array, got shape {a.shape}")
+        raise ShapeError(f"per_sequence: expected a 1-D [B] array, got shape {a.shape}", argument="per_sequence")
     compute, output = float_dtypes(a, "per_sequence")
     b = a.shape[0]
     if cu_seqlens is None:
         if mask is None:
-            raise ShapeError("mask: the padded layout needs a [B, T] mask to know T (or pass cu_seqlens)")
+            raise ShapeError("mask: the padded layout needs a [B, T] mask to know T (or pass cu_seqlens)", argument="mask")
         m = as_numpy(mask, "mask")
         if m.ndim != 2 or m.shape[0] != b:
-            raise ShapeError(f"mask: expected shape ({b}, T), one row per sequence, got {m.shape}")
+            raise ShapeError(f"mask: expected shape ({b}, T), one row per sequence, got {m.shape}", argument="mask")
         shape: tuple[int, ...] = tuple(m.shape)
         canon_mask: np.ndarray | None = _as_mask(m, shape)
         cu = None
     else:
         cu = _as_cu_seqlens(cu_seqlens)
         if cu.shape[0] != b + 1:
-            raise ShapeError(f"cu_seqlens: expected {b + 1} offsets (one more than per_sequence), got {cu.shape[0]}")
+            raise ShapeError(f"cu_seqlens: expected {b + 1} offsets (one more than per_sequence), got {cu.shape[0]}", argument="cu_seqlens")
         n = int(cu[-1]) if cu.size else 0
         if n < 0:
-            raise ShapeError(f"cu_seqlens: expected offsets ending at N >= 0, got {n}")
+            raise ShapeError(f"cu_seqlens: expected offsets ending at N >= 0, got {n}", argument="cu_seqlens")
         shape = (n,)
         canon_mask = None if mask is None else _as_mask(mask, shape)
     result = _core.broadcast(kernel_array(a, compute), canon_mask, cu)

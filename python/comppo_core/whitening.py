@@ -66,7 +66,7 @@ def _masked_whiten(x: Any, *, mask: Any, cu_seqlens: Any, shift_mean: bool, eps:
     lay = layout_of(arr, "x", mask, cu_seqlens)
     eps_ = check_finite("eps", eps)
     if eps_ < 0:
-        raise ParameterError(f"eps: expected a number >= 0, got {eps_}")
+        raise ParameterError(f"eps: expected a number >= 0, got {eps_}", argument="eps")
     if out is not None and out is x:
         return _whiten_in_place(arr, lay, compute, mask, cu_seqlens, bool(shift_mean), eps_)
     x_canon = token_array(arr, "x", lay.shape, compute)
@@ -81,9 +81,9 @@ def _whiten_in_place(
 ) -> np.ndarray:
     """``masked_whiten(x, out=x)``: overwrites ``x`` (a writeable float array) and returns it."""
     if not x.flags.writeable:
-        raise ShapeError("out (whitened): out=x whitens x in place, but x is read-only")
+        raise ShapeError("out (whitened): out=x whitens x in place, but x is read-only", argument="out")
     if x.dtype.kind != "f":
-        raise DTypeError(f"out (whitened): out=x needs a float array to hold the result, got dtype {x.dtype}")
+        raise DTypeError(f"out (whitened): out=x needs a float array to hold the result, got dtype {x.dtype}", argument="out")
     if x.dtype == compute and x.flags.c_contiguous and x.flags.aligned:
         kernel_result(_core.masked_whiten(x, lay.mask, lay.cu_seqlens, shift_mean, eps, x), "masked_whiten")
     else:  # float16 (computed in float32), strided or unaligned: whiten into a fresh array, copy back
