@@ -6,6 +6,7 @@ is the message alone and the errors pickle with their attributes."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import doctest
 import pickle
@@ -126,6 +127,69 @@ def test_kernel_nonfinite_score_has_the_index() -> None:
     scores = np.array([1.0, 0.0, np.nan, 2.0])
     e = raised(lambda: cc.group_advantages(scores, np.array([0, 0, 1, 1])), cc.NonFiniteError)
     assert attrs(e) == ("scores", None, None, 2)
+
+
+def test_kernel_nan_last_value_has_the_row() -> None:
+    e = raised(lambda: cc.gae(Z, Z, last_values=np.array([0.0, np.nan])), cc.ParameterError)
+    assert e.argument == "last_values" and e.row == 1 and e.position is None
+    assert str(e) == "last_values: expected finite values, got NaN at row 1"
+
+
+
+
+def test_kernel_set_num_threads() -> None:
+    e = raised(lambda: cc.set_num_threads(0), cc.ParameterError)
+    assert attrs(e) == ("n", None, None, None)
+
+
+# --------------------------------------------------------------------------- #
+# Python-side errors of the array API
+# --------------------------------------------------------------------------- #
+
+
+def test_python_side_shape_parameter_and_dtype_errors() -> None:
+    assert raised(lambda: cc.gae(Z, np.zeros((2, 4))), cc.ShapeError).argument == "values"
+    assert raised(lambda: cc.gae(Z, Z, gamma=2.0), cc.ParameterError).argument == "gamma"
+    assert raised(lambda: cc.gae(Z, Z, masked_rewards="keep"), cc.ParameterError).argument == "masked_rewards"
+    assert raised(lambda: cc.gae(np.full((2, 3), "a"), Z), cc.DTypeError).argument == "rewards"
+    assert raised(lambda: cc.gates_from_concentration(Z, normalize="z"), cc.ParameterError).argument == "normalize"
+    assert raised(lambda: cc.gates_from_concentration(Z, low=0.9, high=0.5), cc.ParameterError).argument == "low"
+    assert raised(lambda: cc.gae(np.zeros(5), np.zeros(5), cu_seqlens=np.zeros((2, 2), np.int64)), cc.ShapeError).argument == "cu_seqlens"
+    assert raised(lambda: cc.group_advantages(np.zeros(3), np.zeros(2, np.int64)), cc.ShapeError).argument == "groups"
+    assert raised(lambda: cc.masked_whiten(Z, eps=-1.0), cc.ParameterError).argument == "eps"
+    g = np.ones((2, 3))
+    g[1, 1] = np.nan
+    e = raised(lambda: cc.controls.shuffle(g), cc.NonFiniteError)
+    assert attrs(e) == ("gates", 1, 1, None)
+
+
+def test_torch_errors() -> None:
+    torch = pytest.importorskip("torch")
+    e = raised(lambda: cc.gae(np.zeros((2, 3)), torch.zeros(2, 3)), cc.DTypeError)
+    assert e.argument == "values"  # a tensor among NumPy arrays
+    e = raised(lambda: cc.gae(torch.zeros(2, 3), torch.zeros(2, 3), out=(np.zeros((2, 3)), np.zeros((2, 3)))), cc.DTypeError)
+    assert e.argument == "out"
+    r = torch.zeros(2, 3)
+    r[1, 2] = float("nan")
+    e = raised(lambda: cc.gae(r, torch.zeros(2, 3)), cc.NonFiniteError)
+    assert attrs(e) == ("rewards", 1, 2, None)
+
+
+def test_every_raise_site_names_its_argument() -> None:
+    """Every ``raise <package error>(...)`` in the package passes ``argument=`` (None
+    where no argument is at fault), so no error leaves its attributes to chance."""
+    names = {c.__name__ for c in CLASSES} | {"ProbeError", "UnsupportedModelError"}
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in names and not any(k.arg == "argument" for k in node.keywords):
+                missing.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {name}")
+    assert not missing, "raise sites without argument=:\n" + "\n".join(missing)
 
 
 # --------------------------------------------------------------------------- #

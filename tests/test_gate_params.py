@@ -88,6 +88,25 @@ def test_accepts_what_the_kernel_accepts() -> None:
             np.testing.assert_array_equal(cc.gates_from_concentration(C, mask=M, **p.as_kwargs()), cc.gates_from_concentration(C, mask=M, **kw))
 
 
+def test_gates_from_concentration_takes_params() -> None:
+    assert cc.GateParams is GateParams and "GateParams" in cc.__all__
+    p = GateParams(low=0.2, high=0.8, sharpness=-3.0, normalize="none", center=0.4, scale=0.25, invert=True)
+    want = cc.gates_from_concentration(C, mask=M, **p.as_kwargs())
+    np.testing.assert_array_equal(cc.gates_from_concentration(C, mask=M, params=p), want)
+    cu = np.array([0, 3, 8])
+    np.testing.assert_array_equal(
+        cc.gates_from_concentration(C.ravel(), cu_seqlens=cu, params=p), cc.gates_from_concentration(C.ravel(), cu_seqlens=cu, **p.as_kwargs())
+    )
+    np.testing.assert_array_equal(cc.gates_from_concentration(C, params=GateParams()), cc.gates_from_concentration(C))
+    with pytest.raises(cc.ParameterError) as info:
+        cc.gates_from_concentration(C, params=p, low=0.5)
+    assert info.value.argument == "low"
+    assert str(info.value) == "low: the gate mapping is given twice, as params= and as the keyword low; pass one or the other"
+    with pytest.raises(cc.ParameterError) as info:
+        cc.gates_from_concentration(C, params=p.as_kwargs())  # type: ignore[arg-type]
+    assert info.value.argument == "params"
+
+
 def test_from_keywords() -> None:
     p = GateParams(low=0.5, sharpness=2.0)
     assert from_keywords(None, {**DEFAULTS, "low": 0.5, "sharpness": 2.0}) == p

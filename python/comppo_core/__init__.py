@@ -25,6 +25,7 @@ from .errors import (
     ParameterError,
     ShapeError,
 )
+from .gate_params import GateParams
 from .gating import gates_from_concentration
 from .outcomes import broadcast, group_advantages
 from .whitening import masked_whiten
@@ -35,6 +36,7 @@ __all__ = [
     "ComppoError",
     "DTypeError",
     "GAEResult",
+    "GateParams",
     "LayoutError",
     "MaskedRewardError",
     "NonFiniteError",

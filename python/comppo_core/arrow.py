@@ -710,7 +710,7 @@ def _run(
             if "concentration" in packed:
                 assert gate_params is not None
                 chunk_params = _chunk_params(gate_params, moments)
-                gates = _gates(packed["concentration"].flat, mask=mask, cu_seqlens=r.cu_seqlens, **chunk_params.as_kwargs())
+                gates = _gates(packed["concentration"].flat, mask=mask, cu_seqlens=r.cu_seqlens, params=chunk_params)
             adv, ret = _gae(
                 r.flat,
                 packed["values"].flat,
@@ -855,7 +855,7 @@ def gates_from_concentration(
             _same_rows(c, m, "concentration", "mask", "mask", row0)
         try:
             chunk_params = _chunk_params(gate, moments)
-            g = _gates(c.flat, mask=None if m is None else m.flat, cu_seqlens=c.cu_seqlens, **chunk_params.as_kwargs())
+            g = _gates(c.flat, mask=None if m is None else m.flat, cu_seqlens=c.cu_seqlens, params=chunk_params)
         except ComppoError as e:
             raise _relabel(e, names, row0) from e
         pieces.append(_wrap(c, g, concentration.type))

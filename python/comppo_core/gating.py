@@ -22,6 +22,7 @@ import numpy as np
 from . import _core
 from ._torch import tensor_io
 from ._arrays import Outputs, as_numpy, check_choice, check_finite, float_dtypes, kernel_result, layout_of, token_array
+from .gate_params import GateParams, from_keywords
 
 __all__ = ["GATE_STD_EPS", "gates_from_concentration"]
 
@@ -41,6 +42,7 @@ def gates_from_concentration(
     center: float = 0.0,
     scale: float = 1.0,
     invert: bool = False,
+    params: GateParams | None = None,
 ) -> np.ndarray:
     """Retention gates in ``[low, high]`` from a per-token concentration statistic.
 
@@ -51,10 +53,17 @@ def gates_from_concentration(
       sharpness: slope of the sigmoid.
       normalize: ``"sequence"``, ``"batch"`` or ``"none"`` (uses ``center`` and ``scale > 0``).
       invert: map high concentration to low gates.
+      params: the seven above as one :class:`~comppo_core.GateParams`, instead of the
+        keywords (which must then keep their defaults: a keyword given as well is a
+        :class:`~comppo_core.errors.ParameterError` naming it).
 
     Returns:
       gates shaped like ``conc``, in its dtype (float16 computed in float32).
     """
+    if params is not None:
+        keywords = {"low": low, "high": high, "sharpness": sharpness, "normalize": normalize, "center": center, "scale": scale, "invert": invert}
+        p = from_keywords(params, keywords)
+        low, high, sharpness, normalize, center, scale, invert = p.low, p.high, p.sharpness, p.normalize, p.center, p.scale, p.invert
     # Arguments in canonical form (see _arrays) are computed at once; anything else is
     # converted (or named) by _gates_from_concentration, which makes the same call.
     result = _core.gates_from_concentration(conc, mask, cu_seqlens, low, high, sharpness, normalize, center, scale, invert)

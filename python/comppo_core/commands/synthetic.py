@@ -200,7 +200,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         f"low={gate.low:g} high={gate.high:g} (z-score per sequence, sharpness {gate.sharpness:g})"
     )
 
-    gates = gates_from_concentration(conc, mask=mask, **gate.as_kwargs())
+    gates = gates_from_concentration(conc, mask=mask, params=gate)
     plain = gae(rewards, values, mask=mask, gamma=args.gamma, lam=args.lam)
     comp = gae(rewards, values, mask=mask, gates=gates, gamma=args.gamma, lam=args.lam)
 

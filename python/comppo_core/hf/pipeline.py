@@ -260,7 +260,7 @@ def comp_gae_batch(
         r = _rewards_to_columns(r_in, b, t, device)
     v = torch.zeros_like(lp) if values is None else _values_to_columns(values, b, t, device)
 
-    gates: Any = gates_from_concentration(conc, mask=mask, **gate.as_kwargs())
+    gates: Any = gates_from_concentration(conc, mask=mask, params=gate)
     if control == "shuffle":
         gates = _controls.shuffle(gates, mask=mask, seed=seed)
     elif control == "by_position":
