@@ -1,0 +1,125 @@
+"""A local Hugging Face model and its tokenizer as the trainer's policy (``config.model``).
+
+``load_policy(path)`` reads ``AutoModelForCausalLM`` (float32) from a local directory and
+:class:`HFTokenizer` wraps the ``AutoTokenizer`` saved beside it in the interface the
+trainer uses for the built-in :class:`~comppo_core.rl.tasks.CharTokenizer`:
+``pad_token_id``, ``bos_token_id``, ``eos_token_id``, ``vocab_size``, ``encode_prompt``,
+``decode``. Nothing is downloaded: a path that is not a directory, a directory without a
+tokenizer, or a tokenizer without an EOS token is a
+:class:`~comppo_core.errors.ParameterError` naming ``model`` and the directory.
+
+Prompts are encoded with the tokenizer's own special tokens (``add_special_tokens=True``:
+Llama's BOS, nothing for Qwen); with ``chat_template=True`` and a tokenizer that has a
+chat template, the prompt is one user turn with the generation prompt appended
+(``apply_chat_template(..., add_generation_prompt=True)``), encoded without adding
+special tokens again. A tokenizer without a pad token pads with EOS (the attention mask
+marks the real tokens, and a response ends at its first EOS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..errors import ParameterError
+
+__all__ = ["TOKENIZER_FILES", "HFTokenizer", "load_policy", "load_tokenizer"]
+
+#: Files one of which a directory must hold for ``AutoTokenizer`` to load from it offline.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+class HFTokenizer:
+    """A transformers tokenizer in the trainer's tokenizer interface (module docstring)."""
+
+    def __init__(self, tokenizer: Any, *, chat_template: bool = False, where: str = "model") -> None:
+        self.tokenizer = tokenizer
+        eos = tokenizer.eos_token_id
+        if not isinstance(eos, int):
+            raise ParameterError(
+                f"model: expected a tokenizer with an EOS token (responses end at it) in {where!r}, got eos_token_id={eos!r}",
+                argument="model",
+            )
+        self.eos_token_id: int = eos
+        pad = tokenizer.pad_token_id
+        self.pad_token_id: int = pad if isinstance(pad, int) else eos
+        self.bos_token_id: int | None = tokenizer.bos_token_id
+        self.chat_template = bool(chat_template and getattr(tokenizer, "chat_template", None))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """The ids of a prompt (module docstring)."""
+        if self.chat_template:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """The ids of ``text`` without the tokenizer's special tokens, optionally after BOS
+        (when it has one) and before EOS."""
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if add_bos and self.bos_token_id is not None:
+            ids = [self.bos_token_id, *ids]
+        return ids + [self.eos_token_id] if add_eos else ids
+
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "hf",
+            "name_or_path": str(getattr(self.tokenizer, "name_or_path", "")),
+            "chat_template": self.chat_template,
+        }
+
+
+def _directory(path: str | Path) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise ParameterError(
+            f"model: expected a local Hugging Face model directory, got {str(path)!r}", argument="model"
+        )
+    return p
+
+
+def load_tokenizer(path: str | Path, *, chat_template: bool = False) -> HFTokenizer:
+    """The tokenizer saved in the model directory ``path``, wrapped (module docstring)."""
+    from transformers import AutoTokenizer
+
+    p = _directory(path)
+    if not any((p / name).is_file() for name in TOKENIZER_FILES):
+        raise ParameterError(
+            f"model: expected a tokenizer in the model directory {str(p)!r} (one of {', '.join(TOKENIZER_FILES)}), "
+            "found none; save it there with tokenizer.save_pretrained",
+            argument="model",
+        )
+    try:
+        tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... by model type
+        raise ParameterError(f"model: could not load the tokenizer in {str(p)!r}: {exc}", argument="model") from exc
+    return HFTokenizer(tok, chat_template=chat_template, where=str(p))
+
+
+def load_policy(path: str | Path) -> Any:
+    """``AutoModelForCausalLM`` from the local directory ``path``, float32, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    p = _directory(path)
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32, local_files_only=True)
+    except Exception as exc:  # OSError for missing weights, ValueError for an unknown architecture, ...
+        raise ParameterError(f"model: could not load a causal LM from {str(p)!r}: {exc}", argument="model") from exc
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+    return model.eval()
