@@ -68,7 +68,8 @@ class TrainConfig:
     num_threads: int | None = _f(None, "torch.set_num_threads for the run (None: leave torch's setting)")
 
     # ---- the task
-    task: str = _f("addition", "the built-in task (comppo_core.rl.tasks)")
+    task: str = _f("addition", "the built-in task (addition, comppo_core.rl.tasks) or a .jsonl file of {\"prompt\", "
+                   "\"answer\"} rows (comppo_core.rl.jsonl_task; needs model)")
     digits: int = _f(2, "difficulty: operands below 10**digits")
     split_seed: int = _f(0, "fixes which problems are held out (independent of seed)")
     heldout_fraction: float = _f(0.2, "share of problems held out for evaluation")
@@ -132,13 +133,27 @@ class TrainConfig:
     tac_temporal: str = _f("none", "TAC's causal mixer: none, gru, attention")
     trunk_grad: float = _f(0.0, "fraction of the value gradient TAC lets into the actor's hidden states")
 
+    # ---- devices, a user's model and data, LoRA (rl.distributed, rl.pretrained, rl.jsonl_task, rl.lora)
+    device: str = _f("auto", "where each process computes: auto (cuda:LOCAL_RANK when CUDA is available, else cpu), "
+                     "cpu, cuda, cuda:N; under torchrun the ranks talk over NCCL on CUDA and gloo on CPU")
+    model: str | None = _f(None, "a local Hugging Face model directory: the policy (AutoModelForCausalLM) and its "
+                           "tokenizer (AutoTokenizer) instead of the built-in Llama, character tokenizer and SFT warm start")
+    chat_template: bool = _f(False, "with model: each prompt as one user turn of the tokenizer's chat template, if it has one")
+    lora_rank: int = _f(0, "LoRA rank through peft (0: train every weight); the KL reference is then the base model "
+                        "with the adapter disabled, and checkpoints hold the adapter")
+    lora_alpha: float = _f(16.0, "LoRA alpha (the adapter's output is scaled by lora_alpha / lora_rank)")
+    lora_target_modules: str = _f("all-linear", "the layers LoRA adapts: all-linear (every linear layer but the output "
+                                  "head) or comma-separated module names such as q_proj,v_proj")
+
     def __post_init__(self) -> None:
         from .arms import (
             ARMS,  # arms imports nothing from here; late to keep the modules one-way
         )
 
         _choice("arm", self.arm, tuple(ARMS))
-        _choice("task", self.task, TASKS)
+        if not (self.task in TASKS or isinstance(self.task, str) and self.task.endswith(".jsonl")):
+            raise ParameterError(f"task: expected {', '.join(TASKS)} or a path to a .jsonl file, got {self.task!r}",
+                                 argument="task")
         _choice("group_method", self.group_method, GROUP_METHODS)
         _choice("statistic", self.statistic, STATISTICS)
         _choice("loss_agg", self.loss_agg, AGG_MODES)
@@ -194,6 +209,22 @@ class TrainConfig:
             )
         if self.resume and self.out is None:
             raise ParameterError("resume: expected an out directory to resume from, got out=None", argument="resume")
+        # devices, a user's model and data, LoRA
+        _integer("lora_rank", self.lora_rank, 0)
+        _number("lora_alpha", self.lora_alpha, 0.0, math.inf, low_open=True)
+        for name in ("device", "lora_target_modules"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
+                raise ParameterError(f"{name}: expected a non-empty string, got {getattr(self, name)!r}", argument=name)
+        if self.model is not None and not isinstance(self.model, str):
+            raise ParameterError(f"model: expected a path string or None, got {self.model!r}", argument="model")
+        if not isinstance(self.chat_template, bool):
+            raise ParameterError(f"chat_template: expected a bool, got {self.chat_template!r}", argument="chat_template")
+        if self.task not in TASKS and self.model is None:
+            raise ParameterError(f"model: expected a local model directory for the task {self.task!r} (its tokenizer "
+                                 "encodes the prompts), got None", argument="model")
+        if self.model is not None and self.init_from is not None:
+            raise ParameterError(f"init_from: expected None with model={self.model!r} (the policy is the model's), got "
+                                 f"{self.init_from!r}", argument="init_from")
         _ = self.gate_params  # validates low <= high etc.
 
     # ---- derived values
