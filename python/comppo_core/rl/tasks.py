@@ -87,6 +87,10 @@ class CharTokenizer:
             ids.append(self.eos_token_id)
         return ids
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """The ids the policy reads for a prompt: ``<bos>`` then the text."""
+        return self.encode(text, add_bos=True)
+
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
         """The text of ``ids``; specials are dropped (or written as ``<pad>`` etc.)."""
         out = []
@@ -98,7 +102,9 @@ class CharTokenizer:
             elif 3 <= i < self.vocab_size:
                 out.append(self.alphabet[i - 3])
             else:
-                raise ParameterError(f"ids: expected ids in [0, {self.vocab_size}), got {i} at index {k}", argument="ids", index=k)
+                raise ParameterError(
+                    f"ids: expected ids in [0, {self.vocab_size}), got {i} at index {k}", argument="ids", index=k
+                )
         return "".join(out)
 
     def to_dict(self) -> dict[str, Any]:
@@ -208,4 +214,9 @@ class AdditionTask:
         return [self.score(p, r, f) for p, r, f in zip(problems, responses, finished)]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "digits": self.digits, "split_seed": self.split_seed, "heldout_fraction": self.heldout_fraction}
+        return {
+            "name": self.name,
+            "digits": self.digits,
+            "split_seed": self.split_seed,
+            "heldout_fraction": self.heldout_fraction,
+        }
