@@ -351,6 +351,13 @@ class Trainer:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.dist = Dist.setup(config.device)
+        try:
+            self._build(config)
+        except BaseException:
+            self.dist.close()  # a process group this constructor created
+            raise
+
+    def _build(self, config: TrainConfig) -> None:
         self.device = self.dist.device
         if config.prompts_per_step % self.dist.world_size:
             raise ParameterError(
@@ -1032,7 +1039,7 @@ class Trainer:
             return "no checkpoint is written without out"
         if not ckpt.is_dir():
             return "no checkpoint had been written yet"
-        saved = torch.load(ckpt / "state.pt", weights_only=True)["next_step"]
+        saved = torch.load(ckpt / "state.pt", weights_only=True, map_location="cpu")["next_step"]
         return f"the last good checkpoint (continuing at step {saved}) is kept at {str(ckpt)!r}"
 
     def train(self) -> dict[str, Any]:
