@@ -5,7 +5,7 @@ What is pinned: after k steps the actor's and the critic's parameters of a ``tor
 does every metric (they are over the global batch), for an arm with TAC and concentration
 gates and for a control arm with batch-normalised gates, a seq-mean loss and the KL as a
 loss (the batch-wide paths: controls, whitening, the minibatch shares); a row's samples are
-a function of (seed, step, prompt, sample) alone; the Gumbel-max noise samples the right
+a function of (seed, step, prompt, sample) alone; the inverse-CDF sampler draws from the right
 distribution; the collectives are the identity on one process.
 """
 
@@ -28,7 +28,7 @@ pytest.importorskip("tqdm")
 from comppo_core.errors import ParameterError
 from comppo_core.rl.config import TrainConfig
 from comppo_core.rl.distributed import Dist, shard_bounds
-from comppo_core.rl.sampling import gumbel, row_keys
+from comppo_core.rl.sampling import row_keys, sample_tokens, uniforms
 from comppo_core.rl.tasks import AdditionTask
 from comppo_core.rl.trainer import METRIC_KEYS, Trainer
 
@@ -187,27 +187,34 @@ def test_one_process_collectives_are_the_identity() -> None:
         Dist.setup("tpu")
 
 
-def test_gumbel_noise_is_a_function_of_the_row_key() -> None:
+def test_uniforms_are_a_function_of_the_row_key() -> None:
     keys = row_keys(3, 5, [(0, 0), (0, 1), (7, 0)])
     assert keys.shape == (3, 2) and keys.dtype == torch.int64
     assert torch.equal(row_keys(3, 5, [(7, 0)])[0], keys[2])
     assert len({tuple(k.tolist()) for k in keys}) == 3
-    g = gumbel(keys, 4, 11)
-    assert torch.equal(gumbel(keys[2:], 4, 11)[0], g[2])  # the batch around a row does not matter
-    assert not torch.equal(gumbel(keys, 5, 11), g)  # a new draw each decoding step
-    assert torch.isfinite(g).all()
+    u = uniforms(keys, 4)
+    assert u.dtype == torch.float64 and bool(((u > 0) & (u < 1)).all())
+    assert torch.equal(uniforms(keys[2:], 4)[0], u[2])  # the batch around a row does not matter
+    assert not torch.equal(uniforms(keys, 5), u)  # a new draw each decoding step
+    many = uniforms(row_keys(0, 0, [(i, 0) for i in range(20000)]), 0).numpy()
+    assert abs(many.mean() - 0.5) < 0.01 and abs(many.var() - 1 / 12) < 0.005
+    assert len(np.unique(many)) == len(many)
 
 
-def test_gumbel_max_samples_the_softmax() -> None:
-    """argmax(logits + g) over 20000 keys: frequencies within 4 standard errors of softmax."""
-    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, -3.0], dtype=torch.float64)
-    p = torch.softmax(logits, 0).numpy()
+def test_inverse_cdf_samples_the_softmax() -> None:
+    """20000 rows of one distribution: frequencies within 4 standard errors of softmax; a token of
+    probability 0 (filtered, −inf) is never drawn, even at u → 1."""
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, -3.0, -torch.inf])
+    p = torch.softmax(logits.double(), 0).numpy()
     keys = row_keys(0, 0, [(i, 0) for i in range(20000)])
     for t in (0, 9):
-        picks = (logits + gumbel(keys, t, 5)).argmax(-1).numpy()
-        freq = np.bincount(picks, minlength=5) / len(picks)
+        picks = sample_tokens(logits.expand(len(keys), -1), uniforms(keys, t)).numpy()
+        freq = np.bincount(picks, minlength=6) / len(picks)
         se = np.sqrt(p * (1 - p) / len(picks))
         assert np.all(np.abs(freq - p) < 4 * se + 1e-4), (freq, p)
+        assert freq[5] == 0
+    edge = sample_tokens(logits.expand(2, -1), torch.tensor([1.0 - 2.0**-53, 2.0**-54], dtype=torch.float64))
+    assert edge.tolist() == [4, 0]
 
 
 def test_a_rows_samples_do_not_depend_on_the_batch() -> None:

@@ -17,7 +17,7 @@ multiple of ``W``) and ``G = group_size``::
                 knows all P prompts) and responses right-padded to the global longest
                 (one all-reduce MAX), so column j means the same on every rank as in a
                 one-process run
-    sampling    per-row Gumbel noise keyed by (seed, step, prompt index, sample index)
+    sampling    per-row uniforms keyed by (seed, step, prompt index, sample index)
                 (:mod:`comppo_core.rl.sampling`): a row's sample does not depend on which
                 rank draws it or on the other rows
     per row     generation, the verifier, the scoring forward, the reference, GAE (cc.gae

@@ -4,7 +4,7 @@ One step, in the shape of TRL's PPO step (names as verl and TRL use them)::
 
     1. rollout      G = group_size samples per prompt with model.generate (temperature, top_p,
                     max_new_tokens, stop at EOS; grad off; prompts left-padded); each row's
-                    draws are Gumbel noise keyed by (seed, step, prompt, sample)
+                    draws are uniforms keyed by (seed, step, prompt, sample)
                     (:mod:`comppo_core.rl.sampling`); the task's verifier scores each
                     response; score → rewards at its last token
     2. score        rl.forward: old log-probs, concentration → gates, old values (one actor
@@ -582,7 +582,7 @@ class Trainer:
     # ---- phase 1: rollout
 
     def _generation_config(self) -> Any:
-        """Greedy decoding; sampling is the Gumbel noise of :mod:`comppo_core.rl.sampling`."""
+        """Greedy decoding; sampling is the inverse-CDF sampler of :mod:`comppo_core.rl.sampling`."""
         from transformers import GenerationConfig
 
         tok = self.tokenizer
