@@ -4,7 +4,8 @@ What is pinned: after k steps the actor's and the critic's parameters of a ``tor
 --nproc-per-node 2`` run equal those of a one-process run within float tolerance, and so
 does every metric (they are over the global batch), for an arm with TAC and concentration
 gates and for a control arm with batch-normalised gates, a seq-mean loss and the KL as a
-loss (the batch-wide paths: controls, whitening, the minibatch shares); a row's samples are
+loss (the batch-wide paths: controls, whitening, the minibatch shares); a resume on 2 ranks
+continues bit for bit; a row's samples are
 a function of (seed, step, prompt, sample) alone; the inverse-CDF sampler draws from the right
 distribution; the collectives are the identity on one process.
 """
@@ -24,6 +25,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tqdm")
+pytest.importorskip("safetensors")
+if not torch.distributed.is_available():
+    pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
 
 from comppo_core.errors import ParameterError
 from comppo_core.rl.config import TrainConfig
@@ -47,7 +51,7 @@ td.init_process_group("gloo")  # train() joins the group it finds
 for text in json.loads(open(sys.argv[1]).read()):
     train(TrainConfig.from_json(text))
 try:
-    Trainer(TrainConfig.from_json(text).replace(prompts_per_step=3, out=None))
+    Trainer(TrainConfig.from_json(text).replace(prompts_per_step=3, out=None, resume=False))
 except ParameterError as exc:
     if td.get_rank() == 0:
         open(sys.argv[2], "w").write(str(exc))
@@ -118,7 +122,12 @@ CASES = {
 
 def test_two_gloo_processes_equal_one_process(tmp_path: Path, monkeypatch: Any) -> None:
     configs = {name: tiny(**case, out=str(tmp_path / f"{name}-2")) for name, case in CASES.items()}
-    (tmp_path / "configs.json").write_text(json.dumps([c.to_json() for c in configs.values()]))
+    # resume on 2 ranks: 4 steps straight, and 2 steps then a resume to 4
+    straight = tiny(arm="comppo", steps=4, save_every=2, eval_every=2, out=str(tmp_path / "straight-2"))
+    half = straight.replace(steps=2, out=str(tmp_path / "resumed-2"))
+    resumed = straight.replace(out=str(tmp_path / "resumed-2"), resume=True)
+    runs = [*configs.values(), straight, half, resumed]
+    (tmp_path / "configs.json").write_text(json.dumps([c.to_json() for c in runs]))
     (tmp_path / "worker.py").write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
@@ -135,6 +144,12 @@ def test_two_gloo_processes_equal_one_process(tmp_path: Path, monkeypatch: Any) 
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert (tmp_path / "error.txt").read_text().startswith("prompts_per_step: expected a multiple of the 2 processes")
+    a, b = checkpoint_params(tmp_path / "straight-2"), checkpoint_params(tmp_path / "resumed-2")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
+    drop = {k for k in METRIC_KEYS if k.startswith("time_")}
+    assert [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "straight-2")] == [
+        {k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "resumed-2")
+    ]
 
     monkeypatch.setattr(AdditionTask, "score", parity_reward)
     torch.set_num_threads(1)
