@@ -1,143 +1,231 @@
-"""``comppo-core demo``: the CompPO pipeline end to end on a tiny Llama (needs torch, transformers)."""
+"""``comppo-core demo``: a short CompPO training run (needs the [rl] extra).
+
+One ``--quick`` run serves the module: the outputs it prints and writes are checked
+against the trainer's own files and against :func:`demo.credit` recomputed on the saved
+checkpoint. The credit arithmetic is checked on its own with a critic whose values are
+not zero and a verifier that scores some responses 1."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import re
+import struct
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
-
 from comppo_core import cli
 from comppo_core.commands import demo
 
-HEADER = re.compile(r"^\s*position\s+token\s+log-prob\s+concentration\s+gate\s+GAE adv\s+Comp-GAE adv\s*$")
-RESPONSE = re.compile(r"^response (\d+): '(.*)' -> '(.*)' \(answer (\d+)\), reward ([+-]\d+)$")
+HEADER = re.compile(r"^\s*position\s+token\s+log-prob\s+concentration\s+gate\s+value\s+GAE adv\s+Comp-GAE adv\s*$")
+RESPONSE = re.compile(r"^response (\d+): '(.*)' -> '(.*)' \(answer (\d+)\), reward ([01])( |$)", re.MULTILINE)
+ACCURACY = re.compile(r"^held-out accuracy \(greedy, (\d+) problems\): (\d\.\d{3}) -> (\d\.\d{3}) ")
+STEPS = 2
 
 
-def parse_tables(out: str) -> dict[int, list[tuple[int, str, list[float]]]]:
-    """Response index → rows ``(position, token, [log-prob, conc, gate, GAE adv, Comp-GAE adv])``."""
+def parse_table(out: str) -> tuple[int, list[tuple[int, str, list[float]]]]:
+    """The printed response's index and rows ``(position, token, [log-prob, conc, gate, value, GAE, Comp-GAE])``."""
     lines = out.splitlines()
-    tables: dict[int, list[tuple[int, str, list[float]]]] = {}
-    i = 0
-    while i < len(lines):
-        m = RESPONSE.match(lines[i])
-        if m is None:
-            i += 1
-            continue
-        b = int(m.group(1))
-        assert HEADER.match(lines[i + 1]), lines[i + 1]
-        assert set(lines[i + 2]) == {"-"}
-        rows = []
-        i += 3
-        while i < len(lines) and lines[i].strip():
-            fields = lines[i].split()
-            assert len(fields) == 7, lines[i]
-            rows.append((int(fields[0]), fields[1], [float(f) for f in fields[2:]]))
-            i += 1
-        tables[b] = rows
-    return tables
+    starts = [i for i, line in enumerate(lines) if RESPONSE.match(line)]
+    assert len(starts) == 1, starts
+    i = starts[0]
+    m = RESPONSE.match(lines[i])
+    assert m is not None
+    assert HEADER.match(lines[i + 2]), lines[i + 2]
+    assert set(lines[i + 3]) == {"-"}
+    rows = []
+    i += 4
+    while i < len(lines) and lines[i].strip():
+        fields = lines[i].split()
+        assert len(fields) == 8, lines[i]
+        rows.append((int(fields[0]), fields[1], [float(f) for f in fields[2:]]))
+        i += 1
+    return int(m.group(1)), rows
 
 
-def test_tokenizer_and_verifier() -> None:
-    tok = demo.CharTokenizer()
-    ids = tok.encode("12+7= 3-4*5")
-    assert tok.decode(ids) == "12+7= 3-4*5"
-    assert tok.decode(ids[:3] + [tok.eos_id] + ids[3:]) == "12+"
-    assert tok.decode([tok.bos_id, tok.pad_id] + ids[:2]) == "12"
-    assert tok.show(tok.index[" "]) == "␠" and tok.show(tok.eos_id) == "<eos>"
-    with pytest.raises(ValueError, match="character 'x' is not in the demo vocabulary"):
-        tok.encode("1x")
-    assert demo.verify("19", 19) == 1.0
-    assert demo.verify(" 19 ", 19) == 1.0
-    assert demo.verify("019", 19) == 1.0
-    for wrong in ("", "18", "19-", "1 9", "+19", "-"):
-        assert demo.verify(wrong, 19) == -1.0, wrong
-
-
-def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from comppo_core import hf
-
-    html_path = tmp_path / "heatmap.html"
-    argv = ["demo", "--html", str(html_path)]
-    assert cli.main(argv) == 0
-    out = capsys.readouterr().out
-    assert f"HTML credit heatmap: {html_path}" in out
-    tables = parse_tables(out)
-    assert sorted(tables) == list(range(6))  # default: 6 prompts, one response each
-
-    # the same pipeline, run here: same model, samples and options (everything is seeded)
-    args = cli._build_parser().parse_args(argv)
-    batch = demo.prepare(args)
-    res = hf.comp_gae_batch(
-        batch.model, batch.input_ids, batch.attention_mask, batch.response_mask, batch.rewards, **demo.pipeline_options(args)
-    )
-    assert torch.all(batch.rewards.abs() == 1)
-    assert "-1" in out or "+1" in out
-    for b, rows in tables.items():
-        cols = res.mask[b].nonzero().flatten()
-        assert [r[0] for r in rows] == (cols + 1).tolist()  # token positions in input_ids
-        assert [r[1] for r in rows] == [batch.tokenizer.show(int(batch.input_ids[b, j + 1])) for j in cols]
-        got = torch.tensor([r[2] for r in rows], dtype=torch.float64)
-        expected = torch.stack(
-            [res.logprobs[b, cols], res.concentration[b, cols], res.gates[b, cols], res.gae_advantages[b, cols], res.advantages[b, cols]],
-            dim=1,
-        ).double()
-        assert (got - expected).abs().max() <= 5.1e-5  # printed with 4 decimals
-        # the outcome reward of the verifier sits on the last response token: A = r there
-        assert rows[-1][2][3] == rows[-1][2][4] == float(batch.rewards[b])
-    m = re.search(r"verifier: (\d+) correct \(\+1\) / (\d+) wrong \(-1\)", out)
-    assert m is not None and int(m.group(1)) == int((batch.rewards > 0).sum())
-
-    # the HTML: self-contained, one span per response token in each view, the same numbers
-    page = html_path.read_text(encoding="utf-8")
-    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
-    assert "http://" not in page and "https://" not in page and "<script" not in page and "<link" not in page
-    n_tokens = int(res.mask.sum())
-    for view, values in (("gate", res.gates), ("advantage", res.advantages), ("gae", res.gae_advantages)):
-        spans = re.findall(rf'<span class="tok" data-view="{view}" data-pos="(\d+)" data-value="([^"]+)"', page)
-        assert len(spans) == n_tokens, view
-        expected_values = [float(values[b, j]) for b in range(res.mask.shape[0]) for j in res.mask[b].nonzero().flatten()]
-        assert max(abs(float(v) - e) for (_, v), e in zip(spans, expected_values)) <= 1e-6
-    assert page.count('<div class="resp">') == 6
-
-
-def test_demo_is_deterministic_and_controls_apply(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``comppo-core demo --quick --steps 2`` without ``--out``: it must make and print a temporary directory."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    base = ["demo", "--prompts", "3", "--max-new-tokens", "6", "--seed", "4", "--html", str(tmp_path / "a.html")]
-    assert cli.main(base) == 0
-    first = parse_tables(capsys.readouterr().out)
-    assert cli.main(base) == 0
-    assert parse_tables(capsys.readouterr().out) == first
-    assert cli.main(base + ["--control", "constant"]) == 0
-    const = parse_tables(capsys.readouterr().out)
-    gates = {round(row[2][2], 4) for rows in const.values() for row in rows}
-    assert len(gates) == 1  # one batch-mean gate
-    mean = sum(row[2][2] for rows in first.values() for row in rows) / sum(len(r) for r in first.values())
-    assert abs(gates.pop() - mean) <= 1e-4
-    for b in first:  # log-probs and concentration do not depend on the control
-        assert [r[2][:2] for r in const[b]] == [r[2][:2] for r in first[b]]
+    pytest.importorskip("tqdm")
+    pytest.importorskip("matplotlib")
+    base = tmp_path_factory.mktemp("tmp")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tempfile, "tempdir", str(base))  # where mkdtemp makes the default --out
+        # capsys is function-scoped: capture by hand
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            status = cli.main(["demo", "--quick", "--steps", str(STEPS), "--no-progress"])
+    out = stdout.getvalue()
+    m = re.search(r"output in (\S+)$", out.splitlines()[0])
+    assert m is not None, out
+    return {"status": status, "out": out, "err": stderr.getvalue(), "dir": Path(m.group(1)), "base": base}
+
+
+def _reloaded_trainer(run_dir: Path) -> Any:
+    """A trainer holding the run's final actor and critic (from its checkpoint)."""
+    import torch
+    from comppo_core import rl
+
+    cfg = rl.TrainConfig.from_json((run_dir / "config.json").read_text())
+    trainer = rl.Trainer(
+        cfg.replace(init_from=str(run_dir / "checkpoint" / "actor"), out=None, progress=False, num_threads=None)
+    )
+    state = torch.load(run_dir / "checkpoint" / "state.pt", weights_only=True)
+    critic: Any = trainer.critic
+    critic.load_state_dict(state["critic"])
+    return trainer
+
+
+def test_demo_trains_and_writes_its_outputs(quick_run: dict[str, Any]) -> None:
+    assert quick_run["status"] == 0, quick_run["err"]
+    out, run_dir = quick_run["out"], quick_run["dir"]
+    assert run_dir.parent == quick_run["base"] and run_dir.name.startswith("comppo-core-demo-")
+    for name in ("config.json", "metrics.jsonl", "summary.json", "heatmap.html", "curve.png"):
+        assert (run_dir / name).is_file(), name
+    assert (run_dir / "checkpoint" / "actor").is_dir() and (run_dir / "warmstart").is_dir()
+    cfg = json.loads((run_dir / "config.json").read_text())
+    assert cfg["arm"] == "comppo" and cfg["steps"] == STEPS and cfg["seed"] == 0
+    for key, value in demo.QUICK.items():
+        assert cfg[key] == value, key
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(STEPS)) and {r["arm"] for r in rows} == {"comppo"}
+
+    # before -> after is the trainer's step-0 and final held-out accuracy
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (line,) = [ln for ln in out.splitlines() if ACCURACY.match(ln)]
+    m = ACCURACY.match(line)
+    assert m is not None
+    assert int(m.group(1)) == demo.QUICK["eval_size"]
+    assert float(m.group(2)) == round(summary["initial_eval_accuracy"], 3)
+    assert float(m.group(3)) == round(summary["final_eval_accuracy"], 3)
+    assert rows[0]["eval_accuracy"] == summary["initial_eval_accuracy"]
+    assert f"warm start: {demo.QUICK['warmup_sft_steps']} SFT steps" in out
+    for text in ("HTML credit heatmap: ", "learning curve: ", "metrics: "):
+        assert text + str(run_dir) in out, text
+
+
+def test_table_and_heatmap_show_the_trained_policy_credit(quick_run: dict[str, Any]) -> None:
+    import torch
+
+    assert quick_run["status"] == 0, quick_run["err"]
+    run_dir = quick_run["dir"]
+    trainer = _reloaded_trainer(run_dir)
+    c = demo.credit(trainer, trainer.eval_problems[:8])  # --responses defaults to 8
+    b, rows = parse_table(quick_run["out"])
+    correct = [i for i in range(8) if float(c.rewards[i]) == 1.0]
+    assert b == (correct[0] if correct else 0)
+    m = RESPONSE.search(quick_run["out"])
+    assert m is not None, "the response line"
+    assert (m.group(2), m.group(3), m.group(4)) == (c.problems[b].prompt, c.responses[b], c.problems[b].answer)
+    cols = c.response_mask[b].nonzero().flatten()
+    assert len(rows) == len(cols) >= 1
+    assert [r[0] for r in rows] == (cols + 1).tolist()  # token positions in input_ids
+    assert [r[1] for r in rows] == [demo.token_text(trainer, int(c.input_ids[b, j + 1])) for j in cols]
+    got = torch.tensor([r[2] for r in rows], dtype=torch.float64)
+    fields = (c.logprobs, c.concentration, c.gates, c.values, c.gae_advantages, c.advantages)
+    expected = torch.stack([f[b, cols] for f in fields], dim=1).double()
+    assert (got - expected).abs().max() <= 5.1e-5  # printed with 4 decimals
+    # the last response token: δ = r − V, and neither estimator has anything ahead to carry back
+    assert abs(rows[-1][2][4] - (float(c.rewards[b]) - rows[-1][2][3])) <= 1.1e-4
+    assert rows[-1][2][4] == rows[-1][2][5]
+
+    # the HTML: self-contained, one span per response token in each view, the same numbers
+    page = (run_dir / "heatmap.html").read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert "http://" not in page and "https://" not in page and "<script" not in page and "<link" not in page
+    assert page.count('<div class="resp">') == 8
+    mask = c.response_mask
+    for view, values in (("gate", c.gates), ("advantage", c.advantages), ("gae", c.gae_advantages)):
+        spans = re.findall(rf'<span class="tok" data-view="{view}" data-pos="(\d+)" data-value="([^"]+)"', page)
+        where = [(i, int(j)) for i in range(mask.shape[0]) for j in mask[i].nonzero().flatten()]
+        assert [int(p) for p, _ in spans] == [j + 1 for _, j in where], view
+        assert max(abs(float(v) - float(values[i, j])) for (_, v), (i, j) in zip(spans, where)) <= 1e-6
+
+
+def test_learning_curve_is_a_png(quick_run: dict[str, Any]) -> None:
+    from matplotlib import image
+
+    assert quick_run["status"] == 0, quick_run["err"]
+    path = quick_run["dir"] / "curve.png"
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (640, 400)
+    pixels = image.imread(path)
+    assert pixels.shape[:2] == (400, 640) and float(pixels[..., :3].std()) > 0.0  # decodes, and is not blank
+
+
+def test_credit_is_gae_and_comp_gae_of_the_scoring_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a critic that predicts something and a verifier that scores rows 0 and 2,
+    the fields of ``credit`` follow the recursion of the module docstring exactly."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from comppo_core import rl
+
+    trainer = rl.Trainer(rl.TrainConfig(arm="comppo", warmup_sft_steps=0, eval_size=8, progress=False))
+    critic: Any = trainer.critic  # a TransportAlignedCritic
+    with torch.no_grad():
+        critic.head.weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(3))
+        critic.head.bias.fill_(0.2)
+    scored = {0, 2}
+    monkeypatch.setattr(
+        trainer.task,
+        "scores",
+        lambda problems, responses, finished: [1.0 if i in scored else 0.0 for i in range(len(problems))],
+    )
+    problems = trainer.eval_problems[:4]
+    c = demo.credit(trainer, problems)
+    cfg = trainer.config
+    assert [float(x) for x in c.rewards] == [1.0, 0.0, 1.0, 0.0]
+    prompt_width = max(len(p.prompt) + 1 for p in problems)  # BOS + prompt, left-padded
+    for b in range(4):
+        cols = c.response_mask[b].nonzero().flatten().tolist()
+        assert cols[0] == prompt_width - 1 and cols == list(range(cols[0], cols[-1] + 1))
+        outside = ~c.response_mask[b]
+        for f in (c.logprobs, c.gates, c.values, c.advantages, c.gae_advantages):
+            assert bool((f[b][outside] == 0).all())
+        g = c.gates[b, cols].double()
+        assert bool(((g >= cfg.gate_low) & (g <= cfg.gate_high)).all()) and float(g.std()) > 0
+        v = c.values[b, cols].double()
+        assert float(v.abs().max()) > 0.01
+        r = torch.zeros(len(cols), dtype=torch.float64)
+        r[-1] = float(c.rewards[b])
+        for gates, adv in ((torch.ones_like(g), c.gae_advantages), (g, c.advantages)):
+            a, expected = 0.0, []
+            for t in reversed(range(len(cols))):
+                v_next = float(v[t + 1]) if t + 1 < len(cols) else 0.0
+                delta = float(r[t]) + cfg.gamma * float(gates[t]) * v_next - float(v[t])
+                a = delta + cfg.gamma * cfg.lam * float(gates[t]) * a
+                expected.append(a)
+            assert torch.allclose(adv[b, cols].double(), torch.tensor(expected[::-1], dtype=torch.float64), atol=1e-5)
+    assert not torch.allclose(c.advantages, c.gae_advantages)  # gates below 1 change the credit
 
 
 @pytest.mark.parametrize(
     "extra",
-    [["--low", "0.9", "--high", "0.5"], ["--hidden", "30", "--heads", "4"], ["--heads", "4", "--kv-heads", "3"], ["--prompts", "0"], ["--statistic", "mean"]],
+    [["--steps", "0"], ["--responses", "0"], ["--steps", "x"], ["--seed", "-1"], ["--threads", "0"], ["--arm", "ppo"]],
 )
-def test_bad_arguments_return_2(extra: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["demo", "--html", str(tmp_path / "x.html")] + extra) == 2
+def test_bad_arguments_return_2(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", *extra]) == 2
     assert "error" in capsys.readouterr().err
 
 
-def test_missing_hf_extra(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
-    assert cli.main(["demo", "--html", str(tmp_path / "x.html")]) == 1
-    out = capsys.readouterr().err
-    assert "comppo-core demo needs the [hf] extra: pip install 'comppo-core[hf]'" in out
-    assert "`comppo-core synthetic` runs with NumPy only" in out
-    assert not (tmp_path / "x.html").exists()
+def test_missing_rl_extra(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    assert cli.main(["demo", "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "comppo-core demo needs the [rl] extra (torch, transformers, tqdm, matplotlib): pip install 'comppo-core[rl]'"
+        in err
+    )
+    assert "`comppo-core synthetic` runs with NumPy only" in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_help_lists_demo_first(capsys: pytest.CaptureFixture[str]) -> None:
@@ -145,4 +233,6 @@ def test_help_lists_demo_first(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     assert text.index("demo") < text.index("synthetic")
     assert cli.main(["demo", "--help"]) == 0
-    assert "--control" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    for flag in ("--out", "--steps", "--seed", "--quick", "--responses"):
+        assert flag in text, flag

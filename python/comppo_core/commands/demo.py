@@ -1,264 +1,242 @@
-"""``comppo-core demo``: the CompPO pipeline end to end on a tiny Llama-style model.
+"""``comppo-core demo``: a short CompPO training run on the built-in task, end to end.
 
-1. builds a tiny Llama-style causal LM from a config (random weights, no download) and a
-   character-level tokenizer over digits and ``+ - * =`` (:class:`CharTokenizer`);
-2. samples one response per arithmetic prompt (``"12+7="``) with ``generate``
-   (``do_sample``, seeded), prompts left-padded, responses ended by ``<eos>``;
-3. scores each response with a verifier (:func:`verify`): +1 if it is exactly the
-   sum, −1 otherwise. The model is untrained, so almost every reward is −1: the point
-   is the pipeline, not the model;
-4. runs :func:`comppo_core.hf.comp_gae_batch`: one forward pass with the attention
-   concentration probe, response log-probs and concentration, gates, Comp-GAE and plain
-   GAE advantages. There is no critic: the values are 0, so each advantage is the
-   outcome transported back through the (gated) trace;
-5. prints the per-token table (token, log-prob, concentration, gate, GAE and Comp-GAE
-   advantage) and writes a self-contained HTML heatmap of the responses, tokens
-   coloured by gate and by Comp-GAE advantage, to the path it prints.
+1. **Warm start.** :class:`comppo_core.rl.Trainer` builds the built-in policy (a tiny
+   randomly initialised Llama) and trains it by SFT on the addition task's worked
+   solutions (:mod:`comppo_core.rl.tasks`: ``"27+45="`` → ``"7+5=12,2+4+1=7;72"``).
+2. **CompPO.** ``--steps`` PPO steps of the ``comppo`` arm (Comp-GAE with gates from the
+   attention concentration, the transport-aligned critic) with the tqdm progress bar.
+   Every setting is :class:`~comppo_core.rl.TrainConfig`'s default except ``arm``,
+   ``steps``, ``seed``, ``out`` and ``num_threads`` (``--threads``, default 1: for a model
+   this small one thread is the fastest, and several fight other processes for the cores);
+   ``--quick`` also shrinks the warm start and the batches, a smoke run whose accuracies
+   mean nothing.
+3. **Accuracy.** Held-out greedy accuracy at step 0 (the warm start) and after the last
+   step, as the trainer measures it (``summary.json``).
+4. **Credit.** The trained policy answers ``--responses`` held-out problems greedily; one
+   scoring pass (:func:`comppo_core.rl.forward`, the run's statistic and gate mapping,
+   the trained critic) gives per response token its log-prob, concentration, gate
+   ``g`` and value ``V``. With the verifier's score ``r`` at the last response token::
 
-Needs the ``[hf]`` extra (torch, transformers); ``comppo-core synthetic`` runs with
-NumPy only.
+       δ_t = r_t + γ·g_t·V_{t+1} − V_t,    A_t = δ_t + γ·λ·g_t·A_{t+1}    (V and A are 0 past the end)
+
+   Comp-GAE is ``cc.gae(r, V, gates=g, γ, λ)``, plain GAE the same with ``g ≡ 1``, both
+   ``[B, T−1]`` in the column convention of :mod:`comppo_core.rl` and not whitened (the
+   trainer whitens them over the batch before the loss). The table prints them for one
+   response (the first correct one, else the first); the self-contained HTML heatmap
+   colours every response's tokens by gate, Comp-GAE and GAE advantage.
+5. **Learning curve.** ``curve.png``: held-out accuracy at each evaluation and the
+   rollouts' accuracy at every step (matplotlib, Agg canvas; no display needed).
+
+Outputs under ``--out`` (default: a new temporary directory, printed): the trainer's
+``config.json``, ``metrics.jsonl``, ``summary.json``, ``warmstart/`` and ``checkpoint/``,
+then ``heatmap.html`` and ``curve.png``.
+
+Needs the ``[rl]`` extra (torch, transformers, tqdm, matplotlib); ``comppo-core
+synthetic`` runs with NumPy only.
 """
 
 from __future__ import annotations
 
 import argparse
 import html
+import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ParameterError
-from ..gate_params import GateParams
-from ._argtypes import gate_params, positive_float, positive_int, unit_float
+from ._argtypes import nonnegative_int, positive_int
 
-__all__ = ["CharTokenizer", "DemoBatch", "add_parser", "prepare", "render_html", "run", "verify"]
+if TYPE_CHECKING:
+    from ..rl import TrainConfig, Trainer
+    from ..rl.tasks import Problem
+
+__all__ = ["Credit", "add_parser", "config_for", "credit", "plot_curve", "render_html", "run", "token_text"]
 
 MISSING_EXTRA = (
-    "comppo-core demo needs the [hf] extra: pip install 'comppo-core[hf]'; "
-    "`comppo-core synthetic` runs with NumPy only"
+    "comppo-core demo needs the [rl] extra (torch, transformers, tqdm, matplotlib): "
+    "pip install 'comppo-core[rl]'; `comppo-core synthetic` runs with NumPy only"
 )
+
+#: PPO steps of the demo unless ``--steps`` says otherwise (``--quick``: :data:`QUICK_STEPS`).
+DEFAULT_STEPS = 30
+QUICK_STEPS = 3
+#: What ``--quick`` changes in the TrainConfig (a smoke run, for tests).
+QUICK = {"warmup_sft_steps": 20, "eval_size": 32, "prompts_per_step": 4}
 
 #: Table columns: (header, width, number format); position and token come first.
 TABLE_COLUMNS: tuple[tuple[str, int, str], ...] = (
     ("log-prob", 9, "+.4f"),
     ("concentration", 13, ".4f"),
     ("gate", 7, ".4f"),
+    ("value", 8, "+.4f"),
     ("GAE adv", 9, "+.4f"),
     ("Comp-GAE adv", 12, "+.4f"),
 )
 
 
-class CharTokenizer:
-    """A character-level tokenizer: ``<pad>``, ``<bos>``, ``<eos>``, then one id per character."""
-
-    SPECIALS = ("<pad>", "<bos>", "<eos>")
-    CHARS = "0123456789+-*= "
-
-    def __init__(self) -> None:
-        self.vocab: tuple[str, ...] = self.SPECIALS + tuple(self.CHARS)
-        self.index = {tok: i for i, tok in enumerate(self.vocab)}
-        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
-
-    def __len__(self) -> int:
-        return len(self.vocab)
-
-    def encode(self, text: str) -> list[int]:
-        try:
-            return [self.index[c] for c in text]
-        except KeyError as exc:
-            raise ParameterError(
-                f"text: character {exc.args[0]!r} is not in the demo vocabulary {self.CHARS!r}", argument="text"
-            ) from None
-
-    def decode(self, ids: Sequence[int], *, stop_at_eos: bool = True) -> str:
-        out = []
-        for i in ids:
-            if i == self.eos_id and stop_at_eos:
-                break
-            if i >= len(self.SPECIALS):
-                out.append(self.vocab[i])
-        return "".join(out)
-
-    def show(self, i: int) -> str:
-        """One token as a single space-free word, for tables (space → ``␠``)."""
-        tok = self.vocab[i]
-        return "␠" if tok == " " else tok
-
-
-def verify(response: str, answer: int) -> float:
-    """+1 if the response (up to ``<eos>``, surrounding spaces ignored) is exactly ``answer``, else −1."""
-    text = response.strip()
-    if text.isdigit() and int(text) == answer:
-        return 1.0
-    return -1.0
-
-
 @dataclass
-class DemoBatch:
-    """The sampled batch: ``[B, T]`` tensors and per-row prompt text, response text, reward."""
+class Credit:
+    """Greedy responses of the policy to some problems, and the credit of their tokens.
 
-    model: Any
-    tokenizer: CharTokenizer
-    input_ids: Any
-    attention_mask: Any
-    response_mask: Any
-    rewards: Any
-    prompts: list[str]
-    answers: list[int]
+    ``input_ids`` ``[B, T]`` (left-padded prompt, response, padding); every per-token
+    field is ``[B, T−1]`` (column j scores token ``input_ids[:, j+1]``), 0 outside
+    ``response_mask``; ``rewards`` ``[B]`` is the verifier's score."""
+
+    problems: list[Problem]
     responses: list[str]
-    prompt_len: int
+    rewards: Any
+    input_ids: Any
+    response_mask: Any
+    logprobs: Any
+    concentration: Any
+    gates: Any
+    values: Any
+    gae_advantages: Any
+    advantages: Any
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register the ``demo`` command on the ``comppo-core`` parser."""
     cmd = subparsers.add_parser(
         "demo",
-        help="CompPO end to end on a tiny Llama: sample, verify, probe attention, gates, Comp-GAE, HTML heatmap (needs [hf])",
+        help="a short CompPO training run on a tiny Llama: warm start, comppo steps, accuracy before -> after, "
+        "per-token credit table, HTML heatmap, learning curve (needs [rl])",
         description=(
-            "Build a tiny Llama-style model (random weights), sample responses to arithmetic "
-            "prompts with generate, score them with a verifier, run comppo_core.hf.comp_gae_batch "
-            "(attention concentration -> gates -> Comp-GAE), print the per-token table and write "
-            "an HTML credit heatmap. The model is untrained: rewards are mostly -1."
+            "Warm-start a tiny Llama (SFT) on the built-in addition task, train it for a few dozen comppo "
+            "steps (Comp-GAE with attention-concentration gates and the transport-aligned critic; "
+            "TrainConfig defaults otherwise), print held-out accuracy before -> after and one response's "
+            "per-token table (log-prob, concentration, gate, value, GAE and Comp-GAE advantage), and write "
+            "an HTML credit heatmap and a PNG learning curve."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    cmd.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and sampling")
-    cmd.add_argument("--prompts", type=positive_int, default=6, help="number of arithmetic prompts (one response each)")
-    cmd.add_argument("--max-new-tokens", type=positive_int, default=8, help="longest response")
-    cmd.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature")
-    cmd.add_argument("--hidden", type=positive_int, default=64, help="hidden size of the tiny model")
-    cmd.add_argument("--layers", type=positive_int, default=2, help="decoder layers")
-    cmd.add_argument("--heads", type=positive_int, default=4, help="attention heads")
-    cmd.add_argument("--kv-heads", type=positive_int, default=2, help="key/value heads (grouped-query attention)")
-    cmd.add_argument("--statistic", choices=("entropy", "max", "l2"), default="entropy", help="attention concentration statistic")
+    cmd.add_argument("--out", default=None, help="output directory (default: a new temporary directory, printed)")
     cmd.add_argument(
-        "--control", choices=("none", "shuffle", "by_position", "constant"), default="none", help="gate control (the paper's ablations)"
+        "--steps",
+        type=positive_int,
+        default=None,
+        help=f"comppo steps (default {DEFAULT_STEPS}; {QUICK_STEPS} with --quick)",
     )
-    cmd.add_argument("--low", type=unit_float, default=0.5, help="lowest gate")
-    cmd.add_argument("--high", type=unit_float, default=1.0, help="highest gate")
-    cmd.add_argument("--gamma", type=unit_float, default=1.0, help="discount γ")
-    cmd.add_argument("--lam", type=unit_float, default=0.95, help="GAE λ")
     cmd.add_argument(
-        "--html",
-        default=os.path.join(tempfile.gettempdir(), "comppo-core-demo.html"),
-        help="where to write the HTML credit heatmap",
+        "--seed",
+        type=nonnegative_int,
+        default=0,
+        help="seed of the model, the warm start, the rollouts and the updates",
     )
+    cmd.add_argument("--responses", type=positive_int, default=8, help="held-out responses in the HTML heatmap")
+    cmd.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke run for tests: {', '.join(f'{k}={v}' for k, v in QUICK.items())} (accuracies mean nothing)",
+    )
+    cmd.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="torch threads during the run (one is the fastest for a model this small, and leaves other cores alone)",
+    )
+    cmd.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     cmd.set_defaults(run=run)
     return cmd
 
 
 # --------------------------------------------------------------------------- #
-# Model, prompts, sampling, verification
+# The run and the credit of its responses
 # --------------------------------------------------------------------------- #
 
 
-def _build_model(args: argparse.Namespace, tok: CharTokenizer) -> Any:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def config_for(args: argparse.Namespace, out: str) -> TrainConfig:
+    """The demo's TrainConfig: the defaults, with the comppo arm, the steps, seed, out, the
+    progress bar and the thread count (``--quick``: and :data:`QUICK`)."""
+    from ..rl import TrainConfig
 
-    if args.hidden % args.heads != 0 or args.heads % args.kv_heads != 0:
-        raise ParameterError(
-            f"--hidden {args.hidden} must be a multiple of --heads {args.heads}, "
-            f"itself a multiple of --kv-heads {args.kv_heads}",
-            argument="hidden",
-        )
-    torch.manual_seed(args.seed)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=args.hidden,
-        intermediate_size=2 * args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=64,
-        initializer_range=0.2,  # larger than usual so the random heads are not all uniform
-        bos_token_id=tok.bos_id,
-        eos_token_id=tok.eos_id,
-        pad_token_id=tok.pad_id,
-        tie_word_embeddings=False,
+    steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else DEFAULT_STEPS)
+    changes: dict[str, Any] = {
+        "arm": "comppo",
+        "steps": steps,
+        "seed": args.seed,
+        "out": out,
+        "progress": args.progress,
+        "num_threads": args.threads,
+    }
+    if args.quick:
+        changes.update(QUICK)
+    return TrainConfig(**changes)
+
+
+def token_text(trainer: Trainer, token_id: int) -> str:
+    """One token as the table and the heatmap show it (``<eos>`` for the end)."""
+    return trainer.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def credit(trainer: Trainer, problems: Sequence[Problem]) -> Credit:
+    """Greedy responses of ``trainer.actor`` to ``problems`` and their per-token credit
+    (module docstring, step 4): one :func:`comppo_core.rl.forward` with the trainer's
+    critic, statistic and gate mapping, then :func:`comppo_core.gae` with and without
+    the gates (the run's γ and λ)."""
+    import torch
+
+    from .. import gae
+    from ..rl import forward
+
+    cfg = trainer.config
+    tok = trainer.tokenizer
+    ids, attention_mask, width, in_response = trainer.generate(list(problems), sample=False)
+    device = ids.device
+    response_mask = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=device)
+    response_mask[:, width - 1 :] = in_response
+    responses = [tok.decode(row[m].tolist()) for row, m in zip(ids[:, width:], in_response)]
+    finished = ((ids[:, width:] == tok.eos_token_id) & in_response).any(-1).tolist()
+    scores = torch.tensor(trainer.task.scores(list(problems), responses, finished), dtype=torch.float32, device=device)
+    out = forward(
+        trainer.actor,
+        ids,
+        attention_mask,
+        critic=trainer.critic,
+        response_mask=response_mask,
+        statistic=cfg.statistic,
+        gate_params=cfg.gate_params,
     )
-    return LlamaForCausalLM(config).eval()
-
-
-def prepare(args: argparse.Namespace) -> DemoBatch:
-    """Model, prompts, sampled responses, verifier rewards: deterministic in ``args.seed``."""
-    import random
-
-    import torch
-
-    tok = CharTokenizer()
-    model = _build_model(args, tok)
-    rng = random.Random(args.seed)
-    pairs = [(rng.randrange(0, 50), rng.randrange(0, 50)) for _ in range(args.prompts)]
-    prompts = [f"{a}+{b}=" for a, b in pairs]
-    answers = [a + b for a, b in pairs]
-    encoded = [[tok.bos_id] + tok.encode(p) for p in prompts]
-    p_len = max(len(e) for e in encoded)
-    prompt_ids = torch.full((len(encoded), p_len), tok.pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros(len(encoded), p_len, dtype=torch.long)
-    for i, e in enumerate(encoded):  # left padding, as decoder-only generation wants
-        prompt_ids[i, p_len - len(e) :] = torch.tensor(e)
-        prompt_mask[i, p_len - len(e) :] = 1
-
-    torch.manual_seed(args.seed)
-    with torch.no_grad():
-        seqs = model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            do_sample=True,
-            temperature=args.temperature,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=args.max_new_tokens,
-            min_new_tokens=1,
-            eos_token_id=tok.eos_id,
-            pad_token_id=tok.pad_id,
-        )
-    b, t = seqs.shape
-    resp = seqs[:, p_len:]
-    # response tokens: up to and including the first <eos>; padding after it
-    is_eos = resp == tok.eos_id
-    after_eos = (torch.cumsum(is_eos.long(), dim=1) - is_eos.long()) > 0
-    resp_valid = ~after_eos
-    response_mask = torch.zeros(b, t, dtype=torch.long)
-    response_mask[:, p_len:] = resp_valid.long()
-    attention_mask = torch.cat([prompt_mask, resp_valid.long()], dim=1)
-    input_ids = torch.where(attention_mask.bool(), seqs, torch.full_like(seqs, tok.pad_id))
-
-    responses = [tok.decode(resp[i].tolist()) for i in range(b)]
-    rewards = torch.tensor([verify(r, a) for r, a in zip(responses, answers)], dtype=torch.float32)
-    return DemoBatch(model, tok, input_ids, attention_mask, response_mask, rewards, prompts, answers, responses, p_len)
-
-
-def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The :func:`comppo_core.hf.comp_gae_batch` keywords the demo uses."""
-    return dict(
-        gamma=args.gamma,
-        lam=args.lam,
-        statistic=args.statistic,
-        gate_params=GateParams(low=args.low, high=args.high),
-        control=args.control,
-        seed=args.seed,
+    assert out.values is not None  # the comppo arm has a critic
+    last = (response_mask.long() * torch.arange(response_mask.shape[1], device=device)).argmax(-1)
+    rewards = torch.zeros(response_mask.shape, dtype=torch.float32, device=device)
+    rewards[torch.arange(ids.shape[0], device=device), last] = scores
+    values = torch.where(response_mask, out.values, 0.0)
+    plain = gae(rewards, values, mask=response_mask, gamma=cfg.gamma, lam=cfg.lam)
+    comp = gae(rewards, values, mask=response_mask, gates=out.gates, gamma=cfg.gamma, lam=cfg.lam)
+    zero = torch.zeros_like(rewards)
+    return Credit(
+        problems=list(problems),
+        responses=responses,
+        rewards=scores,
+        input_ids=ids,
+        response_mask=response_mask,
+        logprobs=torch.where(response_mask, out.logprobs, zero),
+        concentration=torch.where(response_mask, out.concentration, zero),
+        gates=torch.where(response_mask, out.gates, zero),
+        values=values,
+        gae_advantages=torch.as_tensor(plain.advantages),
+        advantages=torch.as_tensor(comp.advantages),
     )
 
 
 # --------------------------------------------------------------------------- #
-# Output: table and HTML
+# Output: table, HTML, learning curve
 # --------------------------------------------------------------------------- #
 
 
-def _table(batch: DemoBatch, out: Any, row: int) -> list[str]:
-    cols = out.mask[row].nonzero().flatten().tolist()
+def _table(trainer: Trainer, c: Credit, row: int) -> list[str]:
+    cols = c.response_mask[row].nonzero().flatten().tolist()
     header = "  ".join(["position".rjust(8), "token".rjust(6)] + [name.rjust(w) for name, w, _ in TABLE_COLUMNS])
     lines = [header, "-" * len(header)]
+    fields = [c.logprobs, c.concentration, c.gates, c.values, c.gae_advantages, c.advantages]
     for j in cols:
-        token_id = int(batch.input_ids[row, j + 1])
-        values = [out.logprobs, out.concentration, out.gates, out.gae_advantages, out.advantages]
-        cells = [str(j + 1).rjust(8), batch.tokenizer.show(token_id).rjust(6)]
-        cells += [format(float(v[row, j]), fmt).rjust(w) for (_, w, fmt), v in zip(TABLE_COLUMNS, values)]
+        cells = [str(j + 1).rjust(8), token_text(trainer, int(c.input_ids[row, j + 1])).rjust(6)]
+        cells += [format(float(v[row, j]), fmt).rjust(w) for (_, w, fmt), v in zip(TABLE_COLUMNS, fields)]
         lines.append("  ".join(cells))
     return lines
 
@@ -280,34 +258,35 @@ def _adv_colour(a: float, amax: float) -> str:
     return f"rgb({int(round(255 - 200 * x))},{int(round(255 - 150 * x))},255)"
 
 
-def render_html(batch: DemoBatch, out: Any, args: argparse.Namespace) -> str:
+def render_html(trainer: Trainer, c: Credit) -> str:
     """A self-contained HTML page: per response, its tokens coloured by gate, by Comp-GAE
     advantage and by plain GAE advantage (for contrast).
 
     Every response token appears once in each view as
     ``<span class="tok" data-view="gate|advantage|gae" data-pos=... data-value=...>``,
     ``data-pos`` its position in ``input_ids`` and ``data-value`` the gate or advantage."""
-    m = out.mask
-    amax = max(float(out.advantages[m].abs().max()), float(out.gae_advantages[m].abs().max())) if bool(m.any()) else 0.0
+    cfg = trainer.config
+    low, high = cfg.gate_low, cfg.gate_high
+    m = c.response_mask
+    amax = max(float(c.advantages[m].abs().max()), float(c.gae_advantages[m].abs().max())) if bool(m.any()) else 0.0
     rows = []
-    for b in range(batch.input_ids.shape[0]):
-        cols = out.mask[b].nonzero().flatten().tolist()
+    for b in range(c.input_ids.shape[0]):
+        cols = m[b].nonzero().flatten().tolist()
         views = []
         for view in ("gate", "advantage", "gae"):
             spans = []
             for j in cols:
-                tid = int(batch.input_ids[b, j + 1])
-                text = batch.tokenizer.vocab[tid]
-                g, a = float(out.gates[b, j]), float(out.advantages[b, j])
-                a0 = float(out.gae_advantages[b, j])
+                text = token_text(trainer, int(c.input_ids[b, j + 1]))
+                g, a = float(c.gates[b, j]), float(c.advantages[b, j])
+                a0 = float(c.gae_advantages[b, j])
                 if view == "gate":
-                    colour, value = _gate_colour(g, args.low, args.high), g
+                    colour, value = _gate_colour(g, low, high), g
                 else:
                     value = a if view == "advantage" else a0
                     colour = _adv_colour(value, amax)
                 tip = (
-                    f"position {j + 1} token {text!r}: log-prob {float(out.logprobs[b, j]):+.4f}, "
-                    f"concentration {float(out.concentration[b, j]):.4f}, gate {g:.4f}, "
+                    f"position {j + 1} token {text!r}: log-prob {float(c.logprobs[b, j]):+.4f}, "
+                    f"concentration {float(c.concentration[b, j]):.4f}, gate {g:.4f}, value {float(c.values[b, j]):+.4f}, "
                     f"GAE adv {a0:+.4f}, Comp-GAE adv {a:+.4f}"
                 )
                 spans.append(
@@ -316,11 +295,11 @@ def render_html(batch: DemoBatch, out: Any, args: argparse.Namespace) -> str:
                 )
             label = {"gate": "gate", "advantage": "Comp-GAE adv", "gae": "GAE adv"}[view]
             views.append(f'<div class="view"><span class="label">{label}</span>{"".join(spans)}</div>')
-        reward = float(batch.rewards[b])
+        p = c.problems[b]
         rows.append(
-            f'<div class="resp"><div class="head">#{b}: <code>{html.escape(batch.prompts[b])}</code> '
-            f"&rarr; <code>{html.escape(batch.responses[b]) or '&empty;'}</code> "
-            f"(answer {batch.answers[b]}, reward <b>{reward:+g}</b>)</div>{''.join(views)}</div>"
+            f'<div class="resp"><div class="head">#{b}: <code>{html.escape(p.prompt)}</code> '
+            f"&rarr; <code>{html.escape(c.responses[b]) or '&empty;'}</code> "
+            f"(answer {html.escape(p.answer)}, reward <b>{float(c.rewards[b]):g}</b>)</div>{''.join(views)}</div>"
         )
     title = "comppo-core demo: credit heatmap"
     return f"""<!DOCTYPE html>
@@ -335,87 +314,144 @@ body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
 .legend span {{ display: inline-block; padding: .1em .5em; border: 1px solid #ccc; }}
 </style></head><body>
 <h1>{title}</h1>
-<p>Tiny untrained Llama-style model; statistic <b>{args.statistic}</b>, control <b>{args.control}</b>,
-gates in [{args.low:g}, {args.high:g}], &gamma;={args.gamma:g}, &lambda;={args.lam:g}, values 0 (no critic).
-Row <i>gate</i>: white = gate {args.high:g} (credit retained), orange = gate {args.low:g}.
-Rows <i>Comp-GAE adv</i> and <i>GAE adv</i>: advantages, green &gt; 0, blue &lt; 0 (scale: max |A| = {amax:.4f});
-with a gate below 1, Comp-GAE carries less of the outcome back past that token than GAE.
+<p>The tiny Llama after its warm start and {cfg.steps} <b>comppo</b> steps (seed {cfg.seed}), answering held-out
+problems greedily; statistic <b>{cfg.statistic}</b>, gates in [{low:g}, {high:g}], &gamma;={cfg.gamma:g},
+&lambda;={cfg.lam:g}, values from the trained transport-aligned critic, reward 1 for a correct answer at the last token.
+Row <i>gate</i>: white = gate {high:g} (credit retained), orange = gate {low:g}.
+Rows <i>Comp-GAE adv</i> and <i>GAE adv</i>: advantages before whitening, green &gt; 0, blue &lt; 0
+(scale: max |A| = {amax:.4f}); with a gate below 1, Comp-GAE carries less of what follows back past that token than GAE.
 Hover a token for its numbers.</p>
-<p class="legend"><span style="background:{_gate_colour(args.high, args.low, args.high)}">gate {args.high:g}</span>
-<span style="background:{_gate_colour(args.low, args.low, args.high)}">gate {args.low:g}</span>
+<p class="legend"><span style="background:{_gate_colour(high, low, high)}">gate {high:g}</span>
+<span style="background:{_gate_colour(low, low, high)}">gate {low:g}</span>
 <span style="background:{_adv_colour(amax, amax)}">A = +{amax:.3f}</span>
 <span style="background:{_adv_colour(-amax, amax)}">A = &minus;{amax:.3f}</span></p>
-{''.join(rows)}
+{"".join(rows)}
 </body></html>
 """
 
 
+def plot_curve(rows: Sequence[dict[str, Any]], evals: Sequence[Sequence[float]], path: str, title: str) -> None:
+    """Write the learning curve to ``path`` (PNG): held-out accuracy at each ``[step,
+    accuracy]`` of ``evals`` and each row's ``train_accuracy`` (the rollouts' share of
+    correct answers at that step). Uses matplotlib's Agg canvas, not pyplot, so no
+    backend or display is touched."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.0), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot(
+        [r["step"] for r in rows], [r["train_accuracy"] for r in rows], color="0.6", lw=1, label="rollouts (sampled)"
+    )
+    ax.plot([e[0] for e in evals], [e[1] for e in evals], "o-", color="C0", lw=2, label="held-out (greedy)")
+    ax.set_xlabel("PPO step")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0.0, 1.0)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
+# --------------------------------------------------------------------------- #
+# The command
+# --------------------------------------------------------------------------- #
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``comppo-core demo``; returns the exit status."""
-    gate_params(args, parser)  # --low above --high is a usage error
-    if args.hidden % args.heads != 0 or args.heads % args.kv_heads != 0:
-        parser.error(
-            f"--hidden {args.hidden} must be a multiple of --heads {args.heads}, itself a multiple of --kv-heads {args.kv_heads}"
-        )
     try:
-        import torch  # noqa: F401
+        import matplotlib  # noqa: F401
+        import torch
+        import tqdm  # type: ignore[import-untyped]  # noqa: F401
         import transformers  # noqa: F401
-
-        from .. import hf
     except ImportError:
         print(f"comppo-core: error: {MISSING_EXTRA}", file=sys.stderr)
         return 1
+    threads = torch.get_num_threads()
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)  # the run sets its own (--threads); the caller's comes back
 
-    from .. import __version__
+
+def _run(args: argparse.Namespace) -> int:
+    from .. import __version__, rl
 
     t0 = time.perf_counter()
-    batch = prepare(args)
-    t_sample = time.perf_counter() - t0
+    out = os.path.abspath(args.out) if args.out is not None else tempfile.mkdtemp(prefix="comppo-core-demo-")
+    config = config_for(args, out)
+    print(
+        f"comppo-core {__version__} demo: CompPO on the built-in addition task ({config.digits} digits), "
+        f"seed {config.seed}, output in {out}",
+        flush=True,
+    )
+    if args.quick:
+        print("--quick: a smoke run (short warm start, small batches); its accuracies mean nothing", flush=True)
+    trainer = rl.Trainer(config)
+    n_actor = sum(p.numel() for p in trainer.actor.parameters())
+    n_critic = 0 if trainer.critic is None else sum(p.numel() for p in trainer.critic.parameters())
+    ws = trainer.warm_start
+    print(
+        f"policy: Llama, {config.model_layers} layers, hidden {config.model_hidden}, {n_actor} parameters; "
+        f"critic: transport-aligned, {n_critic} parameters"
+    )
+    print(
+        f"warm start: {ws['sft_steps']} SFT steps in {ws['sft_seconds']:.1f} s (final loss {ws['sft_final_loss']:.3f})",
+        flush=True,
+    )
     t1 = time.perf_counter()
-    out = hf.comp_gae_batch(
-        batch.model,
-        batch.input_ids,
-        batch.attention_mask,
-        batch.response_mask,
-        batch.rewards,
-        **pipeline_options(args),
-    )
-    t_pipeline = time.perf_counter() - t1
-    n_params = sum(p.numel() for p in batch.model.parameters())
-    correct = int((batch.rewards > 0).sum())
+    summary = trainer.train()
+    t_train = time.perf_counter() - t1
+    before, after = summary["initial_eval_accuracy"], summary["final_eval_accuracy"]
+    n_eval = len(trainer.eval_problems)
     print(
-        f"comppo-core {__version__} demo: tiny Llama ({args.layers} layers, hidden {args.hidden}, "
-        f"{args.heads} heads / {args.kv_heads} KV heads, {n_params} parameters, random weights), "
-        f"{len(batch.prompts)} prompts, seed {args.seed}"
+        f"held-out accuracy (greedy, {n_eval} problems): {before:.3f} -> {after:.3f} "
+        f"(warm start -> after {config.steps} comppo steps)"
     )
+    phases = summary["mean_step_s"]
     print(
-        f"model built and responses sampled with generate (do_sample, temperature {args.temperature:g}) "
-        f"in {t_sample:.2f} s; "
-        f"verifier: {correct} correct (+1) / {len(batch.prompts) - correct} wrong (-1) "
-        "(the model is untrained: the point is the pipeline)"
+        f"training: {config.steps} steps in {t_train:.1f} s; per step: rollout {phases['time_rollout_s']:.2f} s, "
+        f"score {phases['time_score_s']:.2f} s, advantages {phases['time_advantages_s']:.4f} s, "
+        f"update {phases['time_update_s']:.2f} s"
     )
-    print(
-        f"pipeline: comppo_core.hf.comp_gae_batch(statistic={args.statistic!r}, low={args.low:g}, "
-        f"high={args.high:g}, control={args.control!r}, gamma={args.gamma:g}, lam={args.lam:g}) "
-        f"in {t_pipeline:.2f} s; values 0 (no critic)"
-    )
-    for b in range(len(batch.prompts)):
-        print()
-        print(
-            f"response {b}: {batch.prompts[b]!r} -> {batch.responses[b]!r} (answer {batch.answers[b]}), "
-            f"reward {float(batch.rewards[b]):+g}"
-        )
-        for line in _table(batch, out, b):
-            print(line)
-    m = out.mask
+
+    c = credit(trainer, trainer.eval_problems[: args.responses])
+    correct = [b for b in range(len(c.problems)) if float(c.rewards[b]) == 1.0]
+    b = correct[0] if correct else 0
+    p = c.problems[b]
     print()
     print(
-        f"gates over the {int(m.sum())} response tokens: min {float(out.gates[m].min()):.4f}, "
-        f"mean {float(out.gates[m].mean()):.4f}, max {float(out.gates[m].max()):.4f}"
+        f"response {b}: {p.prompt!r} -> {c.responses[b]!r} (answer {p.answer}), reward {float(c.rewards[b]):g} "
+        f"({'the first correct' if correct else 'none correct: the first'} of {len(c.problems)} held-out greedy responses)"
     )
-    path = os.path.abspath(args.html)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(render_html(batch, out, args))
-    print(f"HTML credit heatmap: {path}")
-    print(f"total: {time.perf_counter() - t0:.2f} s")
+    print(
+        f"values from the trained critic; GAE and Comp-GAE advantages with gamma={config.gamma:g}, "
+        f"lam={config.lam:g}, before whitening"
+    )
+    for line in _table(trainer, c, b):
+        print(line)
+    m = c.response_mask
+    print()
+    print(
+        f"gates over the {int(m.sum())} tokens of the {len(c.problems)} responses: min {float(c.gates[m].min()):.4f}, "
+        f"mean {float(c.gates[m].mean()):.4f}, max {float(c.gates[m].max()):.4f}"
+    )
+    html_path = os.path.join(out, "heatmap.html")
+    with open(html_path, "w", encoding="utf-8") as fh:
+        fh.write(render_html(trainer, c))
+    print(f"HTML credit heatmap: {html_path}")
+    rows = _read_metrics(os.path.join(out, "metrics.jsonl"))
+    png_path = os.path.join(out, "curve.png")
+    plot_curve(rows, summary["eval"], png_path, f"comppo, seed {config.seed}: accuracy")
+    print(f"learning curve: {png_path}")
+    print(f"metrics: {os.path.join(out, 'metrics.jsonl')}")
+    print(f"total: {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _read_metrics(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
