@@ -2,6 +2,10 @@
 
 * ``comppo-core demo``: CompPO end to end on a tiny Llama built from a config (needs
   the ``[hf]`` extra);
+* ``comppo-core train``: PPO for one arm on the built-in task or a user's model and data,
+  ``metrics.jsonl`` and checkpoints (needs the ``[rl]`` extra);
+* ``comppo-core compare``: every arm × seed from paired warm starts, ``results.md`` and
+  ``curves.png`` (needs the ``[rl]`` extra);
 * ``comppo-core synthetic``: GAE vs Comp-GAE on a synthetic batch and a speed check
   against the NumPy reference (NumPy only);
 * ``comppo-core advantages IN.parquet -o OUT.parquet``: advantages and returns for a
@@ -17,12 +21,12 @@ import argparse
 import sys
 
 from . import __version__, errors
-from .commands import advantages, demo, synthetic
+from .commands import advantages, compare, demo, synthetic, train
 
 __all__ = ["main"]
 
 #: The command modules, in the order ``--help`` lists them.
-_COMMANDS = (demo, synthetic, advantages)
+_COMMANDS = (demo, train, compare, synthetic, advantages)
 
 
 def _build_parser() -> argparse.ArgumentParser:

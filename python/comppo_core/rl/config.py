@@ -31,7 +31,7 @@ from ..hf.statistics import STATISTICS
 from .losses import AGG_MODES, KL_KINDS
 from .tac import TEMPORAL_MIXERS
 
-__all__ = ["KL_MODES", "TrainConfig"]
+__all__ = ["KL_MODES", "PRESETS", "TrainConfig"]
 
 #: Where a KL to the reference enters: a per-token reward penalty (TRL) or a loss term (verl's use_kl_loss).
 KL_MODES = ("reward", "loss")
@@ -249,6 +249,13 @@ class TrainConfig:
         """A copy with some fields changed (validated)."""
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def from_preset(cls, name: str, **changes: Any) -> TrainConfig:
+        """The settings of preset ``name`` (:data:`PRESETS`) with ``changes`` on top."""
+        if not isinstance(name, str) or name not in PRESETS:
+            raise ParameterError(f"preset: expected one of {', '.join(PRESETS)}, got {name!r}", argument="preset")
+        return cls(**{**PRESETS[name], **changes})
+
     # ---- JSON
 
     def to_dict(self) -> dict[str, Any]:
@@ -306,6 +313,16 @@ class TrainConfig:
     def from_args(cls, namespace: argparse.Namespace) -> TrainConfig:
         """The config from a namespace parsed with :meth:`add_arguments` (other attributes are ignored)."""
         return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if hasattr(namespace, f.name)})
+
+
+#: Named settings (fields changed from the defaults) for ``TrainConfig.from_preset`` and the CLI's
+#: ``--preset``. ``default`` is the defaults: sized so that ``comppo-core compare`` of the seven arms ×
+#: 3 seeds fits an hour on a 2-core CPU; ``quick`` is one arm, warm start included, in under 3 minutes
+#: there. Both were chosen by the held-out accuracy gain averaged over the arms (docs/training.md).
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "quick": {"steps": 40},
+}
 
 
 def _unwrap(tp: Any) -> tuple[type, bool]:

@@ -1,0 +1,431 @@
+"""``comppo-core compare``: every arm × seed on the same settings, paired, with a results table.
+
+For each seed ``s`` in ``0 … seeds−1`` the command warms the policy up once (the SFT warm
+start of :func:`comppo_core.rl.train`, into ``OUT/warmstart/seed<s>/``), then runs every
+arm from that checkpoint (``init_from``) with the same settings and seed, so the arms of a
+seed differ only in their critic and advantages: the same initial policy, the same
+prompts, the same evaluation set (a paired comparison). With ``--model`` or
+``--init-from`` there is no warm start: every run starts from that model.
+
+Outputs under ``OUT``::
+
+    warmstart/seed<s>/      the warm start (its warmstart/ is every arm's init_from)
+    <arm>/seed<s>/          each run's config.json, metrics.jsonl, summary.json, checkpoint/
+    results.md              the table below, per-seed accuracies, the settings
+    results.json            the same numbers, machine-readable
+    curves.png              held-out accuracy vs step: mean and 95% CI band per arm
+
+The table gives, per arm, the final held-out (greedy) accuracy: its mean over seeds and
+a 95% confidence interval ``mean ± t_{0.975, n−1} · s / √n`` (Student's t, ``s`` the
+sample standard deviation over the ``n`` seeds), and the same for the paired differences
+``acc(arm, s) − acc(ref, s)`` to the warm start, to ``grpo`` and to ``comppo``. A run
+already finished under ``OUT`` with the same settings is reused, so an interrupted
+``compare`` continues where it stopped.
+
+Exit status: 0 on success, 2 on a bad flag (an unknown arm, a bad preset, a setting out
+of range: the message names the flag), 1 on a failure while training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .train import _Default, add_config_arguments, add_lazy_parser, config_from_args, usage_error
+
+if TYPE_CHECKING:
+    from ..rl.config import TrainConfig
+
+__all__ = ["add_parser", "mean_ci", "plot_curves", "results_table", "run", "t_quantile"]
+
+#: The arms the paired differences are taken against (when they are compared).
+REFERENCES = ("grpo", "comppo")
+
+#: TrainConfig flags compare sets itself, and what to use instead.
+_OWN_FLAGS = {
+    "arm": "the arms are --arms",
+    "seed": "the seeds are 0 … --seeds − 1",
+    "resume": "compare reuses the runs finished under --out by itself",
+}
+
+
+# --------------------------------------------------------------------------- #
+# Statistics
+# --------------------------------------------------------------------------- #
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 10_000):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function ``I_x(a, b)``."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """Student's t distribution function: ``P(T ≤ t) = 1 − ½·I_{df/(df+t²)}(df/2, ½)`` for ``t ≥ 0``."""
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``t_cdf`` inverted by
+    bisection to double precision); ``t_quantile(0.975, 2) = 4.3027``."""
+    if not 0.0 < p < 1.0 or not df > 0:
+        raise ValueError(f"t_quantile: expected 0 < p < 1 and df > 0, got p={p}, df={df}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-15 * hi:
+            break
+    return 0.5 * (lo + hi)
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float | None]:
+    """``(mean, half-width)`` of the ``level`` confidence interval of the mean of ``values``:
+    ``t_{(1+level)/2, n−1} · s / √n`` with ``s`` the sample standard deviation (``n − 1`` in
+    the denominator); the half-width is None for a single value."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("mean_ci: expected at least one value, got none")
+    mean = math.fsum(values) / n
+    if n == 1:
+        return mean, None
+    s = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, t_quantile(0.5 + level / 2.0, n - 1) * s / math.sqrt(n)
+
+
+# --------------------------------------------------------------------------- #
+# Results
+# --------------------------------------------------------------------------- #
+
+
+def _pct(x: float, signed: bool = False) -> str:
+    return f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}"
+
+
+def _ci(mean: float, half: float | None, signed: bool = False) -> str:
+    if half is None:
+        return "—"
+    return f"[{_pct(mean - half, signed)}, {_pct(mean + half, signed)}]"
+
+
+def results_table(final: dict[str, dict[int, float]], warm: dict[int, float]) -> tuple[str, dict[str, Any]]:
+    """The markdown table of final accuracies (``final[arm][seed]``, fractions) and paired
+    differences to the warm start (``warm[seed]``) and to each of :data:`REFERENCES` that
+    is an arm here; also the numbers as a dict (fractions)."""
+    refs = [r for r in REFERENCES if r in final]
+    header = ["arm", "seeds", "accuracy %", "95% CI", "vs warm start", "95% CI"]
+    for r in refs:
+        header += [f"vs {r}", "95% CI"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    numbers: dict[str, Any] = {}
+    for arm, by_seed in final.items():
+        seeds = sorted(by_seed)
+        accs = [by_seed[s] for s in seeds]
+        m, h = mean_ci(accs)
+        dm, dh = mean_ci([by_seed[s] - warm[s] for s in seeds])
+        row = [arm, str(len(seeds)), _pct(m), _ci(m, h), _pct(dm, True), _ci(dm, dh, True)]
+        entry: dict[str, Any] = {"seeds": seeds, "accuracy": accs, "mean": m, "ci": h, "vs_warm_start": [dm, dh]}
+        for r in refs:
+            common = [s for s in seeds if s in final[r]]
+            if r == arm or not common:
+                row += ["—", "—"]
+                continue
+            rm, rh = mean_ci([by_seed[s] - final[r][s] for s in common])
+            row += [_pct(rm, True), _ci(rm, rh, True)]
+            entry[f"vs_{r}"] = [rm, rh]
+        lines.append("| " + " | ".join(row) + " |")
+        numbers[arm] = entry
+    return "\n".join(lines) + "\n", numbers
+
+
+def plot_curves(
+    curves: dict[str, dict[int, list[tuple[int, float]]]], warm: dict[int, float], path: Path, title: str
+) -> None:
+    """``curves[arm][seed]`` = ``[(step, accuracy), …]`` as a PNG: per arm the mean over seeds
+    and a 95% CI band (t-distribution), the warm start's mean dashed (matplotlib, Agg)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8.0, 5.0), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for arm, by_seed in curves.items():
+        steps = sorted(set.intersection(*(set(dict(c)) for c in by_seed.values())))
+        stats = [mean_ci([dict(c)[st] for c in by_seed.values()]) for st in steps]
+        mean = [100 * m for m, _ in stats]
+        (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=arm)
+        if all(h is not None for _, h in stats):
+            lo = [100 * (m - (h or 0.0)) for m, h in stats]
+            hi = [100 * (m + (h or 0.0)) for m, h in stats]
+            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.12, linewidth=0)
+    if warm:
+        ax.axhline(
+            100 * math.fsum(warm.values()) / len(warm), color="0.4", linestyle="--", linewidth=1, label="warm start"
+        )
+    ax.set_xlabel("PPO step")
+    ax.set_ylabel("held-out greedy accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
+# --------------------------------------------------------------------------- #
+# The command
+# --------------------------------------------------------------------------- #
+
+
+def _populate(cmd: argparse.ArgumentParser) -> None:
+    from ..rl.arms import ARMS
+
+    cmd.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        metavar="A,B,...",
+        help=f"comma-separated arms to compare (default: all seven: {','.join(ARMS)})",
+    )
+    cmd.add_argument("--seeds", default="3", metavar="N", help="seeds 0 … N−1 (default: 3)")
+    add_config_arguments(cmd)
+    cmd.set_defaults(run=run, command_parser=cmd)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Register the ``compare`` command on the ``comppo-core`` parser."""
+    return add_lazy_parser(
+        subparsers,
+        "compare",
+        _populate,
+        help="run every arm x seed from paired warm starts; results.md (mean, 95%% CI, paired differences) and "
+        "curves.png (needs [rl])",
+        description=(
+            "For each seed, warm-start once and run every arm from that checkpoint with the same settings "
+            "(paired); write each run under --out, results.md (final held-out accuracy per arm: mean and 95%% "
+            "CI over seeds, paired differences to the warm start, grpo and comppo), results.json and "
+            "curves.png. Settings: the flags given, then --preset, then the TrainConfig defaults."
+        ),
+    )
+
+
+def _arms(text: str, cmd: argparse.ArgumentParser) -> list[str]:
+    from ..rl.arms import ARMS
+
+    arms = [a.strip() for a in text.split(",") if a.strip()]
+    if not arms:
+        cmd.error(f"--arms: expected a comma-separated list of arms among {', '.join(ARMS)}, got {text!r}")
+    for i, a in enumerate(arms):
+        if a not in ARMS:
+            cmd.error(f"--arms: expected arms among {', '.join(ARMS)}, got {a!r}")
+        if a in arms[:i]:
+            cmd.error(f"--arms: expected each arm once, got {a!r} twice")
+    return arms
+
+
+def _seeds(text: str, cmd: argparse.ArgumentParser) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        cmd.error(f"--seeds: expected a number of seeds >= 1, got {text!r}")
+    return n
+
+
+def _finished(out: Path, config: TrainConfig) -> dict[str, Any] | None:
+    """The summary of a run already finished in ``out`` with exactly ``config``, or None."""
+    try:
+        if (out / "config.json").read_text() == config.to_json():
+            summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+            return summary
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _warm_start(base: TrainConfig, seed: int, out: Path) -> str:
+    """Warm-start seed ``seed`` into ``out`` (reusing one made there with the same settings);
+    the path of the policy every arm of the seed starts from."""
+    from ..rl.trainer import Trainer
+
+    config = base.replace(seed=seed, out=str(out), init_from=None, progress=False)
+    policy = out / "warmstart"
+    try:
+        same = (out / "config.json").read_text() == config.to_json()
+    except OSError:
+        same = False
+    if not (same and (policy / "task.json").is_file()):  # task.json: written after the weights
+        Trainer(config)
+    return str(policy)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``comppo-core compare``; returns the exit status."""
+    from ..rl.trainer import train
+
+    cmd: argparse.ArgumentParser = args.command_parser
+    for name, instead in _OWN_FLAGS.items():
+        if not isinstance(getattr(args, name), _Default):
+            cmd.error(f"--{name}: not a compare flag ({instead})")
+    if isinstance(args.out, _Default):
+        cmd.error("--out: expected the output directory DIR, got none")
+    arms = _arms(args.arms, cmd)
+    n_seeds = _seeds(args.seeds, cmd)
+    base = config_from_args(args, cmd, arm=arms[0], seed=0)
+    if base.eval_every == 0:
+        cmd.error("--eval-every: expected >= 1 (compare reports the held-out accuracy), got 0")
+    configs = {}
+    for arm in arms:
+        for seed in range(n_seeds):
+            try:
+                configs[arm, seed] = base.replace(arm=arm, seed=seed)
+            except Exception as exc:  # a setting invalid for one arm
+                usage_error(cmd, exc)
+    out = Path(base.out or ".")
+    out.mkdir(parents=True, exist_ok=True)
+    warm_needed = base.init_from is None and getattr(base, "model", None) is None
+
+    t_start = time.perf_counter()
+    summaries: dict[tuple[str, int], dict[str, Any]] = {}
+    total, done = len(configs), 0
+    for seed in range(n_seeds):
+        init_from = base.init_from
+        if warm_needed:
+            t0 = time.perf_counter()
+            init_from = _warm_start(base.replace(arm=arms[0]), seed, out / "warmstart" / f"seed{seed}")
+            print(f"[seed {seed}] warm start ready in {time.perf_counter() - t0:.0f} s: {init_from}", flush=True)
+        for arm in arms:
+            run_out = out / arm / f"seed{seed}"
+            config = configs[arm, seed].replace(out=str(run_out), init_from=init_from)
+            done += 1
+            summary = _finished(run_out, config)
+            t0 = time.perf_counter()
+            status = "reused"
+            if summary is None:
+                (run_out / "summary.json").unlink(missing_ok=True)
+                summary = train(config)
+                status = f"{time.perf_counter() - t0:.0f} s"
+            summaries[arm, seed] = summary
+            first, final = summary["initial_eval_accuracy"], summary["final_eval_accuracy"]
+            print(
+                f"[{done}/{total}] {arm} seed {seed}: held-out accuracy {_pct(first)}% -> {_pct(final)}% ({status})",
+                flush=True,
+            )
+    seconds = time.perf_counter() - t_start
+
+    final = {arm: {s: summaries[arm, s]["final_eval_accuracy"] for s in range(n_seeds)} for arm in arms}
+    starts = {s: [summaries[arm, s]["initial_eval_accuracy"] for arm in arms] for s in range(n_seeds)}
+    warm = {s: starts[s][0] for s in range(n_seeds)}
+    unpaired = [s for s in range(n_seeds) if len(set(starts[s])) > 1]
+    curves = {
+        arm: {s: [(int(st), float(a)) for st, a in summaries[arm, s]["eval"]] for s in range(n_seeds)} for arm in arms
+    }
+    table, numbers = results_table(final, warm)
+    wm, wh = mean_ci(list(warm.values()))
+    lines = [
+        "# comppo-core compare",
+        "",
+        f"{len(arms)} arms × {n_seeds} seed{'s' if n_seeds > 1 else ''}, preset `{args.preset or 'default'}`, "
+        f"{base.steps} PPO steps of {base.prompts_per_step} prompts × {base.group_size} samples; final held-out "
+        f"greedy accuracy on {_eval_size(base)} problems, in percent. Every arm of a seed starts from the same warm start "
+        "(paired differences); 95% CIs from Student's t over seeds.",
+        "",
+        f"Warm start: {_pct(wm)}% {_ci(wm, wh)} (per seed: {', '.join(_pct(warm[s]) for s in range(n_seeds))}).",
+        "",
+        table,
+        "Final accuracy per seed (%):",
+        "",
+        "| arm | " + " | ".join(f"seed {s}" for s in range(n_seeds)) + " |",
+        "|---|" + "---|" * n_seeds,
+    ]
+    lines += ["| " + arm + " | " + " | ".join(_pct(final[arm][s]) for s in range(n_seeds)) + " |" for arm in arms]
+    if unpaired:
+        lines += ["", f"Note: the arms of seed(s) {unpaired} did not start at one accuracy: {starts}."]
+    defaults = type(base)()
+    changed = {k: v for k, v in base.to_dict().items() if k not in ("arm", "seed", "out") and v != getattr(defaults, k)}
+    lines += [
+        "",
+        f"Wall time: {seconds / 60:.1f} min for the runs of this invocation ({len(summaries)} runs).",
+        "",
+        "Settings changed from the TrainConfig defaults: "
+        + (", ".join(f"`{k}={v}`" for k, v in changed.items()) if changed else "none")
+        + ".",
+        "",
+    ]
+    (out / "results.md").write_text("\n".join(lines))
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "arms": numbers,
+                "warm_start": {str(s): a for s, a in warm.items()},
+                "curves": curves,
+                "config": base.to_dict(),
+                "seconds": seconds,
+            },
+            indent=2,
+        )
+    )
+    plot_curves(
+        curves,
+        warm,
+        out / "curves.png",
+        f"held-out accuracy, mean and 95% CI over {n_seeds} seed{'s' if n_seeds > 1 else ''}",
+    )
+    print(table, end="")
+    print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'curves.png'} ({seconds / 60:.1f} min)")
+    return 0
+
+
+def _eval_size(config: TrainConfig) -> str:
+    """How many held-out problems the runs evaluate on, for the caption."""
+    if config.task == "addition":
+        from ..rl.tasks import AdditionTask
+
+        task = AdditionTask(config.digits, split_seed=config.split_seed, heldout_fraction=config.heldout_fraction)
+        return str(len(task.heldout(config.eval_size)))
+    return f"up to {config.eval_size}"
