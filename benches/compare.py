@@ -180,7 +180,6 @@ if numba is not None:
             o1[i] = r[i] + g[i]
             o2[i] = v[i]
 
-
     def floor_call(w: "Workload") -> Callable[[], object]:
         """The memory floor of ``w``: a parallel stream over its inputs (and mask) into
         two preallocated outputs."""
@@ -206,7 +205,9 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int, min_seconds: floa
     return {k: statistics.median(v) for k, v in measure_times(fns, rounds, min_seconds).items()}
 
 
-def measure_times(fns: dict[str, Callable[[], object]], rounds: int, min_seconds: float = 0.0) -> dict[str, list[float]]:
+def measure_times(
+    fns: dict[str, Callable[[], object]], rounds: int, min_seconds: float = 0.0
+) -> dict[str, list[float]]:
     """The seconds of every call of :func:`measure`'s round-robin, per candidate."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():  # warm-up (JIT, page cache, thread pools)
@@ -292,7 +293,15 @@ def torch_regime(names: list[str], rounds: int, min_seconds: float, threads: int
     seconds on W1."""
     results = {}
     for name in [*names, *(["dropin"] if dropin else [])]:
-        cmd = [sys.executable, os.path.abspath(__file__), REGIME_CHILD, name, str(rounds), str(min_seconds), str(threads or 0)]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            REGIME_CHILD,
+            name,
+            str(rounds),
+            str(min_seconds),
+            str(threads or 0),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True)
         results[name] = json.loads(done.stdout.strip().splitlines()[-1])
     return results
@@ -315,7 +324,9 @@ def regime_child(name: str, rounds: int, min_seconds: float) -> dict:
 
         tm = mask.float()
         tr, tv = torch.randn(b, t) * tm, torch.randn(b, t)
-        d = measure({"drop-in": lambda: verl_dropin.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)}, rounds, min_seconds)
+        d = measure(
+            {"drop-in": lambda: verl_dropin.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)}, rounds, min_seconds
+        )
         loop = lambda: verl_original.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)  # noqa: E731
         return {**d, **measure({"verl loop": loop}, max(3, rounds // 4))}
     rewards, values, gates = torch.randn(b, t) * mask, torch.randn(b, t), torch.rand(b, t) * 0.5 + 0.5
@@ -356,13 +367,16 @@ def report(rows: list[dict]) -> str:
     lines.append("time per call, ms (median of interleaved rounds)")
     lines.append(head)
     for r in rows:
-        lines.append(f"{r['workload']:<22}" + "".join(f"{r[c] * 1e3:>13.2f}" if c in r else f"{'-':>13}" for c in present))
+        lines.append(
+            f"{r['workload']:<22}" + "".join(f"{r[c] * 1e3:>13.2f}" if c in r else f"{'-':>13}" for c in present)
+        )
     lines.append("")
     lines.append("ratios (lower is better for /floor; higher is better for speedups)")
     head2 = ["comppo/floor", "out=/floor", "numba/comppo", "ref/comppo", "torch/comppo", "Mtok/s comppo",
              "alloc/out=", "torch alloc/out="]  # fmt: skip
     lines.append(f"{'workload':<22}" + "".join(f"{c:>17}" for c in head2))
     for r in rows:
+
         def ratio(a: str, b: str) -> str:
             return f"{r[a] / r[b]:>17.2f}" if a in r and b in r else f"{'-':>17}"
 
@@ -487,9 +501,9 @@ def run_dropins(rounds: int, min_seconds: float) -> list[dict]:
         "numpy path": numpy_path,
     }
     t = measure(fns, rounds, min_seconds)
-    t["verl loop"] = measure({"verl loop": lambda: verl_original.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)}, max(3, rounds // 4))[
-        "verl loop"
-    ]
+    t["verl loop"] = measure(
+        {"verl loop": lambda: verl_original.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)}, max(3, rounds // 4)
+    )["verl loop"]
     a, _ = verl_dropin.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)
     b, _ = verl_original.compute_gae_advantage_return(tr, tv, tm, GAMMA, LAM)
     valid = tm.bool()
@@ -516,8 +530,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", default="W1,W2,W3,W4")
     p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--min-seconds", type=float, default=4.0,
-                   help="keep adding rounds until each table row has run this long (default 4)")
+    p.add_argument(
+        "--min-seconds",
+        type=float,
+        default=4.0,
+        help="keep adding rounds until each table row has run this long (default 4)",
+    )
     p.add_argument("--quick", action="store_true", help="fewer rounds, no minimum time")
     p.add_argument("--ref-tokens", type=int, default=100_000, help="elements the reference is timed on")
     p.add_argument("--no-torch", action="store_true")
@@ -547,8 +565,10 @@ def main(argv: list[str] | None = None) -> int:
         "W4": lambda: pack("W4 packed (W1 data)", w1),
     }
     workloads = [all_w[k]() for k in want]
-    print(f"comppo-core {cc.__version__}, threads={cc.get_num_threads()}, numba={'yes' if numba else 'no'}, "
-          f"torch={'yes' if torch is not None and not a.no_torch else 'no'}, python {sys.version.split()[0]}")
+    print(
+        f"comppo-core {cc.__version__}, threads={cc.get_num_threads()}, numba={'yes' if numba else 'no'}, "
+        f"torch={'yes' if torch is not None and not a.no_torch else 'no'}, python {sys.version.split()[0]}"
+    )
     with_regime = torch is not None and not a.no_torch and not a.no_regime
     regime = torch_regime(want, rounds, min_seconds, a.threads, a.only in (None, "dropins")) if with_regime else {}
     if a.only in (None, "gae"):

@@ -187,7 +187,9 @@ def make_batches(actor: Any, vocab: int, n: int, b: int, prompt: int, response: 
     return out
 
 
-def fit_one(critic: nn.Module, train: list[dict[str, Any]], test: list[dict[str, Any]], steps: int, lr: float) -> tuple[float, float]:
+def fit_one(
+    critic: nn.Module, train: list[dict[str, Any]], test: list[dict[str, Any]], steps: int, lr: float
+) -> tuple[float, float]:
     opt = torch.optim.Adam(critic.parameters(), lr=lr)
     for step in range(steps):
         bt = train[step % len(train)]
@@ -216,7 +218,9 @@ def fit(a: argparse.Namespace) -> None:
     hidden, layers, vocab = 64, 4, 256
     results: dict[str, dict[str, list[float]]] = {}
     for seed in range(a.seeds):
-        actor = build_actor(dict(hidden=hidden, layers=layers, heads=4, vocab=vocab, length=64), torch.float32, "cpu", seed)
+        actor = build_actor(
+            dict(hidden=hidden, layers=layers, heads=4, vocab=vocab, length=64), torch.float32, "cpu", seed
+        )
         train = make_batches(actor, vocab, 16, 16, 16, 32, seed=100 + seed)
         test = make_batches(actor, vocab, 4, 16, 16, 32, seed=200 + seed)
         critics: dict[str, Callable[[], nn.Module]] = {

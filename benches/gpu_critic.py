@@ -26,7 +26,9 @@ TARGETS = {"time": 1.25, "memory": 1.05}
 def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         sys.exit("benches/gpu_critic.py needs a CUDA device")
-    a = critic.parser().parse_args(["--device", "cuda", "--preset", "qwen3-0.6b", "--dtype", "bfloat16", "--part", "cost", *(argv or [])])
+    a = critic.parser().parse_args(
+        ["--device", "cuda", "--preset", "qwen3-0.6b", "--dtype", "bfloat16", "--part", "cost", *(argv or [])]
+    )
     torch.backends.cuda.matmul.allow_tf32 = True
     result = critic.cost(a)
     t, m = result["rl.forward+TAC"]

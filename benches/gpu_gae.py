@@ -107,9 +107,15 @@ def count_copies(fn: Callable[[], Any], sync: Callable[[], None]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                   help="cuda (default; exits 2 without CUDA) or cpu for a dry run of the script")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="cuda (default; exits 2 without CUDA) or cpu for a dry run of the script",
+    )
     p.add_argument("--small", action="store_true", help="tiny sizes (64×256 and 4×2048) for a quick dry run")
     p.add_argument("--reps", type=int, default=5, help="timed calls at W1 after one warm-up (default 5)")
     p.add_argument("--long-reps", type=int, default=2, help="timed calls at 8×32768 after one warm-up (default 2)")
@@ -128,22 +134,30 @@ def main(argv: list[str] | None = None) -> int:
     from comppo_core.integrations import verl as cc_verl
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu_gae: CUDA is not available (torch.cuda.is_available() is False); "
-              "use --device cpu for a dry run", file=sys.stderr)
+        print(
+            "gpu_gae: CUDA is not available (torch.cuda.is_available() is False); use --device cpu for a dry run",
+            file=sys.stderr,
+        )
         return 2
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None:  # tensors report their index: "cuda" → "cuda:0"
         device = torch.device("cuda", torch.cuda.current_device())
     if device.type == "cuda":
+
         def sync() -> None:
             torch.cuda.synchronize(device)
+
         where = f"{torch.cuda.get_device_name(device)}, torch {torch.__version__} (CUDA {torch.version.cuda})"
     else:
+
         def sync() -> None:
             pass
+
         where = f"CPU dry run, torch {torch.__version__}"
-    print(f"gpu_gae: comppo-core {comppo_core.__version__}, {where}, "
-          f"{comppo_core.get_num_threads()} kernel threads; γ={GAMMA}, λ={LAM}, float32")
+    print(
+        f"gpu_gae: comppo-core {comppo_core.__version__}, {where}, "
+        f"{comppo_core.get_num_threads()} kernel threads; γ={GAMMA}, λ={LAM}, float32"
+    )
 
     if args.small:
         workloads = [Workload("W1 (small)", 64, 256, args.reps), Workload("L (small)", 4, 2048, args.long_reps)]
@@ -162,15 +176,19 @@ def main(argv: list[str] | None = None) -> int:
             g_host = host["gates"] if with_gates else None
 
             def run_verl() -> Any:
-                return verl_original.compute_gae_advantage_return(dev["rewards"], dev["values"], dev["mask"], GAMMA, LAM, g_dev)
+                return verl_original.compute_gae_advantage_return(
+                    dev["rewards"], dev["values"], dev["mask"], GAMMA, LAM, g_dev
+                )
 
             def run_comppo() -> Any:
-                return cc_verl.compute_gae_advantage_return(dev["rewards"], dev["values"], dev["mask"], GAMMA, LAM,
-                                                            gates=g_dev)
+                return cc_verl.compute_gae_advantage_return(
+                    dev["rewards"], dev["values"], dev["mask"], GAMMA, LAM, gates=g_dev
+                )
 
             def run_host() -> Any:
-                return cc_verl.compute_gae_advantage_return(host["rewards"], host["values"], host["mask"], GAMMA, LAM,
-                                                            gates=g_host)
+                return cc_verl.compute_gae_advantage_return(
+                    host["rewards"], host["values"], host["mask"], GAMMA, LAM, gates=g_host
+                )
 
             t_verl, (v_adv, v_ret) = timed(run_verl, w.reps, sync)
             t_cc, (c_adv, c_ret) = timed(run_comppo, max(w.reps, 3), sync)
@@ -178,9 +196,15 @@ def main(argv: list[str] | None = None) -> int:
 
             problems = []
             for name, out in (("advantages", c_adv), ("returns", c_ret)):
-                if not isinstance(out, torch.Tensor) or out.device != dev["rewards"].device or out.dtype != torch.float32:
-                    problems.append(f"{name}: expected a float32 tensor on {device}, got {type(out).__name__} "
-                                    f"{getattr(out, 'dtype', '')} on {getattr(out, 'device', '')}")
+                if (
+                    not isinstance(out, torch.Tensor)
+                    or out.device != dev["rewards"].device
+                    or out.dtype != torch.float32
+                ):
+                    problems.append(
+                        f"{name}: expected a float32 tensor on {device}, got {type(out).__name__} "
+                        f"{getattr(out, 'dtype', '')} on {getattr(out, 'device', '')}"
+                    )
             ca, cr = c_adv.float().cpu().numpy(), c_ret.float().cpu().numpy()
             va, vr = v_adv.float().cpu().numpy(), v_ret.float().cpu().numpy()
             d_adv = float(np.abs(ca[valid] - va[valid]).max())
@@ -194,29 +218,47 @@ def main(argv: list[str] | None = None) -> int:
             ok = not problems
             if not ok:
                 failures.extend(f"{w.name} {variant}: {msg}" for msg in problems)
-            rows.append({
-                "workload": f"{w.name} {w.b}×{w.t}", "variant": variant, "verl": t_verl, "comppo": t_cc,
-                "host": t_host, "speedup": t_verl / t_cc, "d_adv": d_adv, "d_ret": d_ret, "ok": ok,
-                "copies": copies, "w1": w is workloads[0],
-            })
+            rows.append(
+                {
+                    "workload": f"{w.name} {w.b}×{w.t}",
+                    "variant": variant,
+                    "verl": t_verl,
+                    "comppo": t_cc,
+                    "host": t_host,
+                    "speedup": t_verl / t_cc,
+                    "d_adv": d_adv,
+                    "d_ret": d_ret,
+                    "ok": ok,
+                    "copies": copies,
+                    "w1": w is workloads[0],
+                }
+            )
             print(f"  done {w.name} {variant} ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
 
-    head = (f"{'workload':<20}{'variant':<10}{'verl loop ms':>14}{'comppo ms':>11}{'host ms':>9}"
-            f"{'speedup':>9}{'max|Δadv|':>11}{'max|Δret|':>11}{'agree':>7}")
+    head = (
+        f"{'workload':<20}{'variant':<10}{'verl loop ms':>14}{'comppo ms':>11}{'host ms':>9}"
+        f"{'speedup':>9}{'max|Δadv|':>11}{'max|Δret|':>11}{'agree':>7}"
+    )
     print()
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['workload']:<20}{r['variant']:<10}{r['verl'] * 1e3:>14.2f}{r['comppo'] * 1e3:>11.2f}"
-              f"{r['host'] * 1e3:>9.2f}{r['speedup']:>8.1f}×{r['d_adv']:>11.2e}{r['d_ret']:>11.2e}"
-              f"{'yes' if r['ok'] else 'NO':>7}")
+        print(
+            f"{r['workload']:<20}{r['variant']:<10}{r['verl'] * 1e3:>14.2f}{r['comppo'] * 1e3:>11.2f}"
+            f"{r['host'] * 1e3:>9.2f}{r['speedup']:>8.1f}×{r['d_adv']:>11.2e}{r['d_ret']:>11.2e}"
+            f"{'yes' if r['ok'] else 'NO':>7}"
+        )
     print()
-    print("comppo ms: the drop-in on the device tensors, copies included; host ms: the same on NumPy "
-          "arrays (kernels only)")
+    print(
+        "comppo ms: the drop-in on the device tensors, copies included; host ms: the same on NumPy "
+        "arrays (kernels only)"
+    )
     for r in rows:
         if r["copies"]:
-            print(f"copies per drop-in call ({r['workload']} {r['variant']}): {r['copies']} "
-                  "(the drop-in calls gae and masked_whiten: one round trip each)")
+            print(
+                f"copies per drop-in call ({r['workload']} {r['variant']}): {r['copies']} "
+                "(the drop-in calls gae and masked_whiten: one round trip each)"
+            )
     w1 = [r for r in rows if r["w1"]]
     worst = min(r["speedup"] for r in w1)
     met = worst >= TARGET

@@ -184,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--length", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--strict", action="store_true", help="exit 3 when a target is missed")
-    ap.add_argument("--tiles", default=None, help="BLOCK_M,BLOCK_N,num_warps of the online kernel (default hf.online.TILES)")
+    ap.add_argument(
+        "--tiles", default=None, help="BLOCK_M,BLOCK_N,num_warps of the online kernel (default hf.online.TILES)"
+    )
     args = ap.parse_args(argv)
     if args.tiles:
         from comppo_core.hf import online
@@ -285,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         if label == "entropy":
             hit = r_time <= TIME_TARGET and r_base <= MEMORY_TARGET
             met = met and hit
-            mark = f"   targets ≤ {TIME_TARGET}x time, ≤ {MEMORY_TARGET}x memory (no logits): {'met' if hit else 'MISSED'}"
+            mark = (
+                f"   targets ≤ {TIME_TARGET}x time, ≤ {MEMORY_TARGET}x memory (no logits): {'met' if hit else 'MISSED'}"
+            )
         print(
             f"{label:>15}  {t_off * 1e3:>8.1f}  {t_on * 1e3:>8.1f}  {r_time:>5.2f}x  |  {p_off / mib:>12.1f} MiB  "
             f"{(p_on - p_off) / mib:>+8.1f}  {r_mem:>5.3f}x  |  {q_off / mib:>10.1f} MiB  {(q_on - q_off) / mib:>+8.1f}  "

@@ -245,7 +245,20 @@ def _worker_argv(kind: str, *args: str) -> list[str]:
 
 
 def _cli_argv(src: str, dst: str, workload: str) -> list[str]:
-    argv = [sys.executable, "-m", "comppo_core.cli", "advantages", src, "-o", dst, "--gamma", str(GAMMA), "--lam", str(LAM), "-q"]
+    argv = [
+        sys.executable,
+        "-m",
+        "comppo_core.cli",
+        "advantages",
+        src,
+        "-o",
+        dst,
+        "--gamma",
+        str(GAMMA),
+        "--lam",
+        str(LAM),
+        "-q",
+    ]
     if workload == "comp-gae":
         argv += ["--concentration-col", "concentration", "--low", str(LOW)]
     return argv
@@ -256,7 +269,9 @@ def _fmt_rate(tokens: int, seconds: float) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--responses", type=int, default=20_000, help="rows (responses) in the file")
     ap.add_argument("--max-length", type=int, default=4096, help="longest response; lengths are uniform in [1, this]")
     ap.add_argument("--row-group", type=int, default=1000, help="rows per Parquet row group")
@@ -314,7 +329,9 @@ def main() -> None:
             f"file: {args.responses:,} responses, lengths 1..{args.max_length}, {n:,} tokens, "
             f"row groups of {args.row_group} rows, {size_mb:.0f} MB (generated in {gen_s:.1f} s)"
         )
-        print(f"gamma={GAMMA}, lam={LAM}; comp-gae gates: low={LOW}, z-score per sequence; {args.rounds} interleaved rounds")
+        print(
+            f"gamma={GAMMA}, lam={LAM}; comp-gae gates: low={LOW}, z-score per sequence; {args.rounds} interleaved rounds"
+        )
         print(flush=True)
 
         times: dict[tuple[str, str], list[float]] = {}
@@ -364,7 +381,9 @@ def main() -> None:
                 peak = max(rss[(w, cand)])
                 print(f"{w:10} {cand:13} {s:9.3f} {_fmt_rate(n, s)} {peak:12.0f}  {cli_s / s:10.2f}")
             p = pandas[w]
-            print(f"{w:10} {'pandas loop*':13} {p['seconds']:9.1f} {_fmt_rate(n, p['seconds'])} {p['rss']:12.0f}  {cli_s / p['seconds']:10.4f}")
+            print(
+                f"{w:10} {'pandas loop*':13} {p['seconds']:9.1f} {_fmt_rate(n, p['seconds'])} {p['rss']:12.0f}  {cli_s / p['seconds']:10.4f}"
+            )
         peak_io = max(rss[("io", "I/O floor")])
         print(f"{'(any)':10} {'I/O floor':13} {io_floor:9.3f} {_fmt_rate(n, io_floor)} {peak_io:12.0f}  {'':>10}")
         print()

@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             model.model(input_ids=ids, attention_mask=mask, use_cache=False)
 
     print(f"bfloat16 Qwen3-style, hidden {a.hidden}, {heads} heads of 64, B = {b}, T = {t}, no logits")
-    print(f"{'padding':<12}{'statistic':<10}{'peak off MiB':>14}{'peak on MiB':>13}{'peak on/off':>13}{'time on/off':>13}")
+    print(
+        f"{'padding':<12}{'statistic':<10}{'peak off MiB':>14}{'peak on MiB':>13}{'peak on/off':>13}{'time on/off':>13}"
+    )
     for label, mask in (("none", unpadded), ("left row 0", padded)):
         for statistic in ("entropy", "l2", "max"):
             p_off = peak_memory(lambda: off(mask), cpu)

@@ -28,8 +28,9 @@ def masked_whiten(values: Any, mask: Any, eps: float = 1e-8) -> Any:
     return (values - mean) * torch.rsqrt(var + eps)
 
 
-def gae_loop(token_level_rewards: Any, values: Any, response_mask: Any, gamma: float, lam: float,
-             gates: Any = None) -> tuple[Any, Any]:
+def gae_loop(
+    token_level_rewards: Any, values: Any, response_mask: Any, gamma: float, lam: float, gates: Any = None
+) -> tuple[Any, Any]:
     """verl's loop: *unwhitened* advantages and ``returns = advantages + values``."""
     with torch.no_grad():
         nextvalues = 0
@@ -48,8 +49,9 @@ def gae_loop(token_level_rewards: Any, values: Any, response_mask: Any, gamma: f
     return advantages, returns
 
 
-def compute_gae_advantage_return(token_level_rewards: Any, values: Any, response_mask: Any, gamma: float,
-                                 lam: float, gates: Any = None) -> tuple[Any, Any]:
+def compute_gae_advantage_return(
+    token_level_rewards: Any, values: Any, response_mask: Any, gamma: float, lam: float, gates: Any = None
+) -> tuple[Any, Any]:
     """verl's estimator: the loop, then ``masked_whiten`` of the advantages."""
     advantages, returns = gae_loop(token_level_rewards, values, response_mask, gamma, lam, gates)
     with torch.no_grad():

@@ -30,7 +30,7 @@ def my_gae(rewards, values, mask, gamma, lam):
         valid = m[:, t] > 0
         a = r[:, t] + gamma * next_value - v[:, t] + gamma * lam * next_adv
         adv[:, t] = np.where(valid, a, 0.0)
-        next_value = np.where(valid, v[:, t], next_value)   # a masked token passes the value through
+        next_value = np.where(valid, v[:, t], next_value)  # a masked token passes the value through
         next_adv = np.where(valid, a, next_adv)
     return adv.astype(rewards.dtype), (adv + v).astype(rewards.dtype)
 
@@ -44,7 +44,7 @@ def my_buggy_gae(rewards, values, mask, gamma, lam):
     for t in reversed(range(r.shape[1])):
         a = r[:, t] + gamma * next_value - v[:, t] + gamma * lam * next_adv
         adv[:, t] = a * m[:, t]
-        next_value = v[:, t] * m[:, t]                        # the bug
+        next_value = v[:, t] * m[:, t]  # the bug
         next_adv = np.where(m[:, t] > 0, a, next_adv)
     return adv.astype(rewards.dtype), (adv + v).astype(rewards.dtype)
 

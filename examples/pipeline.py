@@ -27,22 +27,25 @@ rng = np.random.default_rng(0)
 
 # ---- 1. a file of 8 responses (4 prompts × 2 samples) of 3 to 12 tokens
 lengths = rng.integers(3, 13, size=8)
-scores = np.array([1.0, -1.0, 1.0, 1.0, -1.0, 1.0, -1.0, -1.0])   # the verifier's outcome per response
+scores = np.array([1.0, -1.0, 1.0, 1.0, -1.0, 1.0, -1.0, -1.0])  # the verifier's outcome per response
 rewards = [np.r_[np.zeros(n - 1), s].astype(np.float32) for n, s in zip(lengths, scores)]
-table = pa.table({
-    "prompt_id": np.repeat(np.arange(4), 2),
-    "rewards": pa.array(rewards, pa.list_(pa.float32())),
-    "values": pa.array([rng.standard_normal(n).astype(np.float32) for n in lengths], pa.list_(pa.float32())),
-    "concentration": pa.array([rng.random(n).astype(np.float32) for n in lengths], pa.list_(pa.float32())),
-})
+table = pa.table(
+    {
+        "prompt_id": np.repeat(np.arange(4), 2),
+        "rewards": pa.array(rewards, pa.list_(pa.float32())),
+        "values": pa.array([rng.standard_normal(n).astype(np.float32) for n in lengths], pa.list_(pa.float32())),
+        "concentration": pa.array([rng.random(n).astype(np.float32) for n in lengths], pa.list_(pa.float32())),
+    }
+)
 with tempfile.TemporaryDirectory() as tmp:
     path = Path(tmp) / "rollouts.parquet"
     pq.write_table(table, path)
-    table = pq.read_table(path)                                  # what a pipeline worker reads
+    table = pq.read_table(path)  # what a pipeline worker reads
 
 # ---- 2. Comp-GAE on the Arrow table: gates from the concentration, z-scored per response
-out = arrow.compute_advantages(table, gamma=1.0, lam=0.95, lam_critic=1.0,
-                               concentration_col="concentration", low=0.5, high=1.0)
+out = arrow.compute_advantages(
+    table, gamma=1.0, lam=0.95, lam_critic=1.0, concentration_col="concentration", low=0.5, high=1.0
+)
 print("columns:", out.column_names)
 print("response 0 advantages:", np.round(out["advantages"][0].values.to_numpy(), 3))
 
@@ -50,13 +53,16 @@ print("response 0 advantages:", np.round(out["advantages"][0].values.to_numpy(),
 cu = table["rewards"].combine_chunks().offsets.to_numpy()
 flat = {name: table[name].combine_chunks().values.to_numpy() for name in ("rewards", "values", "concentration")}
 gates = cc.gates_from_concentration(flat["concentration"], cu_seqlens=cu, low=0.5, high=1.0)
-adv, ret = cc.gae(flat["rewards"], flat["values"], cu_seqlens=cu, gates=gates, gamma=1.0, lam=0.95,
-                  lam_critic=1.0)
+adv, ret = cc.gae(flat["rewards"], flat["values"], cu_seqlens=cu, gates=gates, gamma=1.0, lam=0.95, lam_critic=1.0)
 assert np.array_equal(adv, out["advantages"].combine_chunks().values.to_numpy())
 
 # ---- 4. no critic: GRPO advantages per response, then on every token of it
 grpo = cc.group_advantages(scores, table["prompt_id"].to_numpy(), method="grpo")
 per_token = cc.broadcast(grpo, cu_seqlens=cu)
 print("GRPO per response:", np.round(grpo, 3))
-print("credit over", len(per_token), "tokens:",
-      {k: round(v, 3) for k, v in cc.credit_stats(per_token, cu_seqlens=cu).items()})
+print(
+    "credit over",
+    len(per_token),
+    "tokens:",
+    {k: round(v, 3) for k, v in cc.credit_stats(per_token, cu_seqlens=cu).items()},
+)

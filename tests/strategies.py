@@ -142,7 +142,9 @@ def _mask_values(draw: st.DrawFn, dtype: np.dtype, valid: np.ndarray) -> np.ndar
 
 
 @st.composite
-def ragged(draw: st.DrawFn, b_max: int = B_MAX, t_max: int = T_MAX) -> tuple[np.ndarray, np.ndarray, bool, np.dtype | None]:
+def ragged(
+    draw: st.DrawFn, b_max: int = B_MAX, t_max: int = T_MAX
+) -> tuple[np.ndarray, np.ndarray, bool, np.dtype | None]:
     """``(lengths, valid, inner, mask_dtype)``: a ragged validity pattern.
 
     ``mask_dtype is None`` means every position of the padded grid is valid (no mask).

@@ -22,7 +22,9 @@ DTYPES = [np.float32, np.float64]
 # --------------------------------------------------------------------------- #
 
 
-def packed_batch(seed: int, rows: int, max_len: int, dtype: Any = np.float32, min_len: int = 0) -> dict[str, np.ndarray]:
+def packed_batch(
+    seed: int, rows: int, max_len: int, dtype: Any = np.float32, min_len: int = 0
+) -> dict[str, np.ndarray]:
     """Packed [N] arrays + cu_seqlens [B+1]: an outcome reward on each row's last valid
     token, random values, a mask with interior zeros, gates, concentration, last values."""
     rng = np.random.default_rng(seed)
@@ -88,7 +90,13 @@ def test_gae_equals_packed_kernel(dtype: Any, large: bool) -> None:
     d = packed_batch(1, 40, 60, dtype)
     kw = dict(gamma=0.99, lam=0.9, lam_critic=0.97)
     want = cc.gae(
-        d["rewards"], d["values"], cu_seqlens=d["cu"], mask=d["mask"], gates=d["gates"], last_values=d["last_values"], **kw
+        d["rewards"],
+        d["values"],
+        cu_seqlens=d["cu"],
+        mask=d["mask"],
+        gates=d["gates"],
+        last_values=d["last_values"],
+        **kw,
     )
     got = arrow.gae(
         lists(d["cu"], d["rewards"], large),
@@ -138,7 +146,9 @@ def _data_address(arr: pa.Array) -> int:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("large", [False, True])
 @pytest.mark.parametrize("sliced", [False, True])
-def test_values_buffers_reach_the_kernel_without_copies(monkeypatch: pytest.MonkeyPatch, dtype: Any, large: bool, sliced: bool) -> None:
+def test_values_buffers_reach_the_kernel_without_copies(
+    monkeypatch: pytest.MonkeyPatch, dtype: Any, large: bool, sliced: bool
+) -> None:
     """The arrays the Rust kernel receives *are* the Arrow values buffers (same address),
     for rewards, values, gates and an int8 mask, also for a slice not starting at 0."""
     d = packed_batch(4, 50, 40, dtype, min_len=1)
@@ -218,7 +228,9 @@ def test_sliced_arrays(large: bool) -> None:
     d = packed_batch(8, 40, 25, min_len=1)
     r, v, m = (lists(d["cu"], d[k], large) for k in ("rewards", "values", "mask"))
     lo, n = 11, 17
-    got = arrow.gae(r.slice(lo, n), v.slice(lo, n), mask=m.slice(lo, n), last_values=d["last_values"][lo : lo + n], lam=0.9)
+    got = arrow.gae(
+        r.slice(lo, n), v.slice(lo, n), mask=m.slice(lo, n), last_values=d["last_values"][lo : lo + n], lam=0.9
+    )
     a, b = int(d["cu"][lo]), int(d["cu"][lo + n])
     want = cc.gae(
         d["rewards"][a:b],
@@ -233,7 +245,13 @@ def test_sliced_arrays(large: bool) -> None:
     np.testing.assert_array_equal(flat(got.advantages), want.advantages)
     np.testing.assert_array_equal(flat(got.returns), want.returns)
     # the columns can be sliced differently as long as rows line up
-    got2 = arrow.gae(r.slice(lo, n), pa.concat_arrays([v.slice(lo, n)]), mask=m.slice(lo, n), last_values=d["last_values"][lo : lo + n], lam=0.9)
+    got2 = arrow.gae(
+        r.slice(lo, n),
+        pa.concat_arrays([v.slice(lo, n)]),
+        mask=m.slice(lo, n),
+        last_values=d["last_values"][lo : lo + n],
+        lam=0.9,
+    )
     np.testing.assert_array_equal(flat(got2.advantages), want.advantages)
 
 
@@ -341,15 +359,22 @@ def test_batch_normalization_spans_every_chunk() -> None:
     t = table_of(d)
     kw = dict(concentration_col="concentration", normalize="batch", low=0.2, high=1.0, sharpness=3.0, lam=0.9)
     one = arrow.compute_advantages(t, **kw)
-    g = cc.gates_from_concentration(d["concentration"], mask=d["mask"], cu_seqlens=d["cu"], normalize="batch", low=0.2, sharpness=3.0)
-    want = cc.gae(d["rewards"], d["values"], mask=d["mask"], cu_seqlens=d["cu"], gates=g, last_values=d["last_values"], lam=0.9)
+    g = cc.gates_from_concentration(
+        d["concentration"], mask=d["mask"], cu_seqlens=d["cu"], normalize="batch", low=0.2, sharpness=3.0
+    )
+    want = cc.gae(
+        d["rewards"], d["values"], mask=d["mask"], cu_seqlens=d["cu"], gates=g, last_values=d["last_values"], lam=0.9
+    )
     np.testing.assert_array_equal(flat(one.column("advantages")), want.advantages)
     many = arrow.compute_advantages(pa.Table.from_batches(t.to_batches(max_chunksize=7)), **kw)
     assert many.column("advantages").num_chunks == 9
     np.testing.assert_allclose(flat(many.column("advantages")), want.advantages, rtol=1e-5, atol=1e-6)
     # per-chunk normalization would differ visibly: the moments really span the column
     per_chunk = np.concatenate(
-        [flat(arrow.compute_advantages(pa.Table.from_batches([b]), **kw).column("advantages")) for b in t.to_batches(max_chunksize=7)]
+        [
+            flat(arrow.compute_advantages(pa.Table.from_batches([b]), **kw).column("advantages"))
+            for b in t.to_batches(max_chunksize=7)
+        ]
     )
     assert np.max(np.abs(per_chunk - want.advantages)) > 1e-3
 
@@ -382,7 +407,9 @@ def test_null_row_and_null_value_name_the_column_and_row() -> None:
     with pytest.raises(cc.NonFiniteError, match=r"column 'rewards': expected a list in every row, got null at row 2"):
         arrow.gae(r, ok)
     v = pa.array([[0.0, 1.0], [0.5], [], [None]], pa.list_(pa.float32()))
-    with pytest.raises(cc.NonFiniteError, match=r"column 'values': expected no null values, got null at \(row 3, position 0\)"):
+    with pytest.raises(
+        cc.NonFiniteError, match=r"column 'values': expected no null values, got null at \(row 3, position 0\)"
+    ):
         arrow.gae(ok, v)
     # a null outside a slice does not matter; the row index counts within the slice
     assert len(arrow.gae(ok.slice(0, 3), v.slice(0, 3)).advantages) == 3
@@ -398,7 +425,10 @@ def test_nan_row_index_counts_across_chunks() -> None:
     d["mask"][:] = True
     t = table_of({**d, "values": values})
     t = pa.Table.from_batches(t.to_batches(max_chunksize=8))
-    with pytest.raises(cc.NonFiniteError, match=r"^column 'values': expected finite values at valid positions, got NaN at \(row 21, position 1\)$"):
+    with pytest.raises(
+        cc.NonFiniteError,
+        match=r"^column 'values': expected finite values at valid positions, got NaN at \(row 21, position 1\)$",
+    ):
         arrow.compute_advantages(t)
     t2 = t.rename_columns(["rewards", "V", "mask", "gates", "concentration", "last_values"])
     with pytest.raises(cc.NonFiniteError, match=r"column 'V' \(values\): .*\(row 21, position 1\)"):
@@ -407,9 +437,15 @@ def test_nan_row_index_counts_across_chunks() -> None:
 
 def test_bad_offsets() -> None:
     bad = pa.Array.from_buffers(
-        pa.list_(pa.float32()), 3, [None, pa.py_buffer(np.array([0, 4, 2, 6], np.int32))], children=[pa.array(np.zeros(6, np.float32))]
+        pa.list_(pa.float32()),
+        3,
+        [None, pa.py_buffer(np.array([0, 4, 2, 6], np.int32))],
+        children=[pa.array(np.zeros(6, np.float32))],
     )
-    with pytest.raises(cc.LayoutError, match=r"column 'rewards': expected non-decreasing list offsets, got row 1 ending at 2 before its start 4"):
+    with pytest.raises(
+        cc.LayoutError,
+        match=r"column 'rewards': expected non-decreasing list offsets, got row 1 ending at 2 before its start 4",
+    ):
         arrow.gae(bad, bad)
 
 
@@ -427,9 +463,14 @@ def test_row_lengths_must_match_the_rewards() -> None:
 
 def test_wrong_types_and_missing_columns() -> None:
     r = pa.array([[0.0], [1.0]], pa.list_(pa.float32()))
-    with pytest.raises(cc.DTypeError, match=r"column 'values' \(values\): expected a list of float32 or float64.*got list<item: string>"):
+    with pytest.raises(
+        cc.DTypeError,
+        match=r"column 'values' \(values\): expected a list of float32 or float64.*got list<item: string>",
+    ):
         arrow.compute_advantages(pa.table({"rewards": r, "values": pa.array([["a"], ["b"]])}))
-    with pytest.raises(cc.DTypeError, match=r"column 'rewards' \(rewards\): expected a list of float32.*got list<item: int64>"):
+    with pytest.raises(
+        cc.DTypeError, match=r"column 'rewards' \(rewards\): expected a list of float32.*got list<item: int64>"
+    ):
         arrow.compute_advantages(pa.table({"rewards": pa.array([[0], [1]]), "values": r}))
     with pytest.raises(cc.DTypeError, match=r"column 'rewards': expected a list of float32"):
         arrow.gae(pa.array([1.0, 2.0]), r)
@@ -453,22 +494,38 @@ def test_bad_values_mask_gates_and_last_values() -> None:
     with pytest.raises(cc.OutOfRangeError, match=r"column 'mask': expected 0 or 1, got 2 at \(row 1, position 1\)"):
         arrow.compute_advantages(t)
     g = pa.array([[1.0, 1.0], [0.5, 1.5]], pa.list_(pa.float32()))
-    with pytest.raises(cc.OutOfRangeError, match=r"column 'g' \(gates\): expected values in \[0, 1\], got 1.5 at \(row 1, position 1\)"):
+    with pytest.raises(
+        cc.OutOfRangeError, match=r"column 'g' \(gates\): expected values in \[0, 1\], got 1.5 at \(row 1, position 1\)"
+    ):
         arrow.compute_advantages(pa.table({"rewards": r, "values": r, "g": g}), gates_col="g")
     lv = pa.array([0.0, None])
-    with pytest.raises(cc.NonFiniteError, match=r"column 'last_values': expected a value in every row, got null at row 1"):
+    with pytest.raises(
+        cc.NonFiniteError, match=r"column 'last_values': expected a value in every row, got null at row 1"
+    ):
         arrow.compute_advantages(pa.table({"rewards": r, "values": r, "last_values": lv}))
     with pytest.raises(cc.ParameterError, match=r"column 'last_values': expected finite values, got NaN at row 5"):
-        arrow.compute_advantages(pa.table({"rewards": r, "values": r, "last_values": [0.0, float("nan")]}), row_offset=4)
+        arrow.compute_advantages(
+            pa.table({"rewards": r, "values": r, "last_values": [0.0, float("nan")]}), row_offset=4
+        )
     masked = pa.table({"rewards": r, "values": r, "mask": pa.array([[True, True], [True, False]])})
-    with pytest.raises(cc.MaskedRewardError, match=r"column 'rewards': expected 0 at masked positions, got 1 at \(row 1, position 1\)"):
+    with pytest.raises(
+        cc.MaskedRewardError, match=r"column 'rewards': expected 0 at masked positions, got 1 at \(row 1, position 1\)"
+    ):
         arrow.compute_advantages(masked)
-    assert arrow.compute_advantages(masked, masked_rewards="drop").column("advantages").to_pylist() == [[0.0, 0.0], [0.0, 0.0]]
+    assert arrow.compute_advantages(masked, masked_rewards="drop").column("advantages").to_pylist() == [
+        [0.0, 0.0],
+        [0.0, 0.0],
+    ]
     with pytest.raises(cc.ParameterError, match=r"gamma: expected a number in \[0, 1\], got 2.0"):
         arrow.compute_advantages(pa.table({"rewards": r, "values": r}), gamma=2.0)
     c = pa.array([[0.1, float("inf")], [0.2, 0.3]], pa.list_(pa.float32()))
-    with pytest.raises(cc.NonFiniteError, match=r"column 'c' \(concentration\): expected finite values at valid positions, got inf at \(row 0, position 1\)"):
+    with pytest.raises(
+        cc.NonFiniteError,
+        match=r"column 'c' \(concentration\): expected finite values at valid positions, got inf at \(row 0, position 1\)",
+    ):
         arrow.compute_advantages(pa.table({"rewards": r, "values": r, "c": c}), concentration_col="c")
     cc2 = pa.chunked_array([c.slice(0, 1), c.slice(1)])
     with pytest.raises(cc.NonFiniteError, match=r"got inf at \(row 0, position 1\)"):
-        arrow.compute_advantages(pa.table({"rewards": r, "values": r, "c": cc2}), concentration_col="c", normalize="batch")
+        arrow.compute_advantages(
+            pa.table({"rewards": r, "values": r, "c": cc2}), concentration_col="c", normalize="batch"
+        )

@@ -103,7 +103,9 @@ def _child(env: str | None, code: str) -> str:
     environ.pop(_core.BUFFER_CACHE_ENV, None)
     if env is not None:
         environ[_core.BUFFER_CACHE_ENV] = env
-    done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120, check=True
+    )
     return done.stdout.strip()
 
 

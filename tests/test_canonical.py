@@ -80,7 +80,9 @@ def _same(a: Any, b: Any) -> None:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("packed", [False, True])
-def test_canonical_calls_are_computed_by_the_first_call(monkeypatch: pytest.MonkeyPatch, dtype: Any, packed: bool) -> None:
+def test_canonical_calls_are_computed_by_the_first_call(
+    monkeypatch: pytest.MonkeyPatch, dtype: Any, packed: bool
+) -> None:
     """Contiguous float32/float64 arrays, a bool mask, int64 cu_seqlens, float64
     last_values and out=: one call into Rust each, none refused."""
     kw = _batch(dtype)
@@ -132,7 +134,9 @@ def test_canonical_outcome_call(monkeypatch: pytest.MonkeyPatch) -> None:
         {"gamma": "0.5"},
     ],
 )
-def test_other_arguments_are_converted_then_make_the_same_call(monkeypatch: pytest.MonkeyPatch, change: dict[str, Any]) -> None:
+def test_other_arguments_are_converted_then_make_the_same_call(
+    monkeypatch: pytest.MonkeyPatch, change: dict[str, Any]
+) -> None:
     kw = _batch()
     for k, f in change.items():
         kw[k] = f(kw) if callable(f) else f
@@ -144,7 +148,9 @@ def test_other_arguments_are_converted_then_make_the_same_call(monkeypatch: pyte
 # ---------------------------------------------------------------- conversions
 
 
-def _gae_cases() -> dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[dict[str, Any]], dict[str, Any]]]]:
+def _gae_cases() -> dict[
+    str, tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[dict[str, Any]], dict[str, Any]]]
+]:
     """``name: (spoil, canonical)``: a call's keywords of another kind, and the same data
     in canonical form (what the conversion must amount to)."""
 
@@ -161,20 +167,28 @@ def _gae_cases() -> dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any]], 
         return {**k, "values": shared[:24].reshape(3, 8)}
 
     return {
-        "integer rewards": (with_(rewards=lambda k: np.round(k["rewards"] * 3).astype(np.int64)),
-                            with_(rewards=lambda k: np.round(k["rewards"] * 3).astype(np.float64),
-                                  values=lambda k: k["values"].astype(np.float64),
-                                  gates=lambda k: k["gates"].astype(np.float64))),
+        "integer rewards": (
+            with_(rewards=lambda k: np.round(k["rewards"] * 3).astype(np.int64)),
+            with_(
+                rewards=lambda k: np.round(k["rewards"] * 3).astype(np.float64),
+                values=lambda k: k["values"].astype(np.float64),
+                gates=lambda k: k["gates"].astype(np.float64),
+            ),
+        ),
         "strided rewards": (with_(rewards=lambda k: np.repeat(k["rewards"], 2, axis=1)[:, ::2]), same),
         "fortran values": (with_(values=lambda k: np.asfortranarray(k["values"])), same),
         "big-endian values": (with_(values=lambda k: k["values"].astype(">f4")), same),
-        "float64 gates with float32 rewards": (with_(gates=lambda k: k["gates"].astype(np.float64)),
-                                               with_(gates=lambda k: k["gates"].astype(np.float64).astype(np.float32))),
+        "float64 gates with float32 rewards": (
+            with_(gates=lambda k: k["gates"].astype(np.float64)),
+            with_(gates=lambda k: k["gates"].astype(np.float64).astype(np.float32)),
+        ),
         "list values": (with_(values=lambda k: k["values"].tolist()), same),
         "uint8 mask": (with_(mask=lambda k: k["mask"].astype(np.uint8)), same),
         "float mask with NaN": (with_(mask=lambda k: np.where(k["mask"], np.nan, 0.0)), same),
-        "float32 last_values": (with_(last_values=lambda k: np.array([0.5, 2.0, -1.0], np.float32)),
-                                with_(last_values=lambda k: np.array([0.5, 2.0, -1.0]))),
+        "float32 last_values": (
+            with_(last_values=lambda k: np.array([0.5, 2.0, -1.0], np.float32)),
+            with_(last_values=lambda k: np.array([0.5, 2.0, -1.0])),
+        ),
         "gamma a NumPy float32": (with_(gamma=lambda k: np.float32(0.5)), with_(gamma=lambda k: 0.5)),
         "gamma a string": (with_(gamma=lambda k: "0.5"), with_(gamma=lambda k: 0.5)),
         "values written through another object": (through_another_object, same),
@@ -213,7 +227,11 @@ def test_int32_offsets_and_out_given_as_a_list() -> None:
         ({"out": lambda k: (k["values"], k["values"])}, cc.ShapeError, "shares memory"),
         ({"out": lambda k: (k["rewards"], np.empty_like(k["rewards"]))}, cc.ShapeError, "shares memory"),
         ({"out": lambda k: (np.empty((3, 8)), np.empty((3, 8)))}, cc.DTypeError, r"out \(advantages\)"),
-        ({"out": lambda k: (np.empty_like(k["rewards"]), np.empty_like(k["rewards"])[::-1])}, cc.ShapeError, r"out \(returns\)"),
+        (
+            {"out": lambda k: (np.empty_like(k["rewards"]), np.empty_like(k["rewards"])[::-1])},
+            cc.ShapeError,
+            r"out \(returns\)",
+        ),
     ],
 )
 def test_arguments_no_conversion_fixes_are_named(change: dict[str, Any], error: type[Exception], match: str) -> None:
@@ -245,7 +263,11 @@ def test_the_other_functions_convert_or_name_their_arguments() -> None:
     want64 = cc.gates_from_concentration(conc.astype(np.float64), mask=m, low=0.5, invert=True)
     _same(cc.gates_from_concentration(conc.tolist(), mask=m.astype(np.int8), low="0.5", invert=1), want64)
     _same(cc.gates_from_concentration(conc, mask=m, low=0.5, invert=np.bool_(True)), want)
-    for kwargs, match in (({"low": float("nan")}, "low"), ({"high": float("inf")}, "high"), ({"normalize": "rows"}, "normalize")):
+    for kwargs, match in (
+        ({"low": float("nan")}, "low"),
+        ({"high": float("inf")}, "high"),
+        ({"normalize": "rows"}, "normalize"),
+    ):
         with pytest.raises(cc.ParameterError, match=match):
             cc.gates_from_concentration(conc, mask=m, **kwargs)
     with pytest.raises(cc.ParameterError, match="low"):  # low > high: the kernel's own check
@@ -299,7 +321,9 @@ def test_group_overflow_is_refused_whichever_way_the_call_comes() -> None:
         (lambda k: k["values"].__setitem__((2, 0), np.inf), cc.NonFiniteError, r"values: .*\(row 2, position 0\)"),
     ],
 )
-def test_kernel_errors_are_the_same_whichever_way_the_call_comes(spoil: Callable[[dict[str, Any]], None], error: type[Exception], where: str) -> None:
+def test_kernel_errors_are_the_same_whichever_way_the_call_comes(
+    spoil: Callable[[dict[str, Any]], None], error: type[Exception], where: str
+) -> None:
     kw = _batch()
     spoil(kw)
     r, v = kw.pop("rewards"), kw.pop("values")
@@ -359,7 +383,9 @@ def test_unaligned_arrays_are_read_or_named_never_a_panic(which: str) -> None:
     else:
         kw[which] = _unaligned(kw[which])
     if which == "out":
-        with pytest.raises(cc.ShapeError, match=r"out \(advantages\): expected a writeable, aligned C-contiguous array"):
+        with pytest.raises(
+            cc.ShapeError, match=r"out \(advantages\): expected a writeable, aligned C-contiguous array"
+        ):
             cc.gae(r, v, **kw)
         return
     _same(tuple(cc.gae(r, v, **kw)), tuple(want))

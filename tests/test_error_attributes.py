@@ -135,8 +135,6 @@ def test_kernel_nan_last_value_has_the_row() -> None:
     assert str(e) == "last_values: expected finite values, got NaN at row 1"
 
 
-
-
 def test_kernel_set_num_threads() -> None:
     e = raised(lambda: cc.set_num_threads(0), cc.ParameterError)
     assert attrs(e) == ("n", None, None, None)
@@ -154,7 +152,10 @@ def test_python_side_shape_parameter_and_dtype_errors() -> None:
     assert raised(lambda: cc.gae(np.full((2, 3), "a"), Z), cc.DTypeError).argument == "rewards"
     assert raised(lambda: cc.gates_from_concentration(Z, normalize="z"), cc.ParameterError).argument == "normalize"
     assert raised(lambda: cc.gates_from_concentration(Z, low=0.9, high=0.5), cc.ParameterError).argument == "low"
-    assert raised(lambda: cc.gae(np.zeros(5), np.zeros(5), cu_seqlens=np.zeros((2, 2), np.int64)), cc.ShapeError).argument == "cu_seqlens"
+    assert (
+        raised(lambda: cc.gae(np.zeros(5), np.zeros(5), cu_seqlens=np.zeros((2, 2), np.int64)), cc.ShapeError).argument
+        == "cu_seqlens"
+    )
     assert raised(lambda: cc.group_advantages(np.zeros(3), np.zeros(2, np.int64)), cc.ShapeError).argument == "groups"
     assert raised(lambda: cc.masked_whiten(Z, eps=-1.0), cc.ParameterError).argument == "eps"
     g = np.ones((2, 3))
@@ -167,7 +168,9 @@ def test_torch_errors() -> None:
     torch = pytest.importorskip("torch")
     e = raised(lambda: cc.gae(np.zeros((2, 3)), torch.zeros(2, 3)), cc.DTypeError)
     assert e.argument == "values"  # a tensor among NumPy arrays
-    e = raised(lambda: cc.gae(torch.zeros(2, 3), torch.zeros(2, 3), out=(np.zeros((2, 3)), np.zeros((2, 3)))), cc.DTypeError)
+    e = raised(
+        lambda: cc.gae(torch.zeros(2, 3), torch.zeros(2, 3), out=(np.zeros((2, 3)), np.zeros((2, 3)))), cc.DTypeError
+    )
     assert e.argument == "out"
     r = torch.zeros(2, 3)
     r[1, 2] = float("nan")
@@ -229,7 +232,9 @@ def test_arrow_checks_of_its_own() -> None:
     assert attrs(e) == ("values", 11, None, None)
     e = raised(lambda: arrow.gae(pa.array([[0.0], None, [1.0]], pa.list_(pa.float64())), r), cc.NonFiniteError)
     assert attrs(e) == ("rewards", 1, None, None)
-    e = raised(lambda: arrow.gae(r, pa.array([[0.0, 0.0], [0.0, None], [1.0]], pa.list_(pa.float64()))), cc.NonFiniteError)
+    e = raised(
+        lambda: arrow.gae(r, pa.array([[0.0, 0.0], [0.0, None], [1.0]], pa.list_(pa.float64()))), cc.NonFiniteError
+    )
     assert attrs(e) == ("values", 1, 1, None)
     m = pa.array([[1, 1], [1, 1], [3]], pa.list_(pa.int8()))
     e = raised(lambda: arrow.gae(r, r, mask=m), cc.OutOfRangeError)

@@ -124,7 +124,12 @@ def test_first_offending_token_is_named(batch: Batch, kind: str, data: st.DataOb
         return
     b0, t0 = in_len[0]
     flat = int(batch.cu_seqlens[b0]) + t0
-    kwp = {"mask": batch.packed_mask, "gates": batch.pack(g), "last_values": batch.last_values, "cu_seqlens": batch.cu_seqlens}
+    kwp = {
+        "mask": batch.packed_mask,
+        "gates": batch.pack(g),
+        "last_values": batch.last_values,
+        "cu_seqlens": batch.cu_seqlens,
+    }
     frag = (arg, f"(row {b0}, position {t0})", f"flat index {flat}")
     expect(exc, gae(batch.pack(r), batch.pack(v), gamma=0.9, lam=0.8, **kwp), *frag)
     if kind != "masked_reward":
@@ -179,7 +184,9 @@ def test_non_finite_at_masked_position_is_fine() -> None:
 @pytest.mark.parametrize("g", [-0.25, 1.25, 7.0, -1e-300, 1.0 + 2**-52])
 def test_gate_outside_unit_interval(g: float) -> None:
     gates_ = np.array([[1.0, 0.0, g]])
-    msg = expect(cc.OutOfRangeError, gae(np.zeros((1, 3)), np.zeros((1, 3)), gates=gates_), "gates", "row 0, position 2")
+    msg = expect(
+        cc.OutOfRangeError, gae(np.zeros((1, 3)), np.zeros((1, 3)), gates=gates_), "gates", "row 0, position 2"
+    )
     assert "[0, 1]" in msg
     expect(cc.OutOfRangeError, td(np.zeros((1, 3)), np.zeros((1, 3)), gates=gates_), "gates", "row 0, position 2")
     # the same gate on a masked position is allowed
@@ -279,7 +286,13 @@ def test_non_finite_concentration() -> None:
         expect(cc.NonFiniteError, gates(c, normalize=normalize), "concentration", "row 1, position 1")
     # masked: fine
     cc.gates_from_concentration(c, mask=[[1, 1, 1], [1, 0, 0]])
-    expect(cc.NonFiniteError, gates(c.reshape(-1), cu_seqlens=[0, 2, 6]), "concentration", "row 1, position 2", "flat index 4")
+    expect(
+        cc.NonFiniteError,
+        gates(c.reshape(-1), cu_seqlens=[0, 2, 6]),
+        "concentration",
+        "row 1, position 2",
+        "flat index 4",
+    )
 
 
 # --------------------------------------------------------------------------- #

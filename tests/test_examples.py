@@ -30,8 +30,9 @@ EXPECTED = {
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
 def test_example_runs(program: Path, tmp_path: Path) -> None:
     skip_unless_importable(program.read_text(encoding="utf-8"))
-    done = subprocess.run([sys.executable, "-W", "error", str(program)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", str(program)], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, f"{program.name} exited with {done.returncode}:\n{done.stdout}\n{done.stderr}"
     assert EXPECTED[program.name] in done.stdout, done.stdout
 

@@ -81,7 +81,12 @@ def test_gae_packed_matches_padded_and_reference(
     assert_unchanged(before, batch.arrays())
 
 
-@given(batch=batches(dtypes=F16), gamma=unit_interval(), lam=unit_interval(), lam_critic=st.one_of(st.none(), unit_interval()))
+@given(
+    batch=batches(dtypes=F16),
+    gamma=unit_interval(),
+    lam=unit_interval(),
+    lam_critic=st.one_of(st.none(), unit_interval()),
+)
 def test_gae_float16_in_float16_out(batch: Batch, gamma: float, lam: float, lam_critic: float | None) -> None:
     r, v, kw = batch.padded()
     got = cc.gae(r, v, gamma=gamma, lam=lam, lam_critic=lam_critic, **kw)
@@ -97,9 +102,7 @@ def test_gae_float16_in_float16_out(batch: Batch, gamma: float, lam: float, lam_
 @given(batch=batches(), gamma=unit_interval(), lam=unit_interval(), data=st.data())
 def test_masked_rewards_drop_ignores_them(batch: Batch, gamma: float, lam: float, data: st.DataObject) -> None:
     """With masked_rewards="drop" junk rewards (NaN included) on masked tokens change nothing."""
-    junk = data.draw(
-        hnp.arrays(batch.dtype, batch.shape, elements=st.sampled_from([1.0, -3.0, np.nan, np.inf]))
-    )
+    junk = data.draw(hnp.arrays(batch.dtype, batch.shape, elements=st.sampled_from([1.0, -3.0, np.nan, np.inf])))
     dirty = batch.rewards.copy()
     dirty[~batch.valid] = junk[~batch.valid]
     _, v, kw = batch.padded()
@@ -165,12 +168,20 @@ def test_every_code_path_cuts_rows_the_same_way(
         other = cc.gae(r, v, mask=valid.astype(dtype), gates=g, **params)  # type: ignore[arg-type]
         np.testing.assert_array_equal(other.advantages, base.advantages)
         np.testing.assert_array_equal(other.returns, base.returns)
-    wide = cc.gae(r.astype(np.float64), v.astype(np.float64), mask=valid, gates=None if g is None else g.astype(np.float64), **params)  # type: ignore[arg-type]
+    wide = cc.gae(
+        r.astype(np.float64),
+        v.astype(np.float64),
+        mask=valid,
+        gates=None if g is None else g.astype(np.float64),
+        **params,
+    )  # type: ignore[arg-type]
     np.testing.assert_array_equal(wide.advantages.astype(np.float32), base.advantages)
     np.testing.assert_array_equal(wide.returns.astype(np.float32), base.returns)
     inside = np.arange(T)[None, :] < np.asarray(lengths)[:, None]
     cu = np.concatenate([[0], np.cumsum(lengths)])
-    packed = cc.gae(r[inside], v[inside], mask=valid[inside], cu_seqlens=cu, gates=None if g is None else g[inside], **params)  # type: ignore[arg-type]
+    packed = cc.gae(
+        r[inside], v[inside], mask=valid[inside], cu_seqlens=cu, gates=None if g is None else g[inside], **params
+    )  # type: ignore[arg-type]
     np.testing.assert_array_equal(packed.advantages, base.advantages[inside])
     np.testing.assert_array_equal(packed.returns, base.returns[inside])
 
@@ -356,7 +367,11 @@ def textbook_valid_only_gae(
     return adv, np.where(mask != 0, adv + values, 0.0)
 
 
-@given(batch=batches(dtypes=(np.dtype(np.float64),), gates=False, last_values=False, junk=False), gamma=unit_interval(), lam=unit_interval())
+@given(
+    batch=batches(dtypes=(np.dtype(np.float64),), gates=False, last_values=False, junk=False),
+    gamma=unit_interval(),
+    lam=unit_interval(),
+)
 def test_unit_gates_is_standard_gae(batch: Batch, gamma: float, lam: float) -> None:
     r, v, kw = batch.padded()
     mask = batch.valid

@@ -22,17 +22,31 @@ M = np.array([[True, True, True, False], [True, True, True, True]])
 
 def test_defaults_and_kwargs() -> None:
     p = GateParams()
-    assert p.as_kwargs() == DEFAULTS == {
-        "low": 0.9,
-        "high": 1.0,
-        "sharpness": 1.0,
-        "normalize": "sequence",
-        "center": 0.0,
-        "scale": 1.0,
-        "invert": False,
+    assert (
+        p.as_kwargs()
+        == DEFAULTS
+        == {
+            "low": 0.9,
+            "high": 1.0,
+            "sharpness": 1.0,
+            "normalize": "sequence",
+            "center": 0.0,
+            "scale": 1.0,
+            "invert": False,
+        }
+    )
+    q = GateParams(
+        low=0.2, high=0.7, sharpness=np.float32(3.0), normalize="none", center=1, scale=0.5, invert=np.bool_(True)
+    )
+    assert q.as_kwargs() == {
+        "low": 0.2,
+        "high": 0.7,
+        "sharpness": 3.0,
+        "normalize": "none",
+        "center": 1.0,
+        "scale": 0.5,
+        "invert": True,
     }
-    q = GateParams(low=0.2, high=0.7, sharpness=np.float32(3.0), normalize="none", center=1, scale=0.5, invert=np.bool_(True))
-    assert q.as_kwargs() == {"low": 0.2, "high": 0.7, "sharpness": 3.0, "normalize": "none", "center": 1.0, "scale": 0.5, "invert": True}
     assert type(q.sharpness) is float and type(q.invert) is bool
     assert GateParams(**q.as_kwargs()) == q
     assert pickle.loads(pickle.dumps(q)) == q
@@ -72,7 +86,14 @@ def test_accepts_what_the_kernel_accepts() -> None:
         (1.0, 0.0, -1.0),  # scale
     )
     for low, high, sharpness, normalize, center, scale in grid:
-        kw = {"low": low, "high": high, "sharpness": sharpness, "normalize": normalize, "center": center, "scale": scale}
+        kw = {
+            "low": low,
+            "high": high,
+            "sharpness": sharpness,
+            "normalize": normalize,
+            "center": center,
+            "scale": scale,
+        }
         try:
             cc.gates_from_concentration(C, mask=M, **kw)
             kernel_ok = True
@@ -85,7 +106,9 @@ def test_accepts_what_the_kernel_accepts() -> None:
             ok = False
         assert ok == kernel_ok, kw
         if ok:
-            np.testing.assert_array_equal(cc.gates_from_concentration(C, mask=M, **p.as_kwargs()), cc.gates_from_concentration(C, mask=M, **kw))
+            np.testing.assert_array_equal(
+                cc.gates_from_concentration(C, mask=M, **p.as_kwargs()), cc.gates_from_concentration(C, mask=M, **kw)
+            )
 
 
 def test_gates_from_concentration_takes_params() -> None:
@@ -95,13 +118,17 @@ def test_gates_from_concentration_takes_params() -> None:
     np.testing.assert_array_equal(cc.gates_from_concentration(C, mask=M, params=p), want)
     cu = np.array([0, 3, 8])
     np.testing.assert_array_equal(
-        cc.gates_from_concentration(C.ravel(), cu_seqlens=cu, params=p), cc.gates_from_concentration(C.ravel(), cu_seqlens=cu, **p.as_kwargs())
+        cc.gates_from_concentration(C.ravel(), cu_seqlens=cu, params=p),
+        cc.gates_from_concentration(C.ravel(), cu_seqlens=cu, **p.as_kwargs()),
     )
     np.testing.assert_array_equal(cc.gates_from_concentration(C, params=GateParams()), cc.gates_from_concentration(C))
     with pytest.raises(cc.ParameterError) as info:
         cc.gates_from_concentration(C, params=p, low=0.5)
     assert info.value.argument == "low"
-    assert str(info.value) == "low: the gate mapping is given twice, as params= and as the keyword low; pass one or the other"
+    assert (
+        str(info.value)
+        == "low: the gate mapping is given twice, as params= and as the keyword low; pass one or the other"
+    )
     with pytest.raises(cc.ParameterError) as info:
         cc.gates_from_concentration(C, params=p.as_kwargs())  # type: ignore[arg-type]
     assert info.value.argument == "params"
@@ -128,7 +155,9 @@ def test_cli_flags_make_one_gate_params() -> None:
     assert _argtypes.gate_params(argparse.Namespace(**none), parser) == GateParams()
     args = argparse.Namespace(**{**none, "high": 0.95, "sharpness": 2.0, "invert": True})
     assert _argtypes.gate_params(args, parser) == GateParams(high=0.95, sharpness=2.0, invert=True)
-    assert _argtypes.gate_params(argparse.Namespace(low=0.5, high=1.0), parser) == GateParams(low=0.5)  # only some flags
+    assert _argtypes.gate_params(argparse.Namespace(low=0.5, high=1.0), parser) == GateParams(
+        low=0.5
+    )  # only some flags
     with pytest.raises(SystemExit):
         _argtypes.gate_params(argparse.Namespace(low=0.9, high=0.5), parser)
 
@@ -187,7 +216,9 @@ def test_ray_checks_on_the_driver_and_ships_one_gate_params() -> None:
     pa = pytest.importorskip("pyarrow")
     cc_ray = pytest.importorskip("comppo_core.ray")
 
-    schema = pa.schema([("rewards", pa.list_(pa.float32())), ("values", pa.list_(pa.float32())), ("c", pa.list_(pa.float32()))])
+    schema = pa.schema(
+        [("rewards", pa.list_(pa.float32())), ("values", pa.list_(pa.float32())), ("c", pa.list_(pa.float32()))]
+    )
     ds = _FakeDataset(schema)
     cc_ray.compute_advantages(ds, concentration_col="c", low=0.3, sharpness=2.0)
     options = ds.calls[-1]["fn_kwargs"]

@@ -63,7 +63,10 @@ def test_gates_match_reference_both_layouts(batch: ConcBatch, params: dict[str, 
         assert (valid == low).all()
 
     packed = cc.gates_from_concentration(
-        batch.pack(batch.conc), mask=batch.packed_mask, cu_seqlens=batch.cu_seqlens, **params  # type: ignore[arg-type]
+        batch.pack(batch.conc),
+        mask=batch.packed_mask,
+        cu_seqlens=batch.cu_seqlens,
+        **params,  # type: ignore[arg-type]
     )
     assert packed.dtype == batch.dtype
     # positions beyond a row's length are padding in the padded layout: gate 1 there
@@ -168,7 +171,9 @@ def test_gates_worked_example(dtype: type, packed: bool) -> None:
 def test_gates_defaults_are_documented_values() -> None:
     c = np.array([[0.0, 10.0]])
     g = cc.gates_from_concentration(c)
-    same = cc.gates_from_concentration(c, low=0.9, high=1.0, sharpness=1.0, normalize="sequence", center=0.0, scale=1.0, invert=False)
+    same = cc.gates_from_concentration(
+        c, low=0.9, high=1.0, sharpness=1.0, normalize="sequence", center=0.0, scale=1.0, invert=False
+    )
     np.testing.assert_array_equal(g, same)
     assert 0.9 <= g.min() and g.max() <= 1.0
 

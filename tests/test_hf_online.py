@@ -154,7 +154,9 @@ if INTERPRETING:
     STATS = ("entropy", "max", "l2")
 
     def chunked(q: Any, k: Any, mask: Any, causal: bool, statistic: str) -> Any:
-        return hf_statistics.head_mean_concentration(q, k, mask, is_causal=causal, statistic=statistic, method="chunked")
+        return hf_statistics.head_mean_concentration(
+            q, k, mask, is_causal=causal, statistic=statistic, method="chunked"
+        )
 
     def via_online(q: Any, k: Any, mask: Any, causal: bool, statistic: str) -> Any:
         return hf_statistics.head_mean_concentration(q, k, mask, is_causal=causal, statistic=statistic, method="online")

@@ -63,7 +63,12 @@ def build3(arch: str, dtype: Any = torch.float32) -> Any:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, attn_implementation="sdpa"))
     elif arch == "qwen3":
         cfg = transformers.Qwen3Config(
-            **common, head_dim=16, use_sliding_window=True, sliding_window=6, max_window_layers=1, attn_implementation="sdpa"
+            **common,
+            head_dim=16,
+            use_sliding_window=True,
+            sliding_window=6,
+            max_window_layers=1,
+            attn_implementation="sdpa",
         )
         model = transformers.Qwen3ForCausalLM(cfg)
     elif arch == "gpt2":
@@ -98,7 +103,9 @@ def eager3(arch: str, padding: str, dtype_name: str = "float32") -> tuple[Any, A
     return model, ids, am, out.attentions
 
 
-def reference_per_layer(arch: str, padding: str, statistic: str, layers: tuple[int, ...], dtype_name: str = "float32") -> Any:
+def reference_per_layer(
+    arch: str, padding: str, statistic: str, layers: tuple[int, ...], dtype_name: str = "float32"
+) -> Any:
     """``[B, T, len(layers)]`` float64 head-mean statistic of each layer, 0 at padding."""
     model, _, am, attentions = eager3(arch, padding, dtype_name)
     cols = [reference_from_weights(attentions[i], visibility(model, am, i), statistic) for i in layers]

@@ -67,7 +67,18 @@ def run(model: Any, data: dict[str, Any], **kw: Any) -> hf.CompPOBatch:
 
 def test_shapes_mask_and_rewards(model: Any, data: dict[str, Any]) -> None:
     out = run(model, data, values=data["values"])
-    for name in ("logprobs", "concentration", "gates", "advantages", "returns", "gae_advantages", "gae_returns", "rewards", "values", "mask"):
+    for name in (
+        "logprobs",
+        "concentration",
+        "gates",
+        "advantages",
+        "returns",
+        "gae_advantages",
+        "gae_returns",
+        "rewards",
+        "values",
+        "mask",
+    ):
         assert getattr(out, name).shape == (B, T - 1), name
     # column j is token j+1: the response columns are [start-1, end-1)
     for b in range(B):
@@ -129,7 +140,9 @@ def test_controls(model: Any, data: dict[str, Any]) -> None:
     k = torch.cumsum(m.long(), dim=1) - 1  # valid-position index of each response token
     for idx in range(int(k.max()) + 1):
         sel = m & (k == idx)
-        assert torch.allclose(by_pos.gates[sel], base.gates[sel].double().mean().float().expand(int(sel.sum())), atol=1e-6)
+        assert torch.allclose(
+            by_pos.gates[sel], base.gates[sel].double().mean().float().expand(int(sel.sum())), atol=1e-6
+        )
 
     const = run(model, data, low=0.5, control="constant")
     assert torch.allclose(const.gates[m], base.gates[m].double().mean().float().expand(int(m.sum())), atol=1e-6)
@@ -174,7 +187,9 @@ def test_errors(model: Any, data: dict[str, Any]) -> None:
         run(model, data, rewards=torch.ones(3))
     with pytest.raises(ShapeError, match=r"rewards: expected \[B\] \(per sequence\), \[B, T\] = \[4, 20\]"):
         run(model, data, rewards=torch.ones(B, 7))
-    with pytest.raises(ShapeError, match=r"values: expected \[B, T\] = \[4, 20\] or \[B, T-1\] = \[4, 19\], got \(4, 5\)"):
+    with pytest.raises(
+        ShapeError, match=r"values: expected \[B, T\] = \[4, 20\] or \[B, T-1\] = \[4, 19\], got \(4, 5\)"
+    ):
         run(model, data, values=torch.ones(B, 5))
     with pytest.raises(MaskedRewardError, match="rewards: token 0 has no log-prob column"):
         run(model, data, rewards=torch.ones(B, T))

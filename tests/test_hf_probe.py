@@ -59,7 +59,9 @@ def build(arch: str, dtype: Any = torch.float32, attn: str = "sdpa", seed: int =
         cfg = transformers.LlamaConfig(**common)
         cls = transformers.LlamaForCausalLM
     elif arch == "qwen2":  # layer 0 full attention, layer 1 sliding window
-        cfg = transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=SLIDING[arch], max_window_layers=1)
+        cfg = transformers.Qwen2Config(
+            **common, use_sliding_window=True, sliding_window=SLIDING[arch], max_window_layers=1
+        )
         cls = transformers.Qwen2ForCausalLM
     elif arch == "qwen3":
         cfg = transformers.Qwen3Config(
@@ -71,7 +73,14 @@ def build(arch: str, dtype: Any = torch.float32, attn: str = "sdpa", seed: int =
         cls = transformers.MistralForCausalLM
     elif arch == "gpt2":  # multi-head attention, learned positions, Conv1D projections
         cfg = transformers.GPT2Config(
-            vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128, initializer_range=0.25, bos_token_id=0, eos_token_id=1
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=128,
+            initializer_range=0.25,
+            bos_token_id=0,
+            eos_token_id=1,
         )
         cls = transformers.GPT2LMHeadModel
     else:
@@ -144,7 +153,9 @@ def eager_run(arch: str, padding: str, dtype_name: str = "float32") -> tuple[Any
     return model, ids, am, out
 
 
-def reference(arch: str, padding: str, statistic: str, layers: Any = None, dtype_name: str = "float32", window: bool = True) -> Any:
+def reference(
+    arch: str, padding: str, statistic: str, layers: Any = None, dtype_name: str = "float32", window: bool = True
+) -> Any:
     model, _, am, out = eager_run(arch, padding, dtype_name)
     chosen = range(len(out.attentions)) if layers is None else layers
     acc = sum(reference_from_weights(out.attentions[i], visibility(model, am, i, window), statistic) for i in chosen)
@@ -406,7 +417,9 @@ def test_grad_enabled_records_nothing() -> None:
 def test_cached_decoding_is_not_recorded() -> None:
     model, ids, am, _ = eager_run("llama", "left")
     with hf.ConcentrationProbe(model) as probe:
-        model.generate(input_ids=ids[:, :12], attention_mask=am[:, :12], max_new_tokens=3, do_sample=False, pad_token_id=2)
+        model.generate(
+            input_ids=ids[:, :12], attention_mask=am[:, :12], max_new_tokens=3, do_sample=False, pad_token_id=2
+        )
     assert probe.passes == 1  # the prefill
     assert probe.concentration.shape == (B, 12)
     assert probe._skipped_calls > 0
@@ -588,7 +601,9 @@ def test_fused_failure_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch
     model, ids, am, _ = eager_run("llama", "both")  # head_dim 8
     expected = probe_run(model, ids, am, "entropy", method="chunked")
     calls = failing_kernel(monkeypatch, RuntimeError("no kernel image is available for execution on the device"), {8})
-    with pytest.warns(RuntimeWarning, match=r"fused attention kernel failed on cpu, float32, head_dim 8 \(no kernel image") as rec:
+    with pytest.warns(
+        RuntimeWarning, match=r"fused attention kernel failed on cpu, float32, head_dim 8 \(no kernel image"
+    ) as rec:
         got = probe_run(model, ids, am, "entropy")
     assert len([w for w in rec if issubclass(w.category, RuntimeWarning)]) == 1  # once, not once per layer
     assert calls == [8]  # layer 1 did not retry the kernel
@@ -624,7 +639,9 @@ def test_fused_failure_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch
     ],
     ids=["oom", "accelerator", "cuda-message"],
 )
-def test_fatal_kernel_errors_are_reraised(exc: BaseException, monkeypatch: pytest.MonkeyPatch, fallback_caches: None) -> None:
+def test_fatal_kernel_errors_are_reraised(
+    exc: BaseException, monkeypatch: pytest.MonkeyPatch, fallback_caches: None
+) -> None:
     model, ids, am, _ = eager_run("llama", "left")
     failing_kernel(monkeypatch, exc)
     with warnings.catch_warnings():
@@ -635,7 +652,9 @@ def test_fatal_kernel_errors_are_reraised(exc: BaseException, monkeypatch: pytes
     assert model.config._attn_implementation == "sdpa"
 
 
-def test_fallback_warning_as_error_leaves_state_untouched(monkeypatch: pytest.MonkeyPatch, fallback_caches: None) -> None:
+def test_fallback_warning_as_error_leaves_state_untouched(
+    monkeypatch: pytest.MonkeyPatch, fallback_caches: None
+) -> None:
     """Under -W error the warning is raised before the cache changes, so every call fails
     visibly instead of the first failing and the later ones silently falling back."""
     model, ids, am, _ = eager_run("llama", "none")
@@ -650,7 +669,9 @@ def test_fallback_warning_as_error_leaves_state_untouched(monkeypatch: pytest.Mo
     assert model.config._attn_implementation == "sdpa"
 
 
-def test_flash_attention_failure_is_cached_not_swallowed(monkeypatch: pytest.MonkeyPatch, fallback_caches: None) -> None:
+def test_flash_attention_failure_is_cached_not_swallowed(
+    monkeypatch: pytest.MonkeyPatch, fallback_caches: None
+) -> None:
     """The CUDA dispatch (run here on CPU tensors with stand-in kernels): a FlashAttention-2
     failure warns once and is cached per key; fatal errors propagate."""
     flash_calls: list[int] = []
@@ -663,14 +684,18 @@ def test_flash_attention_failure_is_cached_not_swallowed(monkeypatch: pytest.Mon
 
     def efficient(q: Any, k: Any, v: Any, bias: Any, causal: bool, scale: float) -> Any:
         eff_calls.append(int(q.shape[-1]))
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=bias, scale=scale)[:2]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=bias, scale=scale
+        )[:2]
         return out, lse
 
     monkeypatch.setattr(hf_statistics, "_flash_attention", flash)
     monkeypatch.setattr(hf_statistics, "_efficient_attention", efficient)
     g = torch.Generator().manual_seed(0)
     q, k = (torch.randn(1, 2, 5, 8, generator=g).bfloat16() for _ in range(2))
-    with pytest.warns(RuntimeWarning, match=r"FlashAttention-2 failed on cpu, bfloat16, head_dim 8 \(FlashAttention only"):
+    with pytest.warns(
+        RuntimeWarning, match=r"FlashAttention-2 failed on cpu, bfloat16, head_dim 8 \(FlashAttention only"
+    ):
         out, lse = hf_statistics._cuda_lse_attention(q, k, k, None, True, 0.3)
     ref_out, ref_lse = efficient(q, k, k, None, True, 0.3)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
@@ -684,7 +709,10 @@ def test_flash_attention_failure_is_cached_not_swallowed(monkeypatch: pytest.Mon
     assert flash_calls == [8]  # not retried on every call
     assert eff_calls == [8, 8, 8, 8, 8]
     # fatal errors propagate, and are not cached
-    for fatal in (torch.OutOfMemoryError("CUDA out of memory"), torch.AcceleratorError("CUDA error: misaligned address")):
+    for fatal in (
+        torch.OutOfMemoryError("CUDA out of memory"),
+        torch.AcceleratorError("CUDA error: misaligned address"),
+    ):
         failure[0] = fatal
         q16, k16 = q.repeat(1, 1, 1, 2), k.repeat(1, 1, 1, 2)
         with pytest.raises(type(fatal)):
@@ -734,7 +762,9 @@ def nan_token_model() -> tuple[Any, Any, Any]:
 
 def test_non_finite_statistic_at_a_real_token_raises() -> None:
     model, ids, am = nan_token_model()
-    with pytest.raises(NonFiniteError, match=r"not finite .* layer\(s\) \[0, 1\]; first in layer 0 at \(row 1, position 7\)"):
+    with pytest.raises(
+        NonFiniteError, match=r"not finite .* layer\(s\) \[0, 1\]; first in layer 0 at \(row 1, position 7\)"
+    ):
         probe_run(model, ids, am, "entropy", method="chunked")
     assert model.config._attn_implementation == "sdpa"
     probe = hf.ConcentrationProbe(model, "max", layers=[1])
@@ -794,7 +824,9 @@ def test_token_logprobs_memory_is_bounded_by_the_cap() -> None:
 
 def test_token_logprobs_argument_checks() -> None:
     logits = torch.zeros(2, 3, 5)
-    with pytest.raises(ShapeError, match=r"targets: expected an integer tensor \[B, L\] = \[2, 3\], got torch.int64 \(2, 4\)"):
+    with pytest.raises(
+        ShapeError, match=r"targets: expected an integer tensor \[B, L\] = \[2, 3\], got torch.int64 \(2, 4\)"
+    ):
         hf.token_logprobs(logits, torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ShapeError, match=r"logits: expected a 3-D float tensor \[B, L, V\]"):
         hf.token_logprobs(logits[0], torch.zeros(2, 3, dtype=torch.long))

@@ -14,7 +14,16 @@ from strategies import Batch, assert_unchanged, batches
 import comppo_core as cc
 from comppo_core import reference
 
-VARIANTS = ["contiguous", "reversed", "fortran", "strided", "row_strided", "readonly", "readonly_reversed", "transposed"]
+VARIANTS = [
+    "contiguous",
+    "reversed",
+    "fortran",
+    "strided",
+    "row_strided",
+    "readonly",
+    "readonly_reversed",
+    "transposed",
+]
 
 
 def variant(x: np.ndarray | None, how: str) -> np.ndarray | None:
@@ -68,7 +77,11 @@ def test_memory_layouts_give_identical_results(batch: Batch, hows: list[str], pa
     r, v, kw = batch.packed() if packed else batch.padded()
     base_gae = cc.gae(r, v, gamma=0.9, lam=0.7, **kw)
     base_td = cc.td_targets(r, v, gamma=0.9, **kw)
-    base_g = cc.gates_from_concentration(v, mask=kw["mask"], cu_seqlens=kw.get("cu_seqlens"), normalize="none") if batch.valid.all() else None
+    base_g = (
+        cc.gates_from_concentration(v, mask=kw["mask"], cu_seqlens=kw.get("cu_seqlens"), normalize="none")
+        if batch.valid.all()
+        else None
+    )
 
     rv, vv = variant(r, hows[0]), variant(v, hows[1])
     kwv = {
@@ -234,7 +247,20 @@ def test_out_aliasing_last_values() -> None:
 # --------------------------------------------------------------------------- #
 
 
-MASKS = [np.bool_, np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64, np.float16, np.float32, np.float64]
+MASKS = [
+    np.bool_,
+    np.uint8,
+    np.int8,
+    np.int16,
+    np.uint16,
+    np.int32,
+    np.uint32,
+    np.int64,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+]
 
 
 @pytest.mark.parametrize("mask_dtype", MASKS)
@@ -268,7 +294,16 @@ def test_negative_zero_float_mask_is_masked() -> None:
     np.testing.assert_array_equal(adv, [[-0.5, 0.0, -0.25]])
 
 
-@pytest.mark.parametrize("cu", [[0, 3, 3, 8], np.array([0, 3, 3, 8], np.int32), np.array([0, 3, 3, 8], np.uint32), np.array([0, 3, 3, 8], np.uint64), (0, 3, 3, 8)])
+@pytest.mark.parametrize(
+    "cu",
+    [
+        [0, 3, 3, 8],
+        np.array([0, 3, 3, 8], np.int32),
+        np.array([0, 3, 3, 8], np.uint32),
+        np.array([0, 3, 3, 8], np.uint64),
+        (0, 3, 3, 8),
+    ],
+)
 def test_cu_seqlens_kinds(cu: Any) -> None:
     rng = np.random.default_rng(2)
     r, v = rng.normal(size=8), rng.normal(size=8)

@@ -61,8 +61,9 @@ def verl_masked_whiten(values: Any, mask: Any, shift_mean: bool = True) -> Any:
     return whitened
 
 
-def verl_gae_loop(token_level_rewards: Any, values: Any, response_mask: Any, gamma: float, lam: float,
-                  gates: Any = None) -> tuple[Any, Any]:
+def verl_gae_loop(
+    token_level_rewards: Any, values: Any, response_mask: Any, gamma: float, lam: float, gates: Any = None
+) -> tuple[Any, Any]:
     """verl's loop, *unwhitened* advantages and returns. ``gates`` (not in verl) replaces
     γ by γ·g_t at step t, in the bootstrap and in the trace."""
     with torch.no_grad():
@@ -82,16 +83,18 @@ def verl_gae_loop(token_level_rewards: Any, values: Any, response_mask: Any, gam
     return advantages, returns
 
 
-def verl_compute_gae_advantage_return(token_level_rewards: Any, values: Any, response_mask: Any, gamma: float,
-                                      lam: float, gates: Any = None) -> tuple[Any, Any]:
+def verl_compute_gae_advantage_return(
+    token_level_rewards: Any, values: Any, response_mask: Any, gamma: float, lam: float, gates: Any = None
+) -> tuple[Any, Any]:
     advantages, returns = verl_gae_loop(token_level_rewards, values, response_mask, gamma, lam, gates)
     with torch.no_grad():
         advantages = verl_masked_whiten(advantages, response_mask)
     return advantages, returns
 
 
-def openrlhf_get_advantages_and_returns(values: Any, rewards: Any, action_mask: Any, gamma: float, lambd: float,
-                                        gates: Any = None) -> tuple[Any, Any]:
+def openrlhf_get_advantages_and_returns(
+    values: Any, rewards: Any, action_mask: Any, gamma: float, lambd: float, gates: Any = None
+) -> tuple[Any, Any]:
     """OpenRLHF's loop; ``gates`` (not in OpenRLHF) replaces γ by γ·g_t at step t."""
     lastgaelam = 0
     advantages_reversed = []
@@ -195,8 +198,9 @@ def test_verl_dropin_bfloat16(with_gates: bool) -> None:
     # accumulates in float64. So the reference is verl's loop in float64 on the
     # bf16-rounded inputs, cast to bf16 at the end.
     x64 = {k: v.double() for k, v in x.items()}
-    raw64, ret64 = verl_gae_loop(x64["rewards"], x64["values"], x64["mask"], 1.0, 0.95,
-                                 gates=x64["gates"] if with_gates else None)
+    raw64, ret64 = verl_gae_loop(
+        x64["rewards"], x64["values"], x64["mask"], 1.0, 0.95, gates=x64["gates"] if with_gates else None
+    )
     adv64 = verl_masked_whiten(raw64, x64["mask"])
     # returns: float64 → float32 → bf16 (drop-in) vs float64 → bf16: at most one bf16
     # step apart (double rounding), i.e. 2U relative.
@@ -258,8 +262,9 @@ def test_verl_dropin_numpy() -> None:
     batch = make_batch(seed=9)
     x = tensors(batch, torch.float64)
     want = verl.compute_gae_advantage_return(x["rewards"], x["values"], x["mask"], 0.97, 0.9, gates=x["gates"])
-    got = verl.compute_gae_advantage_return(batch["rewards"], batch["values"], batch["mask"], 0.97, 0.9,
-                                            gates=batch["gates"])
+    got = verl.compute_gae_advantage_return(
+        batch["rewards"], batch["values"], batch["mask"], 0.97, 0.9, gates=batch["gates"]
+    )
     for g, w in zip(got, want):
         assert type(g) is np.ndarray
         np.testing.assert_array_equal(g, w.numpy())
@@ -274,7 +279,9 @@ def test_verl_dropin_numpy() -> None:
 @pytest.mark.parametrize("with_gates", [False, True], ids=["gae", "comp_gae"])
 @pytest.mark.parametrize("gamma, lam", PARAMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_openrlhf_dropin_matches_openrlhf(dtype: Any, gamma: float, lam: float, with_gates: bool, mask_kind: str) -> None:
+def test_openrlhf_dropin_matches_openrlhf(
+    dtype: Any, gamma: float, lam: float, with_gates: bool, mask_kind: str
+) -> None:
     batch = make_batch(seed=int(gamma * 100 + lam * 10) + 1)
     x = tensors(batch, dtype, mask_dtype=torch.bool)
     mask = {"bool": x["mask"], "float": x["mask"].to(dtype), "none": None}[mask_kind]

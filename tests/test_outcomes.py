@@ -255,7 +255,12 @@ def test_ids_any_integers_any_order_and_strings(method: str) -> None:
         np.testing.assert_array_equal(got, want, err_msg=f"ids {ids!r}")
 
 
-@given(data=grouped(), method=st.sampled_from(METHODS), singleton=st.sampled_from(["zero", "raw"]), seed=st.integers(0, 2**32 - 1))
+@given(
+    data=grouped(),
+    method=st.sampled_from(METHODS),
+    singleton=st.sampled_from(["zero", "raw"]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_relabelling_and_permuting_groups_commute(
     data: tuple[np.ndarray, np.ndarray], method: str, singleton: str, seed: int
 ) -> None:
@@ -339,7 +344,9 @@ def test_matches_reference_random_floats(b: int, k: int, seed: int, method: str,
     seed=st.integers(0, 2**32 - 1),
     string_ids=st.booleans(),
 )
-def test_grpo_matches_verl(data: tuple[np.ndarray, np.ndarray], t: int, norm: bool, seed: int, string_ids: bool) -> None:
+def test_grpo_matches_verl(
+    data: tuple[np.ndarray, np.ndarray], t: int, norm: bool, seed: int, string_ids: bool
+) -> None:
     """verl's compute_grpo_outcome_advantage, norm_adv_by_std_in_grpo True (grpo) and
     False (drgrpo), on groups of two or more, broadcast over the response mask."""
     scores, groups = data
@@ -407,7 +414,9 @@ def test_group_identities(data: tuple[np.ndarray, np.ndarray], method: str) -> N
     dr = cc.group_advantages(scores, groups, method="drgrpo")
     np.testing.assert_array_equal(cc.group_advantages(scores, groups, method="reinforce_baseline"), dr)
     n = group_sizes(groups)
-    np.testing.assert_allclose(cc.group_advantages(scores, groups, method="rloo"), dr * n / (n - 1), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        cc.group_advantages(scores, groups, method="rloo"), dr * n / (n - 1), rtol=1e-12, atol=1e-12
+    )
     out = cc.group_advantages(scores, groups, method=method)
     for idx in members(groups).values():
         assert abs(out[idx].sum()) <= 1e-12 * (1 + np.abs(out[idx]).sum())
@@ -577,7 +586,14 @@ def test_broadcast_matches_reference_both_layouts(lay: Any, dtype: Any, seed: in
 
 def test_broadcast_dtypes() -> None:
     m = np.ones((2, 3), dtype=bool)
-    for dt, want in ((np.float64, np.float64), (np.float32, np.float32), (np.float16, np.float16), (np.int64, np.float64), (np.int8, np.float64), (np.bool_, np.float64)):
+    for dt, want in (
+        (np.float64, np.float64),
+        (np.float32, np.float32),
+        (np.float16, np.float16),
+        (np.int64, np.float64),
+        (np.int8, np.float64),
+        (np.bool_, np.float64),
+    ):
         out = cc.broadcast(np.array([1, 2]).astype(dt), mask=m)
         assert out.dtype == want, dt
         out = cc.broadcast(np.array([1, 2]).astype(dt), cu_seqlens=np.array([0, 1, 3], dtype=np.int32))

@@ -89,10 +89,15 @@ def assert_no_leftovers(directory: Path, *keep: str) -> None:
             ["--concentration-col", "concentration", "--low", "0.4", "--high", "0.95", "--sharpness", "2", "--invert"],
             {"concentration_col": "concentration", "low": 0.4, "high": 0.95, "sharpness": 2.0, "invert": True},
         ),
-        (["--no-mask", "--no-last-values", "--masked-rewards", "drop"], {"mask_col": None, "last_values_col": None, "masked_rewards": "drop"}),
+        (
+            ["--no-mask", "--no-last-values", "--masked-rewards", "drop"],
+            {"mask_col": None, "last_values_col": None, "masked_rewards": "drop"},
+        ),
     ],
 )
-def test_output_equals_the_in_memory_computation(tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], kwargs: dict[str, Any]) -> None:
+def test_output_equals_the_in_memory_computation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], kwargs: dict[str, Any]
+) -> None:
     table = make_table()
     src = write(tmp_path / "in.parquet", table)
     dst = tmp_path / "out.parquet"
@@ -114,7 +119,9 @@ def test_output_equals_the_in_memory_computation(tmp_path: Path, capsys: pytest.
     assert_no_leftovers(tmp_path, "in.parquet", "out.parquet")
 
 
-def test_writer_options_skip_float_dictionaries_and_statistics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_writer_options_skip_float_dictionaries_and_statistics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     src = write(tmp_path / "in.parquet", make_table())
     dst = tmp_path / "out.parquet"
     assert run_cli(capsys, "advantages", src, "-o", dst, "-q", "--compression", "zstd")[0] == 0
@@ -133,7 +140,22 @@ def test_batch_normalization_spans_the_whole_file(tmp_path: Path, capsys: pytest
     per row group: equal, to rounding, to one in-memory call on the whole table."""
     src = write(tmp_path / "in.parquet", make_table(1))
     dst = tmp_path / "out.parquet"
-    code, _, err = run_cli(capsys, "advantages", src, "-o", dst, "--concentration-col", "concentration", "--normalize", "batch", "--low", "0.2", "--sharpness", "3", "-q")
+    code, _, err = run_cli(
+        capsys,
+        "advantages",
+        src,
+        "-o",
+        dst,
+        "--concentration-col",
+        "concentration",
+        "--normalize",
+        "batch",
+        "--low",
+        "0.2",
+        "--sharpness",
+        "3",
+        "-q",
+    )
     assert code == 0, err
     whole = pq.read_table(src).combine_chunks()
     kw = dict(concentration_col="concentration", normalize="batch", low=0.2, sharpness=3.0)
@@ -149,7 +171,9 @@ def test_batch_normalization_spans_the_whole_file(tmp_path: Path, capsys: pytest
     assert np.max(np.abs(c - b)) > 1e-3  # per-row-group statistics would differ
 
 
-def test_streams_row_group_by_row_group(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_streams_row_group_by_row_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The file is read only through read_row_group, one group at a time, and a group
     is read only once the group before it has been written."""
     src = write(tmp_path / "in.parquet", make_table(2, rows=100), group=5)  # 20 row groups
@@ -187,7 +211,9 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_progress_bar_on_a_terminal_only(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_bar_on_a_terminal_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     src = write(tmp_path / "in.parquet", make_table(3))
     term = _Terminal()
     monkeypatch.setattr(sys, "stderr", term)
@@ -225,12 +251,26 @@ def test_nan_in_concentration_during_the_batch_pass(tmp_path: Path, capsys: pyte
     conc = t.column("concentration").combine_chunks()
     vals = np.asarray(conc.flatten()).copy()
     vals[int(conc.offsets[45].as_py())] = np.inf
-    t = t.set_column(t.schema.get_field_index("concentration"), "concentration", pa.ListArray.from_arrays(conc.offsets, pa.array(vals)))
+    t = t.set_column(
+        t.schema.get_field_index("concentration"),
+        "concentration",
+        pa.ListArray.from_arrays(conc.offsets, pa.array(vals)),
+    )
     src = write(tmp_path / "in.parquet", t)
     m = np.asarray(t.column("mask").combine_chunks().flatten())
     if not m[int(conc.offsets[45].as_py())]:  # make sure it sits on a valid token
         pytest.skip("masked")  # pragma: no cover - seed 5 puts it on a valid token
-    code, _, err = run_cli(capsys, "advantages", src, "-o", tmp_path / "o.parquet", "--concentration-col", "concentration", "--normalize", "batch")
+    code, _, err = run_cli(
+        capsys,
+        "advantages",
+        src,
+        "-o",
+        tmp_path / "o.parquet",
+        "--concentration-col",
+        "concentration",
+        "--normalize",
+        "batch",
+    )
     assert code == 1
     assert "column 'concentration': expected finite values at valid positions, got inf at (row 45, position 0)" in err
     assert_no_leftovers(tmp_path, "in.parquet")
@@ -244,7 +284,9 @@ def test_missing_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         f"comppo-core: error: column 'values' (values) not found in {src} "
         "(columns: id, prompt, rewards, mask, concentration, gates, last_values)"
     )
-    code, _, err = run_cli(capsys, "advantages", src, "-o", tmp_path / "out.parquet", "--values-col", "gates", "--gates-col", "G")
+    code, _, err = run_cli(
+        capsys, "advantages", src, "-o", tmp_path / "out.parquet", "--values-col", "gates", "--gates-col", "G"
+    )
     assert code == 1 and "column 'G' (gates) not found" in err
     assert_no_leftovers(tmp_path, "in.parquet")
 
@@ -290,14 +332,38 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     src = write(tmp_path / "in.parquet", make_table(8))
     code, _, err = run_cli(capsys, "advantages", src, "-o", tmp_path / "o.parquet", "--low", "0.5")
     assert code == 2 and "--low: used only with --concentration-col" in err
-    code, _, err = run_cli(capsys, "advantages", src, "-o", tmp_path / "o.parquet", "--gates-col", "gates", "--concentration-col", "concentration")
+    code, _, err = run_cli(
+        capsys,
+        "advantages",
+        src,
+        "-o",
+        tmp_path / "o.parquet",
+        "--gates-col",
+        "gates",
+        "--concentration-col",
+        "concentration",
+    )
     assert code == 2 and "not allowed with argument" in err
     code, _, err = run_cli(capsys, "advantages", src, "-o", tmp_path / "o.parquet", "--gamma", "nan")
     assert code == 2 and "expected a number in [0, 1]" in err
     code, _, err = run_cli(capsys, "advantages", src, "-o", src)
     assert code == 2 and "is the input file" in err
-    code, _, err = run_cli(capsys, "advantages", src, "-o", tmp_path / "o.parquet", "--concentration-col", "concentration", "--low", "0.9", "--high", "0.5")
-    assert code == 2 and "--low: expected low <= high (high = 0.5), got 0.9" in err  # GateParams' check, as a usage error
+    code, _, err = run_cli(
+        capsys,
+        "advantages",
+        src,
+        "-o",
+        tmp_path / "o.parquet",
+        "--concentration-col",
+        "concentration",
+        "--low",
+        "0.9",
+        "--high",
+        "0.5",
+    )
+    assert (
+        code == 2 and "--low: expected low <= high (high = 0.5), got 0.9" in err
+    )  # GateParams' check, as a usage error
     assert_no_leftovers(tmp_path, "in.parquet")
 
 
@@ -316,7 +382,9 @@ def test_unreadable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert_no_leftovers(tmp_path, "x.parquet", "good.parquet")
 
 
-def test_without_pyarrow_the_message_says_what_to_install(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_pyarrow_the_message_says_what_to_install(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     code, _, err = run_cli(capsys, "advantages", tmp_path / "in.parquet", "-o", tmp_path / "o.parquet")
     assert code == 1
@@ -327,11 +395,18 @@ def test_installed_command_end_to_end(tmp_path: Path) -> None:
     """The real entry point in a subprocess: exit statuses and output file."""
     src = write(tmp_path / "in.parquet", make_table(9, nan_at=(12, 0)))
     exe = [sys.executable, "-c", "import sys; from comppo_core.cli import main; sys.exit(main())"]
-    bad = subprocess.run([*exe, "advantages", str(src), "-o", str(tmp_path / "o.parquet")], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [*exe, "advantages", str(src), "-o", str(tmp_path / "o.parquet")], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 1
     assert "column 'values': expected finite values at valid positions, got NaN at (row 12, position 0)" in bad.stderr
     good = write(tmp_path / "good.parquet", make_table(9))
-    ok = subprocess.run([*exe, "advantages", str(good), "-o", str(tmp_path / "o.parquet"), "-q"], capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [*exe, "advantages", str(good), "-o", str(tmp_path / "o.parquet"), "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout == "" and ok.stderr == ""
     assert pq.read_table(tmp_path / "o.parquet").num_rows == ROWS

@@ -106,7 +106,11 @@ def test_compute_advantages_equals_the_single_process_path(dataset: Any, parquet
     got = collect(cc_ray.compute_advantages(ds, **kw))
     want = single_process(parquet_dir, **kw)
     assert got.num_rows == FILES * ROWS
-    assert got.column_names == want.column_names == ["id", "rewards", "values", "mask", "concentration", "last_values", "advantages", "returns"]
+    assert (
+        got.column_names
+        == want.column_names
+        == ["id", "rewards", "values", "mask", "concentration", "last_values", "advantages", "returns"]
+    )
     for name in got.column_names:  # row for row, bit for bit
         assert got.column(name).to_pylist() == want.column(name).to_pylist(), name
 
@@ -116,7 +120,9 @@ def test_map_batches_function_with_small_batches_and_batch_normalization(dataset
     anywhere, gives the same rows; normalize="batch" through compute_advantages spans the
     whole dataset (moments pass), not each block."""
     ds = dataset
-    out = ds.map_batches(cc_ray.advantages_batch, batch_format="pyarrow", batch_size=7, fn_kwargs={"lam": 0.9, "gamma": 0.98})
+    out = ds.map_batches(
+        cc_ray.advantages_batch, batch_format="pyarrow", batch_size=7, fn_kwargs={"lam": 0.9, "gamma": 0.98}
+    )
     got = collect(out)
     want = single_process(parquet_dir, lam=0.9, gamma=0.98)
     assert got.column("advantages").to_pylist() == want.column("advantages").to_pylist()
@@ -127,7 +133,9 @@ def test_map_batches_function_with_small_batches_and_batch_normalization(dataset
     whole = pq.read_table(parquet_dir).combine_chunks()
     want_b = arrow.compute_advantages(whole, **kw).sort_by("id")  # the kernel's own batch z-score
     np.testing.assert_allclose(values_of(got_b, "advantages"), values_of(want_b, "advantages"), rtol=1e-5, atol=1e-6)
-    per_file = pa.concat_tables([arrow.compute_advantages(pq.read_table(p), **kw) for p in sorted(parquet_dir.iterdir())]).sort_by("id")
+    per_file = pa.concat_tables(
+        [arrow.compute_advantages(pq.read_table(p), **kw) for p in sorted(parquet_dir.iterdir())]
+    ).sort_by("id")
     assert np.max(np.abs(values_of(per_file, "advantages") - values_of(want_b, "advantages"))) > 1e-3
 
 
@@ -145,7 +153,9 @@ def test_errors(dataset: Any, parquet_dir: Path) -> None:
     vals[int(v.offsets[5].as_py())] = np.nan
     t = t.set_column(2, "values", pa.ListArray.from_arrays(v.offsets, pa.array(vals)))
     bad = ray.data.from_arrow(t)
-    with pytest.raises(Exception, match=r"column 'values': expected finite values at valid positions, got NaN at \(row 5, position 0\)"):
+    with pytest.raises(
+        Exception, match=r"column 'values': expected finite values at valid positions, got NaN at \(row 5, position 0\)"
+    ):
         collect(cc_ray.compute_advantages(bad))
 
 
@@ -160,7 +170,9 @@ def test_errors_cross_to_the_driver_with_their_attributes(dataset: Any, parquet_
     m = t.column("mask").combine_chunks()
     masks = np.asarray(m.flatten()).copy()
     masks[int(m.offsets[7].as_py()) + 1] = True
-    t = t.set_column(t.schema.get_field_index("concentration"), "concentration", pa.ListArray.from_arrays(c.offsets, pa.array(vals)))
+    t = t.set_column(
+        t.schema.get_field_index("concentration"), "concentration", pa.ListArray.from_arrays(c.offsets, pa.array(vals))
+    )
     t = t.set_column(t.schema.get_field_index("mask"), "mask", pa.ListArray.from_arrays(m.offsets, pa.array(masks)))
     ctx = ray.data.DataContext.get_current()
     saved = ctx.raise_original_map_exception
@@ -168,7 +180,11 @@ def test_errors_cross_to_the_driver_with_their_attributes(dataset: Any, parquet_
     try:
         bad = ray.data.from_arrow(t)
         with pytest.raises(cc.NonFiniteError) as info:
-            collect(cc_ray.compute_advantages(bad, concentration_col="concentration", gate_params=GateParams(low=0.5, sharpness=2.0)))
+            collect(
+                cc_ray.compute_advantages(
+                    bad, concentration_col="concentration", gate_params=GateParams(low=0.5, sharpness=2.0)
+                )
+            )
     finally:
         ctx.raise_original_map_exception = saved
     e = info.value

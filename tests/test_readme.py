@@ -100,7 +100,9 @@ def test_readme_block_runs(line: int, source: str, tmp_path: Path, monkeypatch: 
     exec(code, namespace)  # noqa: S102 - running the README is the point
     for name, obj in list(namespace.items()):
         if name.startswith("test_") and inspect.isfunction(obj) and obj.__module__ == BLOCK_MODULE:
-            assert not inspect.signature(obj).parameters, f"README.md:{line}: {name} takes arguments (fixtures are not supported)"
+            assert not inspect.signature(obj).parameters, (
+                f"README.md:{line}: {name} takes arguments (fixtures are not supported)"
+            )
             obj()
 
 

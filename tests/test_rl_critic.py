@@ -44,7 +44,9 @@ def build(arch: str = "llama", dtype: Any = torch.float32, seed: int = 0, layers
     elif arch == "qwen3":
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=16))
     elif arch == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=layers, n_head=4, n_positions=64, initializer_range=0.25)
+        cfg = transformers.GPT2Config(
+            vocab_size=VOCAB, n_embd=32, n_layer=layers, n_head=4, n_positions=64, initializer_range=0.25
+        )
         model = transformers.GPT2LMHeadModel(cfg)
     else:
         raise AssertionError(arch)

@@ -101,7 +101,9 @@ def loop_gae(
     return adv.astype(r.dtype), ret.astype(r.dtype)
 
 
-def decay_loop(values: Any, rewards: Any, action_mask: Any, gamma: float, lambd: float, *, bug: str | None = None) -> Any:
+def decay_loop(
+    values: Any, rewards: Any, action_mask: Any, gamma: float, lambd: float, *, bug: str | None = None
+) -> Any:
     """A user's OpenRLHF-style loop in float64 (torch). ``bug="unmasked_rewards"``: values
     are multiplied by the mask but rewards are not, so rewards on padding are read."""
     v = (values * action_mask).double()
@@ -218,11 +220,19 @@ def test_package_gae_passes_ungated_terminal_torch() -> None:
 def test_package_gae_ignores_junk_rewards_with_drop() -> None:
     def call(ex: GAEExample, fn: Any) -> Any:
         return fn(
-            ex.rewards, ex.values, mask=ex.mask, cu_seqlens=ex.cu_seqlens, gates=ex.gates, gamma=ex.gamma, lam=ex.lam,
+            ex.rewards,
+            ex.values,
+            mask=ex.mask,
+            cu_seqlens=ex.cu_seqlens,
+            gates=ex.gates,
+            gamma=ex.gamma,
+            lam=ex.lam,
             masked_rewards="drop",
         )
 
-    check_gae(cc.gae, gated=True, masked_rewards="junk", layouts=("padded", "packed"), call=call, max_examples=40, long_len=0)
+    check_gae(
+        cc.gae, gated=True, masked_rewards="junk", layouts=("padded", "packed"), call=call, max_examples=40, long_len=0
+    )
 
 
 def test_reference_gae_passes() -> None:
@@ -276,7 +286,9 @@ def test_verl_original_loop_float64_passes_float32_drifts() -> None:
     check_gae(verl_original, whiten=True, array="torch", call=verl_call, dtypes="float64", max_examples=40)
     # float32 accumulation: the long-row phase catches it (in the unwhitened returns).
     with pytest.raises(ConformanceError) as info:
-        check_gae(verl_original, whiten=True, array="torch", call=verl_call, dtypes="float32", max_len=1, max_examples=20)
+        check_gae(
+            verl_original, whiten=True, array="torch", call=verl_call, dtypes="float32", max_len=1, max_examples=20
+        )
     msg = assert_table_failure(info.value, output="returns")
     assert "long-row phase" in msg and "float32 rounding" in msg
 
@@ -303,7 +315,9 @@ def test_package_group_advantages_passes(method: str, singleton: str) -> None:
 
 
 def test_package_group_advantages_passes_torch() -> None:
-    check_group_advantages(functools.partial(cc.group_advantages, method="rloo"), "rloo", array="torch", max_examples=30)
+    check_group_advantages(
+        functools.partial(cc.group_advantages, method="rloo"), "rloo", array="torch", max_examples=30
+    )
 
 
 def test_hand_written_grpo_passes() -> None:
@@ -313,7 +327,12 @@ def test_hand_written_grpo_passes() -> None:
 
 def test_uniform_groups_adapter_passes() -> None:
     check_group_advantages(
-        grpo_view, "grpo", grouping="uniform", array="torch", call=lambda ex, fn: fn(ex.scores, ex.group_size), max_examples=40
+        grpo_view,
+        "grpo",
+        grouping="uniform",
+        array="torch",
+        call=lambda ex, fn: fn(ex.scores, ex.group_size),
+        max_examples=40,
     )
 
 
@@ -364,7 +383,9 @@ def test_catches_reward_read_from_padding_with_left_padding() -> None:
 def test_catches_reward_read_from_padding_with_junk_rewards() -> None:
     fn = bugged("unmasked_rewards", decay_loop)
     with pytest.raises(ConformanceError) as info:
-        check_gae(fn, semantics="decay", array="torch", masked_rewards="junk", call=openrlhf_call, max_len=6, max_examples=60)
+        check_gae(
+            fn, semantics="decay", array="torch", masked_rewards="junk", call=openrlhf_call, max_len=6, max_examples=60
+        )
     assert_table_failure(info.value)
     ex = info.value.example
     assert (np.asarray(ex.rewards)[np.asarray(ex.mask) == 0] != 0).all()
@@ -546,12 +567,21 @@ def test_non_callables() -> None:
 
 
 def test_expected_gae_arguments() -> None:
-    ex = GAEExample(rewards=np.zeros((1, 3)), values=np.ones((1, 3)), mask=np.array([[1.0, 0.0, 0.0]]), gamma=1.0, lam=1.0)
+    ex = GAEExample(
+        rewards=np.zeros((1, 3)), values=np.ones((1, 3)), mask=np.array([[1.0, 0.0, 0.0]]), gamma=1.0, lam=1.0
+    )
     with pytest.raises(ValueError, match="^semantics: "):
         expected_gae(ex, semantics="both")
     with pytest.raises(ValueError, match="^whiten=True needs at least 2 valid tokens"):
         expected_gae(ex, whiten=True)
-    lv = GAEExample(rewards=np.zeros((1, 2)), values=np.ones((1, 2)), mask=np.ones((1, 2)), gamma=1.0, lam=1.0, last_values=np.ones(1))
+    lv = GAEExample(
+        rewards=np.zeros((1, 2)),
+        values=np.ones((1, 2)),
+        mask=np.ones((1, 2)),
+        gamma=1.0,
+        lam=1.0,
+        last_values=np.ones(1),
+    )
     with pytest.raises(ValueError, match="^last_values: "):
         expected_gae(lv, semantics="decay")
 
@@ -587,8 +617,13 @@ def test_expected_gae_agrees_with_kernels(ex: GAEExample) -> None:
     adv, ret = expected_gae(ex)
     kw = {"cu_seqlens": ex.cu_seqlens} if ex.layout == "packed" else {}
     a64, r64 = cc.gae(
-        np.asarray(ex.rewards, np.float64), np.asarray(ex.values, np.float64), mask=ex.mask, gates=ex.gates,
-        gamma=ex.gamma, lam=ex.lam, **kw,
+        np.asarray(ex.rewards, np.float64),
+        np.asarray(ex.values, np.float64),
+        mask=ex.mask,
+        gates=ex.gates,
+        gamma=ex.gamma,
+        lam=ex.lam,
+        **kw,
     )
     np.testing.assert_allclose(adv, a64, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(ret, r64, rtol=1e-12, atol=1e-12)
@@ -631,7 +666,12 @@ def test_expected_group_advantages_by_hand() -> None:
 def test_gae_examples_are_well_formed(data: st.DataObject, masked: str, gated: bool, truncation: bool) -> None:
     ex = data.draw(
         strategies.gae_examples(
-            max_len=6, max_rows=3, layouts=("padded", "packed"), gated=gated, truncation=truncation, masked_rewards=masked
+            max_len=6,
+            max_rows=3,
+            layouts=("padded", "packed"),
+            gated=gated,
+            truncation=truncation,
+            masked_rewards=masked,
         )
     )
     r, v, m = (np.asarray(x) for x in (ex.rewards, ex.values, ex.mask))
@@ -673,13 +713,27 @@ def test_padding_side_places_the_response() -> None:
 def _find(strategy: Any, condition: Any) -> Any:
     """Hypothesis finds an example with ``condition`` (stopping at the first): the strategy
     draws it. Raises ``NoSuchExample`` if 1000 examples lack it."""
-    return find(strategy, condition, settings=settings(max_examples=1000, deadline=None, database=None, phases=[Phase.generate]))
+    return find(
+        strategy, condition, settings=settings(max_examples=1000, deadline=None, database=None, phases=[Phase.generate])
+    )
 
 
 @pytest.mark.parametrize(
     "feature",
-    ["gate 0 and 1", "gamma 0", "gamma 1", "lam 0", "lam 1", "empty row", "observation span", "left padding",
-     "packed empty sequence", "float32", "float64", "max length"],
+    [
+        "gate 0 and 1",
+        "gamma 0",
+        "gamma 1",
+        "lam 0",
+        "lam 1",
+        "empty row",
+        "observation span",
+        "left padding",
+        "packed empty sequence",
+        "float32",
+        "float64",
+        "max length",
+    ],
 )
 def test_gae_examples_cover(feature: str) -> None:
     conditions = {
@@ -689,8 +743,11 @@ def test_gae_examples_cover(feature: str) -> None:
         "lam 0": lambda ex: ex.lam == 0.0,
         "lam 1": lambda ex: ex.lam == 1.0,
         "empty row": lambda ex: ex.layout == "padded" and (np.asarray(ex.mask) == 0).all(axis=1).any(),
-        "observation span": lambda ex: ex.layout == "padded" and ex.padding == "right"
-        and any((np.diff(row) > 0).any() for row in np.asarray(ex.mask)),
+        "observation span": lambda ex: (
+            ex.layout == "padded"
+            and ex.padding == "right"
+            and any((np.diff(row) > 0).any() for row in np.asarray(ex.mask))
+        ),
         "left padding": lambda ex: ex.padding == "left" and (np.asarray(ex.mask)[:, 0] == 0).any(),
         "packed empty sequence": lambda ex: ex.layout == "packed" and (np.diff(np.asarray(ex.cu_seqlens)) == 0).any(),
         "float32": lambda ex: ex.dtype == "float32",
@@ -719,7 +776,10 @@ def test_group_examples(grouping: str) -> None:
         assert repr(ex).startswith("GroupExample(")
 
     check()
-    _find(strategies.group_examples(grouping=grouping), lambda ex: 1 in np.unique(np.asarray(ex.groups), return_counts=True)[1])
+    _find(
+        strategies.group_examples(grouping=grouping),
+        lambda ex: 1 in np.unique(np.asarray(ex.groups), return_counts=True)[1],
+    )
     if grouping == "any":
         _find(strategies.group_examples(), lambda ex: (np.diff(np.asarray(ex.groups)) < 0).any())
 
@@ -730,7 +790,9 @@ def test_long_examples_are_long_float32_and_undamped() -> None:
     def check(ex: GAEExample) -> None:
         assert ex.dtype == "float32" and ex.gamma == 1.0 and ex.lam == 1.0
         assert (np.asarray(ex.gates) == 1).all() and ex.last_values is not None
-        lengths = np.diff(np.asarray(ex.cu_seqlens)) if ex.layout == "packed" else (np.asarray(ex.mask) != 0).sum(axis=1)
+        lengths = (
+            np.diff(np.asarray(ex.cu_seqlens)) if ex.layout == "packed" else (np.asarray(ex.mask) != 0).sum(axis=1)
+        )
         assert lengths.max() >= 200
 
     check()
@@ -738,8 +800,15 @@ def test_long_examples_are_long_float32_and_undamped() -> None:
 
 def test_example_to_torch_and_back() -> None:
     ex = GAEExample(
-        rewards=np.zeros(3, np.float32), values=np.ones(3, np.float32), mask=np.ones(3, np.float32), gamma=1.0, lam=0.5,
-        cu_seqlens=np.array([0, 1, 3], np.int32), layout="packed", padding=None, dtype="float32",
+        rewards=np.zeros(3, np.float32),
+        values=np.ones(3, np.float32),
+        mask=np.ones(3, np.float32),
+        gamma=1.0,
+        lam=0.5,
+        cu_seqlens=np.array([0, 1, 3], np.int32),
+        layout="packed",
+        padding=None,
+        dtype="float32",
     )
     t = ex.to("torch")
     assert isinstance(t.rewards, torch.Tensor) and t.cu_seqlens.dtype == torch.int32 and t.kind == "torch"
@@ -754,8 +823,15 @@ def test_example_to_torch_and_back() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, name",
-    [({"max_len": 0}, "max_len"), ({"min_len": 9, "max_len": 8}, "min_len"), ({"dtypes": "int8"}, "dtypes"),
-     ({"gamma": 1.5}, "gamma"), ({"lam": "0.9"}, "lam"), ({"max_rows": 0}, "max_rows"), ({"min_valid": 10_000}, "min_valid")],
+    [
+        ({"max_len": 0}, "max_len"),
+        ({"min_len": 9, "max_len": 8}, "min_len"),
+        ({"dtypes": "int8"}, "dtypes"),
+        ({"gamma": 1.5}, "gamma"),
+        ({"lam": "0.9"}, "lam"),
+        ({"max_rows": 0}, "max_rows"),
+        ({"min_valid": 10_000}, "min_valid"),
+    ],
 )
 def test_strategy_bad_arguments(kwargs: dict[str, Any], name: str) -> None:
     with pytest.raises(ValueError, match=rf"^{name}: "):

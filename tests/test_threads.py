@@ -63,7 +63,14 @@ def packed_batch(seed: int) -> dict[str, np.ndarray]:
 def run_all(d: dict[str, np.ndarray]) -> list[np.ndarray]:
     lay = {"mask": d["mask"], "cu_seqlens": d.get("cu_seqlens")}
     adv, ret = cc.gae(
-        d["rewards"], d["values"], gates=d["gates"], last_values=d["last_values"], gamma=0.99, lam=0.95, lam_critic=1.0, **lay
+        d["rewards"],
+        d["values"],
+        gates=d["gates"],
+        last_values=d["last_values"],
+        gamma=0.99,
+        lam=0.95,
+        lam_critic=1.0,
+        **lay,
     )
     adv1, ret1 = cc.gae(d["rewards"], d["values"], gamma=1.0, lam=1.0, **lay)
     y = cc.td_targets(d["rewards"], d["values"], gates=d["gates"], last_values=d["last_values"], gamma=0.99, **lay)
@@ -73,7 +80,11 @@ def run_all(d: dict[str, np.ndarray]) -> list[np.ndarray]:
     return outs
 
 
-@pytest.mark.parametrize("make", [lambda: padded_batch(0), lambda: padded_batch(1, np.float32), lambda: packed_batch(2)], ids=["padded64", "padded32", "packed"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: padded_batch(0), lambda: padded_batch(1, np.float32), lambda: packed_batch(2)],
+    ids=["padded64", "padded32", "packed"],
+)
 def test_results_bitwise_identical_across_thread_counts(make: Any, restore_threads: int) -> None:
     d = make()
     results = {}
@@ -97,7 +108,9 @@ def test_big_batch_matches_reference(restore_threads: int) -> None:
     np.testing.assert_allclose(adv, want[0], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(ret, want[1], rtol=1e-12, atol=1e-12)
     g = cc.gates_from_concentration(d["conc"], mask=d["mask"], cu_seqlens=d["cu_seqlens"], normalize="batch")
-    want_g = reference.gates_from_concentration(d["conc"], mask=d["mask"], cu_seqlens=d["cu_seqlens"], normalize="batch")
+    want_g = reference.gates_from_concentration(
+        d["conc"], mask=d["mask"], cu_seqlens=d["cu_seqlens"], normalize="batch"
+    )
     np.testing.assert_allclose(g, want_g, rtol=1e-9, atol=1e-12)
 
 

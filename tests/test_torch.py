@@ -39,7 +39,11 @@ from comppo_core._torch import _CudaTransfer, _to_numpy_cpu  # noqa: E402
 B, T = 4, 9
 LENGTHS = np.array([9, 7, 5, 8])
 
-TORCH_OF_NP = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+TORCH_OF_NP = {
+    np.dtype(np.float16): torch.float16,
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+}
 
 
 # --------------------------------------------------------------------------- #
@@ -90,8 +94,14 @@ class Case:
     kwargs: dict[str, Any] = field(default_factory=dict)
     packed_ok: bool = True
 
-    def call(self, conv_float: Callable[[np.ndarray], Any], conv_other: Callable[[np.ndarray], Any], *,
-             layout: str = "padded", override: dict[str, Any] | None = None) -> Any:
+    def call(
+        self,
+        conv_float: Callable[[np.ndarray], Any],
+        conv_other: Callable[[np.ndarray], Any],
+        *,
+        layout: str = "padded",
+        override: dict[str, Any] | None = None,
+    ) -> Any:
         data = DATA[layout]
         pos, kw = [], dict(self.kwargs)
         for a in self.arrays(layout):
@@ -126,7 +136,9 @@ def _unary(param: str, key: str) -> tuple[Arg, ...]:
 CASES = [
     Case("gae", cc.gae, _gae_args(), {"gamma": 0.97, "lam": 0.9}),
     Case("td_targets", cc.td_targets, _gae_args(), {"gamma": 0.97}),
-    Case("gates_from_concentration", cc.gates_from_concentration, _unary("conc", "conc"), {"low": 0.5, "sharpness": 2.0}),
+    Case(
+        "gates_from_concentration", cc.gates_from_concentration, _unary("conc", "conc"), {"low": 0.5, "sharpness": 2.0}
+    ),
     Case(
         "group_advantages",
         cc.group_advantages,
@@ -241,14 +253,18 @@ def cast(result: Any, dtype: Any) -> Any:
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_tensors_in_tensors_out(case: Case, dtype: Any) -> None:
     want = case.call(as_np(dtype), lambda a: a)
-    inputs = {a.param: (as_tensor(TORCH_OF_NP[np.dtype(dtype)]) if a.is_float else plain_tensor)(DATA["padded"][a.key])
-              for a in case.args}
+    inputs = {
+        a.param: (as_tensor(TORCH_OF_NP[np.dtype(dtype)]) if a.is_float else plain_tensor)(DATA["padded"][a.key])
+        for a in case.args
+    }
     got = case.call(plain_tensor, plain_tensor, override=inputs)
     assert_tensor_result(case, got, inputs[case.args[0].param])
     assert_same(got, want)
 
 
-@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "mask_dtype", [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float32, torch.float64]
+)
 @pytest.mark.parametrize("case", [c for c in CASES if any(a.param == "mask" for a in c.args)], ids=lambda c: c.name)
 def test_mask_tensor_dtypes(case: Case, mask_dtype: Any) -> None:
     want = case.call(as_np(np.float32), lambda a: a)
@@ -382,7 +398,9 @@ def test_outputs_are_fresh_and_gradless(case: Case) -> None:
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_requires_grad_inputs(case: Case) -> None:
     want = case.call(as_tensor(torch.float32), plain_tensor)
-    leaves = {a.param: as_tensor(torch.float32, requires_grad=True)(DATA["padded"][a.key]) for a in case.args if a.is_float}
+    leaves = {
+        a.param: as_tensor(torch.float32, requires_grad=True)(DATA["padded"][a.key]) for a in case.args if a.is_float
+    }
     nonleaf = {k: t * 1.0 for k, t in leaves.items()}  # carries a grad_fn
     for inputs in (leaves, nonleaf):
         got = case.call(plain_tensor, plain_tensor, override=inputs)
@@ -503,8 +521,11 @@ def test_packed_with_torch_cu_seqlens(case: Case, dtype: Any, cu_dtype: Any) -> 
         want = cast(case.call(lambda a: as_tensor(dtype)(a).float(), other, layout="packed"), dtype)
     else:  # the NumPy path with NumPy cu_seqlens of the same dtype
         np_cu = np.int32 if cu_dtype == torch.int32 else np.int64
-        want = case.call(as_np(np.float64 if dtype == torch.float64 else np.float32),
-                         lambda a: a.astype(np_cu) if a.dtype == np.int64 else a, layout="packed")
+        want = case.call(
+            as_np(np.float64 if dtype == torch.float64 else np.float32),
+            lambda a: a.astype(np_cu) if a.dtype == np.int64 else a,
+            layout="packed",
+        )
     assert_same(got, want)
 
 
@@ -514,12 +535,19 @@ def test_packed_gae_equals_padded(cu_dtype: Any) -> None:
     length = np.arange(T)[None, :] < LENGTHS[:, None]
     kw: dict[str, Any] = {"gamma": 0.95, "lam": 0.9}
     packed = cc.gae(
-        torch.from_numpy(q["rewards"]), torch.from_numpy(q["values"]), gates=torch.from_numpy(q["gates"]),
-        mask=torch.from_numpy(q["mask"]), cu_seqlens=torch.from_numpy(q["cu"]).to(cu_dtype), **kw,
+        torch.from_numpy(q["rewards"]),
+        torch.from_numpy(q["values"]),
+        gates=torch.from_numpy(q["gates"]),
+        mask=torch.from_numpy(q["mask"]),
+        cu_seqlens=torch.from_numpy(q["cu"]).to(cu_dtype),
+        **kw,
     )
     padded = cc.gae(
-        torch.from_numpy(p["rewards"]), torch.from_numpy(p["values"]), gates=torch.from_numpy(p["gates"]),
-        mask=torch.from_numpy(p["mask"]), **kw,
+        torch.from_numpy(p["rewards"]),
+        torch.from_numpy(p["values"]),
+        gates=torch.from_numpy(p["gates"]),
+        mask=torch.from_numpy(p["mask"]),
+        **kw,
     )
     for got, want in zip(packed, padded):
         assert got.shape == (int(LENGTHS.sum()),)
@@ -541,14 +569,21 @@ def cpu_stands_in_for_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
         return real_empty(*args, **kwargs)
 
     monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(synchronize=lambda: None))
+    monkeypatch.setattr(
+        torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(synchronize=lambda: None)
+    )
 
 
 @pytest.mark.parametrize("shape", [(4, 8), (3, 5)], ids=["4x8", "3x5"])
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32, torch.int64], ids=["bool", "f32mask", "i64mask"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
-                         ids=["float16", "bfloat16", "float32", "float64"])
-def test_cuda_transfer_packing(cpu_stands_in_for_cuda: None, dtype: Any, mask_dtype: Any, shape: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float16, torch.bfloat16, torch.float32, torch.float64],
+    ids=["float16", "bfloat16", "float32", "float64"],
+)
+def test_cuda_transfer_packing(
+    cpu_stands_in_for_cuda: None, dtype: Any, mask_dtype: Any, shape: tuple[int, int]
+) -> None:
     """All inputs of a call go into one byte buffer and come out as NumPy views; a view
     must start at an offset aligned for its dtype whatever precedes it (a bool mask of
     15 bytes, float16 data, ...), and the results come back the same way."""
@@ -565,11 +600,19 @@ def test_cuda_transfer_packing(cpu_stands_in_for_cuda: None, dtype: Any, mask_dt
     arrays = transfer.arrays()
     for name, tensor in t.items():
         np.testing.assert_array_equal(arrays[name], _to_numpy_cpu(tensor), err_msg=name)
-    result = cc.gae(arrays["rewards"], arrays["values"], mask=arrays["mask"], gates=arrays["gates"],
-                    last_values=arrays["last_values"], gamma=0.9, lam=0.8)
+    result = cc.gae(
+        arrays["rewards"],
+        arrays["values"],
+        mask=arrays["mask"],
+        gates=arrays["gates"],
+        last_values=arrays["last_values"],
+        gamma=0.9,
+        lam=0.8,
+    )
     back = transfer.back(list(result), t["rewards"])
-    want = cc.gae(t["rewards"], t["values"], mask=t["mask"], gates=t["gates"], last_values=t["last_values"],
-                  gamma=0.9, lam=0.8)
+    want = cc.gae(
+        t["rewards"], t["values"], mask=t["mask"], gates=t["gates"], last_values=t["last_values"], gamma=0.9, lam=0.8
+    )
     for got, w in zip(back, want, strict=True):
         assert got.dtype == w.dtype == dtype
         assert torch.equal(got, w)
@@ -590,7 +633,9 @@ def test_cuda_transfer_packing(cpu_stands_in_for_cuda: None, dtype: Any, mask_dt
     lam=st.floats(0, 1),
     with_gates=st.booleans(),
 )
-def test_random_gae_tensor_equals_numpy(b: int, t: int, dtype: Any, seed: int, gamma: float, lam: float, with_gates: bool) -> None:
+def test_random_gae_tensor_equals_numpy(
+    b: int, t: int, dtype: Any, seed: int, gamma: float, lam: float, with_gates: bool
+) -> None:
     rng = np.random.default_rng(seed)
     mask = rng.random((b, t)) < 0.8
     r = (rng.standard_normal((b, t)) * mask).astype(dtype)
@@ -599,8 +644,11 @@ def test_random_gae_tensor_equals_numpy(b: int, t: int, dtype: Any, seed: int, g
     kw: dict[str, Any] = {"gamma": gamma, "lam": lam}
     want = cc.gae(r, v, mask=mask, gates=g, **kw)
     got = cc.gae(
-        torch.from_numpy(r), torch.from_numpy(v), mask=torch.from_numpy(mask),
-        gates=None if g is None else torch.from_numpy(g), **kw,
+        torch.from_numpy(r),
+        torch.from_numpy(v),
+        mask=torch.from_numpy(mask),
+        gates=None if g is None else torch.from_numpy(g),
+        **kw,
     )
     assert_same(got, want)
 
@@ -611,6 +659,14 @@ def test_case_table_is_consistent() -> None:
     for c in CASES:
         assert c.args[0].is_float and c.args[0].positional
     assert {c.fn for c in CASES} == {
-        cc.gae, cc.td_targets, cc.gates_from_concentration, cc.group_advantages, cc.broadcast,
-        cc.masked_whiten, cc.credit_stats, cc.controls.shuffle, cc.controls.by_position, cc.controls.constant,
+        cc.gae,
+        cc.td_targets,
+        cc.gates_from_concentration,
+        cc.group_advantages,
+        cc.broadcast,
+        cc.masked_whiten,
+        cc.credit_stats,
+        cc.controls.shuffle,
+        cc.controls.by_position,
+        cc.controls.constant,
     }

@@ -101,7 +101,9 @@ def test_by_hand() -> None:
     np.testing.assert_allclose(got, [[-1.5 / d, -0.5 / d, 0.0], [0.5 / d, 1.5 / d, 0.0]], rtol=1e-15)
     assert got[0, 2] == 0.0 and got[1, 2] == 0.0
     got = cc.masked_whiten(x, mask=m, eps=0.0, shift_mean=False)
-    np.testing.assert_allclose(got, [[-1.5 / d + 2.5, -0.5 / d + 2.5, 0.0], [0.5 / d + 2.5, 1.5 / d + 2.5, 0.0]], rtol=1e-15)
+    np.testing.assert_allclose(
+        got, [[-1.5 / d + 2.5, -0.5 / d + 2.5, 0.0], [0.5 / d + 2.5, 1.5 / d + 2.5, 0.0]], rtol=1e-15
+    )
     # default eps = 1e-8
     got = cc.masked_whiten(x, mask=m)
     np.testing.assert_allclose(got[m == 1], np.array([-1.5, -0.5, 0.5, 1.5]) / np.sqrt(5.0 / 3.0 + 1e-8), rtol=1e-15)
@@ -128,7 +130,9 @@ def test_matches_verl_port(batch: Batch, shift_mean: bool, eps: float) -> None:
     m = batch.valid.astype(np.float64)
     want = verl_masked_whiten(x, m, shift_mean=shift_mean, eps=eps)
     got = cc.masked_whiten(x, mask=batch.mask, shift_mean=shift_mean, eps=eps)
-    np.testing.assert_allclose(got[batch.valid], want[batch.valid], **whiten_tol(x, batch.valid, eps, np.dtype(np.float64)))
+    np.testing.assert_allclose(
+        got[batch.valid], want[batch.valid], **whiten_tol(x, batch.valid, eps, np.dtype(np.float64))
+    )
     assert (got[~batch.valid] == 0).all()
 
 

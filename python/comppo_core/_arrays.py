@@ -39,7 +39,9 @@ def as_numpy(x: Any, name: str) -> np.ndarray:
         try:
             return np.from_dlpack(x)
         except (BufferError, TypeError, RuntimeError) as e:
-            raise DTypeError(f"{name}: expected an array on the CPU; its __dlpack__ export failed: {e}", argument=name) from e
+            raise DTypeError(
+                f"{name}: expected an array on the CPU; its __dlpack__ export failed: {e}", argument=name
+            ) from e
     try:
         arr = np.asarray(x)
     except (TypeError, ValueError) as e:
@@ -81,7 +83,9 @@ class Layout:
 def _as_cu_seqlens(cu: Any) -> np.ndarray:
     arr = as_numpy(cu, "cu_seqlens")
     if arr.ndim != 1:
-        raise ShapeError(f"cu_seqlens: expected a 1-D array of B+1 offsets, got shape {arr.shape}", argument="cu_seqlens")
+        raise ShapeError(
+            f"cu_seqlens: expected a 1-D array of B+1 offsets, got shape {arr.shape}", argument="cu_seqlens"
+        )
     if arr.dtype.kind not in "iu":
         raise DTypeError(f"cu_seqlens: expected int32 or int64 offsets, got dtype {arr.dtype}", argument="cu_seqlens")
     if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
@@ -113,7 +117,9 @@ def layout_of(primary: np.ndarray, name: str, mask: Any, cu_seqlens: Any) -> Lay
                 argument=name,
             )
         if primary.ndim != 2:
-            raise ShapeError(f"{name}: expected a 2-D [B, T] array (or 1-D [N] with cu_seqlens), got shape {shape}", argument=name)
+            raise ShapeError(
+                f"{name}: expected a 2-D [B, T] array (or 1-D [N] with cu_seqlens), got shape {shape}", argument=name
+            )
         cu = None
     else:
         if primary.ndim != 1:
@@ -209,7 +215,9 @@ class Outputs:
         if len(names) == 1 and isinstance(out, np.ndarray):
             out = (out,)
         if not isinstance(out, (tuple, list)) or len(out) != len(names):
-            raise ParameterError(f"out: expected a tuple of {len(names)} arrays ({', '.join(names)}), got {out!r:.80}", argument="out")
+            raise ParameterError(
+                f"out: expected a tuple of {len(names)} arrays ({', '.join(names)}), got {out!r:.80}", argument="out"
+            )
         arrays = [i for i in inputs if isinstance(i, np.ndarray)]
         bufs: list[np.ndarray] = []
         for name, buf in zip(names, out):
@@ -219,12 +227,16 @@ class Outputs:
             if buf.shape != shape:
                 raise ShapeError(f"{arg}: expected shape {shape}, got {buf.shape}", argument=arg)
             if buf.dtype != self.output:
-                raise DTypeError(f"{arg}: expected dtype {self.output} (the output dtype), got {buf.dtype}", argument=arg)
+                raise DTypeError(
+                    f"{arg}: expected dtype {self.output} (the output dtype), got {buf.dtype}", argument=arg
+                )
             if not (buf.flags.c_contiguous and buf.flags.aligned and buf.flags.writeable):
                 raise ShapeError(f"{arg}: expected a writeable, aligned C-contiguous array", argument=arg)
             for other in [*bufs, *arrays]:
                 if np.may_share_memory(buf, other):
-                    raise ShapeError(f"{arg}: shares memory with an input or another output; pass separate buffers", argument=arg)
+                    raise ShapeError(
+                        f"{arg}: shares memory with an input or another output; pass separate buffers", argument=arg
+                    )
             bufs.append(buf)
         return tuple(bufs)
 

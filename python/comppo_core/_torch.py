@@ -160,9 +160,7 @@ def tensor_io(*array_params: str) -> Callable[[F], F]:
             # imports torch): skip binding the signature, which costs more than the rest
             # of a small call.
             tensor = torch.Tensor
-            if not any(isinstance(a, tensor) for a in args) and not any(
-                isinstance(v, tensor) for v in kwargs.values()
-            ):
+            if not any(isinstance(a, tensor) for a in args) and not any(isinstance(v, tensor) for v in kwargs.values()):
                 return fn(*args, **kwargs)
             try:
                 bound = sig.bind(*args, **kwargs)
@@ -181,7 +179,9 @@ def tensor_io(*array_params: str) -> Callable[[F], F]:
                 )
             device = _check_devices(tensors)
             if "out" in bound.arguments and bound.arguments["out"] is not None:
-                raise DTypeError("out: preallocated outputs are supported for NumPy arrays only, not torch tensors", argument="out")
+                raise DTypeError(
+                    "out: preallocated outputs are supported for NumPy arrays only, not torch tensors", argument="out"
+                )
             if device.type == "cpu":
                 for name, t in tensors.items():
                     bound.arguments[name] = _to_numpy_cpu(t)

@@ -57,7 +57,9 @@ class _Inputs(NamedTuple):
     gamma: float
 
 
-def _prepare(rewards: Any, values: Any, mask: Any, cu_seqlens: Any, gates: Any, last_values: Any, gamma: Any) -> _Inputs:
+def _prepare(
+    rewards: Any, values: Any, mask: Any, cu_seqlens: Any, gates: Any, last_values: Any, gamma: Any
+) -> _Inputs:
     r = as_numpy(rewards, "rewards")
     v = as_numpy(values, "values")
     compute, output = float_dtypes(r, "rewards")
@@ -115,7 +117,9 @@ def gae(
     # Arguments in canonical form (see _arrays) are computed at once; for anything else
     # (tensors, other dtypes or layouts, bad arguments) the entry returns None and
     # _gae converts the arguments, or names the bad one, and makes the same call.
-    result = _core.gae(rewards, values, mask, cu_seqlens, gates, last_values, out, gamma, lam, lam_critic, masked_rewards)
+    result = _core.gae(
+        rewards, values, mask, cu_seqlens, gates, last_values, out, gamma, lam, lam_critic, masked_rewards
+    )
     if result is not None:
         return GAEResult(*result)
     return _gae(
@@ -183,14 +187,20 @@ def td_targets(
     result = _core.td_targets(rewards, values, mask, cu_seqlens, gates, last_values, gamma)
     if result is not None:
         return result
-    return _td_targets(rewards, values, mask=mask, cu_seqlens=cu_seqlens, gates=gates, gamma=gamma, last_values=last_values)
+    return _td_targets(
+        rewards, values, mask=mask, cu_seqlens=cu_seqlens, gates=gates, gamma=gamma, last_values=last_values
+    )
 
 
 @tensor_io("rewards", "values", "mask", "cu_seqlens", "gates", "last_values")
-def _td_targets(rewards: Any, values: Any, *, mask: Any, cu_seqlens: Any, gates: Any, gamma: float, last_values: Any) -> np.ndarray:
+def _td_targets(
+    rewards: Any, values: Any, *, mask: Any, cu_seqlens: Any, gates: Any, gamma: float, last_values: Any
+) -> np.ndarray:
     """:func:`td_targets` for any arguments: puts them in canonical form or raises the
     error that names the first bad one."""
     x = _prepare(rewards, values, mask, cu_seqlens, gates, last_values, gamma)
     lay = x.layout
     result = _core.td_targets(x.rewards, x.values, lay.mask, lay.cu_seqlens, x.gates, x.last_values, x.gamma)
-    return Outputs(("targets",), lay.shape, x.compute, x.output, None, ()).finish((kernel_result(result, "td_targets"),))[0]
+    return Outputs(("targets",), lay.shape, x.compute, x.output, None, ()).finish(
+        (kernel_result(result, "td_targets"),)
+    )[0]

@@ -237,7 +237,9 @@ def resolve_columns(
         if spec not in names:
             raise ParameterError(f"column {spec!r} ({role}) not found{_where(source)}{listing}", argument=spec)
         if names.count(spec) > 1:
-            raise ParameterError(f"column {spec!r} ({role}) appears {names.count(spec)} times{_where(source)}", argument=spec)
+            raise ParameterError(
+                f"column {spec!r} ({role}) appears {names.count(spec)} times{_where(source)}", argument=spec
+            )
         return spec
 
     if gates_col is not None and concentration_col is not None:
@@ -262,7 +264,9 @@ def resolve_columns(
         kind = _KIND[role]
         t = schema.field(name).type
         if not _TYPE_OK[kind](t):
-            raise DTypeError(f"column {name!r} ({role}){_where(source)}: expected {_EXPECTED[kind]}, got {t}", argument=name)
+            raise DTypeError(
+                f"column {name!r} ({role}){_where(source)}: expected {_EXPECTED[kind]}, got {t}", argument=name
+            )
     for role, name in (("advantages", advantages_col), ("returns", returns_col)):
         if not isinstance(name, str) or not name:
             raise ParameterError(f"{role}_col: expected a non-empty column name, got {name!r}", argument=f"{role}_col")
@@ -333,12 +337,16 @@ def _packed(arr: pa.Array, name: str, role: str, kind: str, row0: int) -> _Packe
     else:
         if off_buf is None or off_buf.size < need * off_type.itemsize:
             have = 0 if off_buf is None else off_buf.size // off_type.itemsize
-            raise LayoutError(f"{col}: expected an offsets buffer of at least {need} entries, got {have}", argument=name)
+            raise LayoutError(
+                f"{col}: expected an offsets buffer of at least {need} entries, got {have}", argument=name
+            )
         offsets = np.frombuffer(off_buf, dtype=off_type, count=need)[arr.offset :]
 
     if arr.null_count:
         row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-        raise NonFiniteError(f"{col}: expected a list in every row, got null at row {row0 + row}", argument=name, row=row0 + row)
+        raise NonFiniteError(
+            f"{col}: expected a list in every row, got null at row {row0 + row}", argument=name, row=row0 + row
+        )
 
     child = arr.values
     start, end = int(offsets[0]), int(offsets[-1])
@@ -367,7 +375,10 @@ def _packed(arr: pa.Array, name: str, role: str, kind: str, row0: int) -> _Packe
             k = int(np.flatnonzero(sub.is_null().to_numpy(zero_copy_only=False))[0])
             r, p = _locate(cu, k)
             raise NonFiniteError(
-                f"{col}: expected no null values, got null at {location(row0 + r, p)}", argument=name, row=row0 + r, position=p
+                f"{col}: expected no null values, got null at {location(row0 + r, p)}",
+                argument=name,
+                row=row0 + r,
+                position=p,
             )
 
     if pa.types.is_boolean(child.type):
@@ -386,7 +397,10 @@ def _packed(arr: pa.Array, name: str, role: str, kind: str, row0: int) -> _Packe
             k = int(np.flatnonzero((flat < 0) | (flat > 1))[0])
             r, p = _locate(cu, k)
             raise OutOfRangeError(
-                f"{col}: expected 0 or 1, got {int(flat[k])} at {location(row0 + r, p)}", argument=name, row=row0 + r, position=p
+                f"{col}: expected 0 or 1, got {int(flat[k])} at {location(row0 + r, p)}",
+                argument=name,
+                row=row0 + r,
+                position=p,
             )
     if kind == "mask" and flat.dtype.itemsize == 1 and flat.dtype != np.bool_:
         flat = flat.view(np.bool_)  # bytes that are 0 or 1 are the kernels' bool mask, read in place
@@ -395,7 +409,10 @@ def _packed(arr: pa.Array, name: str, role: str, kind: str, row0: int) -> _Packe
 
 def _same_rows(ref: _Packed, other: _Packed, ref_name: str, name: str, role: str, row0: int) -> None:
     if ref.rows != other.rows:
-        raise ShapeError(f"{_describe(name, role)}: expected {ref.rows} rows like column {ref_name!r}, got {other.rows}", argument=name)
+        raise ShapeError(
+            f"{_describe(name, role)}: expected {ref.rows} rows like column {ref_name!r}, got {other.rows}",
+            argument=name,
+        )
     if ref.cu_seqlens is other.cu_seqlens or np.array_equal(ref.cu_seqlens, other.cu_seqlens):
         return
     a, b = np.diff(ref.cu_seqlens), np.diff(other.cu_seqlens)
@@ -423,7 +440,11 @@ def _scalars(arr: pa.Array, name: str, role: str, row0: int) -> np.ndarray:
     finite = np.isfinite(out)
     if not finite.all():
         r = int(np.flatnonzero(~finite)[0])
-        raise ParameterError(f"{col}: expected finite values, got {_nonfinite(float(out[r]))} at row {row0 + r}", argument=name, row=row0 + r)
+        raise ParameterError(
+            f"{col}: expected finite values, got {_nonfinite(float(out[r]))} at row {row0 + r}",
+            argument=name,
+            row=row0 + r,
+        )
     return out
 
 
@@ -464,7 +485,7 @@ def _relabel(exc: ComppoError, names: dict[str, str], row0: int) -> ComppoError:
     if argument is not None and argument in names:
         prefix = f"{argument}: "
         if msg.startswith(prefix):
-            msg = f"{_describe(names[argument], argument)}: {msg[len(prefix):]}"
+            msg = f"{_describe(names[argument], argument)}: {msg[len(prefix) :]}"
         argument = names[argument]
     if exc.row is not None:
         row = exc.row + row0
@@ -594,7 +615,9 @@ def _valid_moments(c: _Packed, m: _Packed | None, name: str, row0: int) -> Conce
     return ConcentrationMoments.of(valid)
 
 
-def _moments_of_columns(conc: ListColumn, mask: ListColumn | None, conc_name: str, mask_name: str, row0: int) -> ConcentrationMoments:
+def _moments_of_columns(
+    conc: ListColumn, mask: ListColumn | None, conc_name: str, mask_name: str, row0: int
+) -> ConcentrationMoments:
     total = ConcentrationMoments()
     start = 0
     for chunk in _chunks(conc):
@@ -626,7 +649,8 @@ def concentration_moments(
         names = table.schema.names
         if concentration_col not in names:
             raise ParameterError(
-                f"column {concentration_col!r} (concentration) not found (columns: {', '.join(names)})", argument=concentration_col
+                f"column {concentration_col!r} (concentration) not found (columns: {', '.join(names)})",
+                argument=concentration_col,
             )
         mcol = mask_col.name if isinstance(mask_col, _Auto) and mask_col.name in names else mask_col
         if isinstance(mcol, _Auto):
@@ -657,7 +681,12 @@ def _chunk_params(params: GateParams, moments: ConcentrationMoments | None) -> G
 
 
 def _batch_moments(
-    conc: ListColumn, mask: ListColumn | None, names: dict[str, str], params: GateParams, given: ConcentrationMoments | None, row0: int
+    conc: ListColumn,
+    mask: ListColumn | None,
+    names: dict[str, str],
+    params: GateParams,
+    given: ConcentrationMoments | None,
+    row0: int,
 ) -> ConcentrationMoments | None:
     """The moments to use for normalize="batch": the given ones, else None when the
     column is one chunk (the kernel's own batch z-score is exact), else computed."""
@@ -665,7 +694,9 @@ def _batch_moments(
         return None
     if given is not None:
         if not isinstance(given, ConcentrationMoments):
-            raise ParameterError(f"batch_moments: expected a ConcentrationMoments, got {type(given).__name__}", argument="batch_moments")
+            raise ParameterError(
+                f"batch_moments: expected a ConcentrationMoments, got {type(given).__name__}", argument="batch_moments"
+            )
         return given
     if len(_chunks(conc)) <= 1:
         return None
@@ -835,13 +866,23 @@ def gates_from_concentration(
     its offsets.
     """
     _check_column(concentration, "concentration", "concentration")
-    keywords = {"low": low, "high": high, "sharpness": sharpness, "normalize": normalize, "center": center, "scale": scale, "invert": invert}
+    keywords = {
+        "low": low,
+        "high": high,
+        "sharpness": sharpness,
+        "normalize": normalize,
+        "center": center,
+        "scale": scale,
+        "invert": invert,
+    }
     gate = from_keywords(params, keywords)
     names = {"concentration": "concentration", "mask": "mask"}
     if mask is not None:
         _check_column(mask, "mask", "mask")
         if len(mask) != len(concentration):
-            raise ShapeError(f"mask: expected {len(concentration)} rows like concentration, got {len(mask)}", argument="mask")
+            raise ShapeError(
+                f"mask: expected {len(concentration)} rows like concentration, got {len(mask)}", argument="mask"
+            )
     moments = _batch_moments(concentration, mask, names, gate, batch_moments, row_offset)
     pieces = []
     start = 0
@@ -940,7 +981,15 @@ def compute_advantages(
         replace=replace,
     )
     _check_params(gamma, lam, lam_critic, masked_rewards)
-    keywords = {"low": low, "high": high, "sharpness": sharpness, "normalize": normalize, "center": center, "scale": scale, "invert": invert}
+    keywords = {
+        "low": low,
+        "high": high,
+        "sharpness": sharpness,
+        "normalize": normalize,
+        "center": center,
+        "scale": scale,
+        "invert": invert,
+    }
     params = from_keywords(gate_params, keywords, name="gate_params") if cols.concentration else None
     names = cols.inputs()
     arrays = {role: t.column(name) for role, name in names.items()}

@@ -63,7 +63,12 @@ def _valid_tokens(gates: Any, mask: Any, cu_seqlens: Any) -> tuple[np.ndarray, _
         k = int(positions[bad[0]])
         row = int(rows[bad[0]])
         pos = k % lay.shape[1] if lay.cu_seqlens is None else k - int(lay.cu_seqlens[row])
-        raise NonFiniteError(f"gates: expected finite values at valid positions, got {values[bad[0]]} at (row {row}, position {pos})", argument="gates", row=row, position=pos)
+        raise NonFiniteError(
+            f"gates: expected finite values at valid positions, got {values[bad[0]]} at (row {row}, position {pos})",
+            argument="gates",
+            row=row,
+            position=pos,
+        )
     return g, _Valid(positions, rows, values)
 
 

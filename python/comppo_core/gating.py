@@ -61,12 +61,30 @@ def gates_from_concentration(
       gates shaped like ``conc``, in its dtype (float16 computed in float32).
     """
     if params is not None:
-        keywords = {"low": low, "high": high, "sharpness": sharpness, "normalize": normalize, "center": center, "scale": scale, "invert": invert}
+        keywords = {
+            "low": low,
+            "high": high,
+            "sharpness": sharpness,
+            "normalize": normalize,
+            "center": center,
+            "scale": scale,
+            "invert": invert,
+        }
         p = from_keywords(params, keywords)
-        low, high, sharpness, normalize, center, scale, invert = p.low, p.high, p.sharpness, p.normalize, p.center, p.scale, p.invert
+        low, high, sharpness, normalize, center, scale, invert = (
+            p.low,
+            p.high,
+            p.sharpness,
+            p.normalize,
+            p.center,
+            p.scale,
+            p.invert,
+        )
     # Arguments in canonical form (see _arrays) are computed at once; anything else is
     # converted (or named) by _gates_from_concentration, which makes the same call.
-    result = _core.gates_from_concentration(conc, mask, cu_seqlens, low, high, sharpness, normalize, center, scale, invert)
+    result = _core.gates_from_concentration(
+        conc, mask, cu_seqlens, low, high, sharpness, normalize, center, scale, invert
+    )
     if result is not None:
         return result
     return _gates_from_concentration(

@@ -94,7 +94,9 @@ def _group_advantages(scores: Any, groups: Any, *, method: str, eps: float, sing
     other dtypes, string labels) or raises the error that names the first bad one."""
     s = as_numpy(scores, "scores")
     if s.ndim != 1:
-        raise ShapeError(f"scores: expected a 1-D [B] array, one score per sequence, got shape {s.shape}", argument="scores")
+        raise ShapeError(
+            f"scores: expected a 1-D [B] array, one score per sequence, got shape {s.shape}", argument="scores"
+        )
     if s.dtype.kind not in "biuf":
         raise DTypeError(f"scores: expected real numbers, got dtype {s.dtype}", argument="scores")
     s64 = kernel_array(s, np.float64)
@@ -141,7 +143,9 @@ def _broadcast(per_sequence: Any, *, mask: Any, cu_seqlens: Any) -> np.ndarray:
     b = a.shape[0]
     if cu_seqlens is None:
         if mask is None:
-            raise ShapeError("mask: the padded layout needs a [B, T] mask to know T (or pass cu_seqlens)", argument="mask")
+            raise ShapeError(
+                "mask: the padded layout needs a [B, T] mask to know T (or pass cu_seqlens)", argument="mask"
+            )
         m = as_numpy(mask, "mask")
         if m.ndim != 2 or m.shape[0] != b:
             raise ShapeError(f"mask: expected shape ({b}, T), one row per sequence, got {m.shape}", argument="mask")
@@ -151,7 +155,10 @@ def _broadcast(per_sequence: Any, *, mask: Any, cu_seqlens: Any) -> np.ndarray:
     else:
         cu = _as_cu_seqlens(cu_seqlens)
         if cu.shape[0] != b + 1:
-            raise ShapeError(f"cu_seqlens: expected {b + 1} offsets (one more than per_sequence), got {cu.shape[0]}", argument="cu_seqlens")
+            raise ShapeError(
+                f"cu_seqlens: expected {b + 1} offsets (one more than per_sequence), got {cu.shape[0]}",
+                argument="cu_seqlens",
+            )
         n = int(cu[-1]) if cu.size else 0
         if n < 0:
             raise ShapeError(f"cu_seqlens: expected offsets ending at N >= 0, got {n}", argument="cu_seqlens")
@@ -160,4 +167,3 @@ def _broadcast(per_sequence: Any, *, mask: Any, cu_seqlens: Any) -> np.ndarray:
     result = _core.broadcast(kernel_array(a, compute), canon_mask, cu)
     tokens = kernel_result(result, "broadcast")
     return Outputs(("tokens",), shape, compute, output, None, ()).finish((tokens,))[0]
-

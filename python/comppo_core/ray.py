@@ -72,7 +72,9 @@ def advantages_batch(batch: pa.Table | pa.RecordBatch, **options: Any) -> pa.Tab
     return arrow.compute_advantages(batch, **options)
 
 
-def _moments_batch(batch: pa.Table, *, concentration_col: str = "concentration", mask_col: str | None = None) -> pa.Table:
+def _moments_batch(
+    batch: pa.Table, *, concentration_col: str = "concentration", mask_col: str | None = None
+) -> pa.Table:
     m = arrow.concentration_moments(batch, concentration_col=concentration_col, mask_col=mask_col)
     return pa.table({"n": [m.n], "mean": [m.mean], "m2": [m.m2], "min": [m.min], "max": [m.max]})
 
@@ -93,7 +95,9 @@ def dataset_moments(
     total = arrow.ConcentrationMoments()
     for row in parts.take_all():
         total = total.merge(
-            arrow.ConcentrationMoments(int(row["n"]), float(row["mean"]), float(row["m2"]), float(row["min"]), float(row["max"]))
+            arrow.ConcentrationMoments(
+                int(row["n"]), float(row["mean"]), float(row["m2"]), float(row["min"]), float(row["max"])
+            )
         )
     return total
 
@@ -134,7 +138,9 @@ def compute_advantages(
     try:  # unknown or misspelt options fail here, not in a worker
         inspect.signature(arrow.compute_advantages).bind(None, **options)
     except TypeError as e:
-        raise TypeError(f"compute_advantages: {e} (options are those of comppo_core.arrow.compute_advantages)") from None
+        raise TypeError(
+            f"compute_advantages: {e} (options are those of comppo_core.arrow.compute_advantages)"
+        ) from None
     if "gate_params" in options or any(k in options for k in _GATE_DEFAULTS):
         # One GateParams, checked here (not in a worker), for every block.
         keywords = {k: options.pop(k, default) for k, default in _GATE_DEFAULTS.items()}
@@ -166,7 +172,9 @@ def compute_advantages(
             and gate.normalize == "batch"
             and options.get("batch_moments") is None
         ):
-            options["batch_moments"] = dataset_moments(dataset, concentration_col=cols.concentration, mask_col=cols.mask)
+            options["batch_moments"] = dataset_moments(
+                dataset, concentration_col=cols.concentration, mask_col=cols.mask
+            )
     elif (
         options.get("gate_params") is not None
         and options["gate_params"].normalize == "batch"

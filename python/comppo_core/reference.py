@@ -75,9 +75,7 @@ def _result_dtype(x: np.ndarray) -> np.dtype:
     return x.dtype if x.dtype in _FLOAT_DTYPES else np.dtype(np.float64)
 
 
-def _sequences(
-    shape: tuple[int, ...], mask, cu_seqlens
-) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def _sequences(shape: tuple[int, ...], mask, cu_seqlens) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Yields ``(b, idx, valid)`` for each sequence ``b`` in order.
 
     ``idx`` are the flat indices (into ``arr.reshape(-1)``) of all positions of
@@ -109,18 +107,14 @@ def _sequences(
             yield b, idx, valid_flat[idx]
     else:
         if len(shape) != 1:
-            raise ValueError(
-                f"packed layout (cu_seqlens given) expects 1-D [N] arrays, got shape {shape}"
-            )
+            raise ValueError(f"packed layout (cu_seqlens given) expects 1-D [N] arrays, got shape {shape}")
         cu = np.asarray(cu_seqlens).astype(np.int64).reshape(-1)
         for b in range(len(cu) - 1):
             idx = np.arange(int(cu[b]), int(cu[b + 1]))
             yield b, idx, valid_flat[idx]
 
 
-def _next_valid_values(
-    v_flat: np.ndarray, positions: np.ndarray, v_end: float
-) -> list[float]:
+def _next_valid_values(v_flat: np.ndarray, positions: np.ndarray, v_end: float) -> list[float]:
     """``V_{i+1}`` for each valid position ``i`` of one sequence.
 
     ``positions`` are the flat indices of the sequence's valid positions in
@@ -223,9 +217,7 @@ def gae(
         ``masked_rewards="error"``.
     """
     if masked_rewards not in ("error", "drop"):
-        raise ValueError(
-            f"masked_rewards must be 'error' or 'drop', got {masked_rewards!r}"
-        )
+        raise ValueError(f"masked_rewards must be 'error' or 'drop', got {masked_rewards!r}")
     rewards = np.asarray(rewards)
     r_flat = rewards.reshape(-1)
     v_flat = np.asarray(values).reshape(-1)
@@ -384,9 +376,7 @@ def gates_from_concentration(
       ValueError: unknown ``normalize``.
     """
     if normalize not in _NORMALIZE_MODES:
-        raise ValueError(
-            f"normalize must be one of {_NORMALIZE_MODES}, got {normalize!r}"
-        )
+        raise ValueError(f"normalize must be one of {_NORMALIZE_MODES}, got {normalize!r}")
     conc = np.asarray(conc)
     c_flat = conc.reshape(-1)
     seqs = list(_sequences(conc.shape, mask, cu_seqlens))
@@ -397,9 +387,7 @@ def gates_from_concentration(
             positions = idx[valid]
             z[positions] = _zscore(c_flat[positions])
     elif normalize == "batch":
-        positions = np.concatenate(
-            [idx[valid] for _, idx, valid in seqs] + [np.zeros(0, dtype=np.int64)]
-        )
+        positions = np.concatenate([idx[valid] for _, idx, valid in seqs] + [np.zeros(0, dtype=np.int64)])
         z[positions] = _zscore(c_flat[positions])
     else:  # "none"
         for _, idx, valid in seqs:
@@ -515,8 +503,7 @@ def constant_gates(gates, *, mask=None, cu_seqlens=None) -> np.ndarray:
     g_flat = gates.reshape(-1)
     out = gates.astype(_result_dtype(gates), copy=True).reshape(-1)
     positions = np.concatenate(
-        [idx[valid] for _, idx, valid in _sequences(gates.shape, mask, cu_seqlens)]
-        + [np.zeros(0, dtype=np.int64)]
+        [idx[valid] for _, idx, valid in _sequences(gates.shape, mask, cu_seqlens)] + [np.zeros(0, dtype=np.int64)]
     )
     if positions.size:
         out[positions] = float(np.mean(g_flat[positions].astype(np.float64)))
@@ -579,9 +566,7 @@ def group_advantages(
     if method not in _GROUP_METHODS:
         raise ValueError(f"method must be one of {_GROUP_METHODS}, got {method!r}")
     if singleton not in _SINGLETON_MODES:
-        raise ValueError(
-            f"singleton must be one of {_SINGLETON_MODES}, got {singleton!r}"
-        )
+        raise ValueError(f"singleton must be one of {_SINGLETON_MODES}, got {singleton!r}")
     s_all = np.asarray(scores, dtype=np.float64).reshape(-1)
     ids = np.asarray(groups).reshape(-1)
     for i, s in enumerate(s_all):
@@ -646,19 +631,14 @@ def broadcast(per_sequence, *, mask=None, cu_seqlens=None, like=None) -> np.ndar
     elif cu_seqlens is not None:
         shape = (int(np.asarray(cu_seqlens).reshape(-1)[-1]),)
     else:
-        raise ValueError(
-            "broadcast: the padded layout needs `mask` or `like` to know the "
-            "token shape [B, T]"
-        )
+        raise ValueError("broadcast: the padded layout needs `mask` or `like` to know the token shape [B, T]")
     out = np.zeros(int(np.prod(shape)), dtype=np.float64)
     for b, idx, valid in _sequences(shape, mask, cu_seqlens):
         out[idx[valid]] = a[b]
     return out.reshape(shape)
 
 
-def masked_whiten(
-    x, *, mask=None, cu_seqlens=None, shift_mean: bool = True, eps: float = 1e-8
-) -> np.ndarray:
+def masked_whiten(x, *, mask=None, cu_seqlens=None, shift_mean: bool = True, eps: float = 1e-8) -> np.ndarray:
     """Whitens over all valid tokens of the batch (as verl's ``masked_whiten``).
 
     With μ and the *unbiased* variance σ² (ddof 1) over the valid tokens::
@@ -685,15 +665,11 @@ def masked_whiten(
     x = np.asarray(x)
     x_flat = x.reshape(-1)
     positions = np.concatenate(
-        [idx[valid] for _, idx, valid in _sequences(x.shape, mask, cu_seqlens)]
-        + [np.zeros(0, dtype=np.int64)]
+        [idx[valid] for _, idx, valid in _sequences(x.shape, mask, cu_seqlens)] + [np.zeros(0, dtype=np.int64)]
     )
     n = positions.size
     if n < 2:
-        raise ValueError(
-            f"masked_whiten needs at least 2 valid tokens for an unbiased "
-            f"variance, got {n}"
-        )
+        raise ValueError(f"masked_whiten needs at least 2 valid tokens for an unbiased variance, got {n}")
     vals = x_flat[positions].astype(np.float64)
     mean = vals.sum() / n
     var = ((vals - mean) ** 2).sum() / (n - 1)
@@ -743,8 +719,7 @@ def credit_stats(x, *, mask=None, cu_seqlens=None) -> dict[str, float]:
     x = np.asarray(x)
     x_flat = x.reshape(-1)
     positions = np.concatenate(
-        [idx[valid] for _, idx, valid in _sequences(x.shape, mask, cu_seqlens)]
-        + [np.zeros(0, dtype=np.int64)]
+        [idx[valid] for _, idx, valid in _sequences(x.shape, mask, cu_seqlens)] + [np.zeros(0, dtype=np.int64)]
     )
     n = positions.size
     if n == 0:

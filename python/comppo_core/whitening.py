@@ -57,7 +57,9 @@ def masked_whiten(
 
 
 @tensor_io("x", "mask", "cu_seqlens")
-def _masked_whiten(x: Any, *, mask: Any, cu_seqlens: Any, shift_mean: bool, eps: float, out: np.ndarray | None) -> np.ndarray:
+def _masked_whiten(
+    x: Any, *, mask: Any, cu_seqlens: Any, shift_mean: bool, eps: float, out: np.ndarray | None
+) -> np.ndarray:
     """:func:`masked_whiten` for any arguments: puts them in canonical form (tensors,
     other dtypes, strided arrays), whitens in place for ``out=x``, or raises the error
     that names the first bad one."""
@@ -83,7 +85,9 @@ def _whiten_in_place(
     if not x.flags.writeable:
         raise ShapeError("out (whitened): out=x whitens x in place, but x is read-only", argument="out")
     if x.dtype.kind != "f":
-        raise DTypeError(f"out (whitened): out=x needs a float array to hold the result, got dtype {x.dtype}", argument="out")
+        raise DTypeError(
+            f"out (whitened): out=x needs a float array to hold the result, got dtype {x.dtype}", argument="out"
+        )
     if x.dtype == compute and x.flags.c_contiguous and x.flags.aligned:
         kernel_result(_core.masked_whiten(x, lay.mask, lay.cu_seqlens, shift_mean, eps, x), "masked_whiten")
     else:  # float16 (computed in float32), strided or unaligned: whiten into a fresh array, copy back

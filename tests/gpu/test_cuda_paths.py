@@ -34,7 +34,10 @@ Tensors = dict[str, Any]
 
 #: name -> (call on a dict of tensors, whether the output has the first argument's dtype)
 CALLS: dict[str, tuple[Callable[[Tensors], Any], bool]] = {
-    "gae": (lambda t: cc.gae(t["r"], t["v"], mask=t["m"], gates=t["g"], last_values=t["lv"], gamma=0.99, lam=0.9), True),
+    "gae": (
+        lambda t: cc.gae(t["r"], t["v"], mask=t["m"], gates=t["g"], last_values=t["lv"], gamma=0.99, lam=0.9),
+        True,
+    ),
     "gae packed int32": (lambda t: cc.gae(t["pr"], t["pv"], cu_seqlens=t["cu32"], gamma=0.99, lam=0.9), True),
     "gae packed int64": (lambda t: cc.gae(t["pr"], t["pv"], cu_seqlens=t["cu64"], gamma=0.99, lam=0.9), True),
     "td_targets": (lambda t: cc.td_targets(t["r"], t["v"], mask=t["m"], gates=t["g"], gamma=0.99), True),
@@ -65,9 +68,13 @@ def cpu_tensors(shape: tuple[int, int], dtype: Any, mask_dtype: Any) -> Tensors:
     valid = rng.random(shape) < 0.8
     valid[:, 0] = True
     base = {
-        "r": rng.standard_normal(shape) * valid, "v": rng.standard_normal(shape),
-        "g": rng.uniform(0.5, 1.0, shape), "x": rng.standard_normal(shape), "lv": rng.standard_normal(b),
-        "s": rng.standard_normal(2 * b), "a": rng.standard_normal(b),
+        "r": rng.standard_normal(shape) * valid,
+        "v": rng.standard_normal(shape),
+        "g": rng.uniform(0.5, 1.0, shape),
+        "x": rng.standard_normal(shape),
+        "lv": rng.standard_normal(b),
+        "s": rng.standard_normal(2 * b),
+        "a": rng.standard_normal(b),
     }
     t = {k: torch.from_numpy(a).to(dtype) for k, a in base.items()}
     t["m"] = torch.from_numpy(valid).to(mask_dtype)
@@ -87,8 +94,9 @@ def parts(x: Any) -> list[Any]:
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("name", list(CALLS))
-def test_device_tensors_give_the_cpu_results(name: str, shape: tuple[int, int], dtype: Any, mask_dtype: Any,
-                                             device: Any) -> None:
+def test_device_tensors_give_the_cpu_results(
+    name: str, shape: tuple[int, int], dtype: Any, mask_dtype: Any, device: Any
+) -> None:
     call, first_dtype = CALLS[name]
     cpu = cpu_tensors(shape, dtype, mask_dtype)
     want = call(cpu)
@@ -102,7 +110,9 @@ def test_device_tensors_give_the_cpu_results(name: str, shape: tuple[int, int], 
         assert g.dtype == w.dtype
         if first_dtype:
             assert g.dtype == dtype, "the output dtype must be the first argument's"
-        assert torch.equal(g.cpu(), w), f"differs from the CPU path by {(g.cpu().double() - w.double()).abs().max().item():.3g}"
+        assert torch.equal(g.cpu(), w), (
+            f"differs from the CPU path by {(g.cpu().double() - w.double()).abs().max().item():.3g}"
+        )
 
 
 @pytest.mark.parametrize("with_gates", [False, True], ids=["gae", "comp-gae"])
@@ -124,8 +134,9 @@ def test_verl_dropin_on_device_matches_verl_loop_on_device(with_gates: bool, dev
     dev = {k: torch.from_numpy(v).to(device) for k, v in host.items()}
     gates = dev["gates"] if with_gates else None
     adv, ret = cc_verl.compute_gae_advantage_return(dev["rewards"], dev["values"], dev["mask"], 1.0, 0.95, gates=gates)
-    want_adv, want_ret = suite.verl_compute_gae_advantage_return(dev["rewards"], dev["values"], dev["mask"], 1.0, 0.95,
-                                                                 gates)
+    want_adv, want_ret = suite.verl_compute_gae_advantage_return(
+        dev["rewards"], dev["values"], dev["mask"], 1.0, 0.95, gates
+    )
     for got, want in ((adv, want_adv), (ret, want_ret)):
         assert got.device == device and got.dtype == torch.float32
         g, w = got.cpu().numpy(), want.float().cpu().numpy()

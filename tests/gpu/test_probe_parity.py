@@ -78,8 +78,9 @@ def variants(device: Any, dtype_name: str, statistic: str) -> dict[str, dict[str
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("padding", suite.PADDINGS)
 @pytest.mark.parametrize("arch", suite.ARCHS)
-def test_probe_on_device_matches_eager_on_device(arch: str, padding: str, dtype_name: str, statistic: str,
-                                                 device: Any) -> None:
+def test_probe_on_device_matches_eager_on_device(
+    arch: str, padding: str, dtype_name: str, statistic: str, device: Any
+) -> None:
     cpu_model, model = models(arch, dtype_name, device)
     ids_cpu, am_cpu = suite.batch(padding)
     ids, am = ids_cpu.to(device), am_cpu.to(device)
@@ -106,8 +107,9 @@ def test_probe_on_device_matches_eager_on_device(arch: str, padding: str, dtype_
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("padding", suite.PADDINGS)
 @pytest.mark.parametrize("arch", suite.ARCHS)
-def test_logits_unchanged_and_implementation_restored_on_device(arch: str, padding: str, dtype_name: str,
-                                                                device: Any) -> None:
+def test_logits_unchanged_and_implementation_restored_on_device(
+    arch: str, padding: str, dtype_name: str, device: Any
+) -> None:
     _, model = models(arch, dtype_name, device)
     ids_cpu, am_cpu = suite.batch(padding)
     ids, am = ids_cpu.to(device), am_cpu.to(device)
@@ -137,8 +139,9 @@ def test_comp_gae_batch_on_device_matches_cpu(device: Any) -> None:
     scores = torch.tensor([1.0, -0.5, 0.25])
 
     def run(m: Any, dev: Any) -> Any:
-        return hf.comp_gae_batch(m, ids_cpu.to(dev), am_cpu.to(dev), response_mask.to(dev), scores.to(dev),
-                                 gamma=1.0, lam=0.95)
+        return hf.comp_gae_batch(
+            m, ids_cpu.to(dev), am_cpu.to(dev), response_mask.to(dev), scores.to(dev), gamma=1.0, lam=0.95
+        )
 
     on_cpu, on_dev = run(cpu_model, "cpu"), run(model, device)
     for field in ("advantages", "returns", "gae_advantages", "gae_returns", "gates"):

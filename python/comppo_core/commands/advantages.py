@@ -68,12 +68,16 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         formatter_class=_HelpFormatter,
     )
     cmd.add_argument("input", metavar="IN.parquet", help="input Parquet file")
-    cmd.add_argument("-o", "--output", metavar="OUT.parquet", required=True, help="output Parquet file (replaced if it exists)")
+    cmd.add_argument(
+        "-o", "--output", metavar="OUT.parquet", required=True, help="output Parquet file (replaced if it exists)"
+    )
 
     g = cmd.add_argument_group("GAE")
     g.add_argument("--gamma", type=unit_float, default=1.0, help="discount γ")
     g.add_argument("--lam", type=unit_float, default=1.0, help="GAE λ of the advantages")
-    g.add_argument("--lam-critic", type=unit_float, default=None, help="λ of the returns (decoupled GAE; default: --lam)")
+    g.add_argument(
+        "--lam-critic", type=unit_float, default=None, help="λ of the returns (decoupled GAE; default: --lam)"
+    )
     g.add_argument(
         "--masked-rewards",
         choices=("error", "drop"),
@@ -85,7 +89,12 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     c.add_argument("--rewards-col", default="rewards", metavar="NAME", help="list column of per-token rewards")
     c.add_argument("--values-col", default="values", metavar="NAME", help="list column of per-token critic values")
     m = c.add_mutually_exclusive_group()
-    m.add_argument("--mask-col", default=None, metavar="NAME", help="list column of bool/0-1 token masks (default: 'mask' if IN has it)")
+    m.add_argument(
+        "--mask-col",
+        default=None,
+        metavar="NAME",
+        help="list column of bool/0-1 token masks (default: 'mask' if IN has it)",
+    )
     m.add_argument("--no-mask", action="store_true", help="ignore any mask column: every token is valid")
     lv = c.add_mutually_exclusive_group()
     lv.add_argument(
@@ -94,7 +103,9 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         metavar="NAME",
         help="numeric column of bootstrap values of truncated responses (default: 'last_values' if IN has it)",
     )
-    lv.add_argument("--no-last-values", action="store_true", help="ignore any last-values column: every response is terminal")
+    lv.add_argument(
+        "--no-last-values", action="store_true", help="ignore any last-values column: every response is terminal"
+    )
     gsrc = c.add_mutually_exclusive_group()
     gsrc.add_argument("--gates-col", default=None, metavar="NAME", help="list column of gates in [0, 1] (Comp-GAE)")
     gsrc.add_argument(

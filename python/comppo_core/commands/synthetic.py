@@ -116,7 +116,9 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     cmd.add_argument("--lam", type=unit_float, default=0.95, help="GAE λ")
     cmd.add_argument("--low", type=unit_float, default=0.5, help="lowest gate")
     cmd.add_argument("--high", type=unit_float, default=1.0, help="highest gate")
-    cmd.add_argument("--repeats", type=positive_int, default=5, help="timing repetitions of comppo_core.gae (best is kept)")
+    cmd.add_argument(
+        "--repeats", type=positive_int, default=5, help="timing repetitions of comppo_core.gae (best is kept)"
+    )
     cmd.set_defaults(run=run)
     return cmd
 
@@ -215,7 +217,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         f"{float(rewards[b, n_b - 1]):+g} on its last token (position {n_b - 1}); "
         f"its last {shown} tokens:"
     )
-    cols = [rewards[b, pos], values[b, pos], conc[b, pos], gates[b, pos], plain.advantages[b, pos], comp.advantages[b, pos]]
+    cols = [
+        rewards[b, pos],
+        values[b, pos],
+        conc[b, pos],
+        gates[b, pos],
+        plain.advantages[b, pos],
+        comp.advantages[b, pos],
+    ]
     for line in _table(cols, pos):
         print(line)
     valid_gates = gates[mask]
@@ -247,8 +256,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print()
     print(f"timing Comp-GAE (advantages + returns) on the whole batch, {n_tokens} valid tokens:")
     print(
-        f"  comppo_core.gae            {_seconds(fast_s):>10}  {_rate(n_tokens, fast_s):>20}"
-        f"   (best of {args.repeats})"
+        f"  comppo_core.gae            {_seconds(fast_s):>10}  {_rate(n_tokens, fast_s):>20}   (best of {args.repeats})"
     )
     if k == args.batch:
         how = "Python loop: timed once on the whole batch"

@@ -48,9 +48,7 @@ def peak_memory(fn: Callable[[], Any], device: Any = "cpu", *, within: Optional[
     if within is None:
         intervals = [(mem[0][0] if mem else 0, mem[-1][0] if mem else 0)]
     else:
-        intervals = sorted(
-            (e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name() == within
-        )
+        intervals = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name() == within)
     stamps = [ts for ts, _ in mem]
     peak = 0
     for lo, hi in intervals:

@@ -223,14 +223,26 @@ def comp_gae_batch(
       :class:`CompPOBatch`, every field ``[B, T−1]`` on the model's device.
     """
     if not isinstance(control, str) or control not in CONTROLS:
-        raise ParameterError(f"control: expected one of {', '.join(map(repr, CONTROLS))}, got {control!r}", argument="control")
-    keywords = {"low": low, "high": high, "sharpness": sharpness, "normalize": normalize, "center": center, "scale": scale, "invert": invert}
+        raise ParameterError(
+            f"control: expected one of {', '.join(map(repr, CONTROLS))}, got {control!r}", argument="control"
+        )
+    keywords = {
+        "low": low,
+        "high": high,
+        "sharpness": sharpness,
+        "normalize": normalize,
+        "center": center,
+        "scale": scale,
+        "invert": invert,
+    }
     gate = from_keywords(gate_params, keywords, name="gate_params")
     ids, am = _check_ids(input_ids, attention_mask)
     b, t = ids.shape
     if not isinstance(response_mask, torch.Tensor) or tuple(response_mask.shape) != (b, t):
         got = tuple(response_mask.shape) if isinstance(response_mask, torch.Tensor) else type(response_mask).__name__
-        raise ShapeError(f"response_mask: expected a tensor shaped like input_ids {(b, t)}, got {got}", argument="response_mask")
+        raise ShapeError(
+            f"response_mask: expected a tensor shaped like input_ids {(b, t)}, got {got}", argument="response_mask"
+        )
     rm = response_mask.to(device=ids.device) != 0
     if bool(rm[:, 0].any()):
         row = int(torch.nonzero(rm[:, 0])[0, 0])
@@ -242,8 +254,15 @@ def comp_gae_batch(
         )
 
     lp, conc = logprobs_and_concentration(
-        model, ids, attention_mask, statistic=statistic, layers=layers, position_ids=position_ids, method=method,
-        query_chunk=query_chunk, precision=precision,
+        model,
+        ids,
+        attention_mask,
+        statistic=statistic,
+        layers=layers,
+        position_ids=position_ids,
+        method=method,
+        query_chunk=query_chunk,
+        precision=precision,
     )
     device = lp.device
     mask = rm[:, 1:].to(device)
@@ -254,7 +273,9 @@ def comp_gae_batch(
     r_in = torch.as_tensor(rewards, device=device)
     if r_in.dim() == 1:
         if r_in.shape[0] != b:
-            raise ShapeError(f"rewards: expected [B] = [{b}] outcome scores, got {tuple(r_in.shape)}", argument="rewards")
+            raise ShapeError(
+                f"rewards: expected [B] = [{b}] outcome scores, got {tuple(r_in.shape)}", argument="rewards"
+            )
         r = _outcome_on_last(r_in.to(torch.float32), mask)
     else:
         r = _rewards_to_columns(r_in, b, t, device)
@@ -270,9 +291,19 @@ def comp_gae_batch(
 
     lv = None if last_values is None else torch.as_tensor(last_values, device=device, dtype=torch.float32)
     comp: Any = gae(
-        r, v, mask=mask, gates=gates, gamma=gamma, lam=lam, lam_critic=lam_critic, last_values=lv, masked_rewards=masked_rewards
+        r,
+        v,
+        mask=mask,
+        gates=gates,
+        gamma=gamma,
+        lam=lam,
+        lam_critic=lam_critic,
+        last_values=lv,
+        masked_rewards=masked_rewards,
     )
-    plain: Any = gae(r, v, mask=mask, gamma=gamma, lam=lam, lam_critic=lam_critic, last_values=lv, masked_rewards=masked_rewards)
+    plain: Any = gae(
+        r, v, mask=mask, gamma=gamma, lam=lam, lam_critic=lam_critic, last_values=lv, masked_rewards=masked_rewards
+    )
     return CompPOBatch(
         logprobs=lp,
         concentration=conc,

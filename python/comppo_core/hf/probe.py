@@ -217,7 +217,9 @@ _MODULE_STATE: weakref.WeakKeyDictionary[Any, _ModelState] = weakref.WeakKeyDict
 _MODEL_STATE: weakref.WeakKeyDictionary[Any, _ModelState] = weakref.WeakKeyDictionary()
 
 
-def _probe_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any) -> Any:
+def _probe_attention(
+    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any
+) -> Any:
     """The registered attention function: SDPA, then the active probes' statistics."""
     out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     state = _MODULE_STATE.get(module)
@@ -334,7 +336,10 @@ def _normalize_layers(layers: None | int | slice | Iterable[int], n: int) -> tup
         if isinstance(x, bool) or not isinstance(x, int):
             raise ParameterError(f"layers: expected integer layer indices, got {x!r}", argument="layers")
         if not -n <= x < n:
-            raise ParameterError(f"layers: index {x} is out of range for a model with {n} layers (expected {-n} <= i < {n})", argument="layers")
+            raise ParameterError(
+                f"layers: index {x} is out of range for a model with {n} layers (expected {-n} <= i < {n})",
+                argument="layers",
+            )
         i = x % n
         if i in out_list:
             raise ParameterError(f"layers: layer {i} is selected twice", argument="layers")
@@ -481,7 +486,9 @@ class ConcentrationProbe:
         raise NonFiniteError(self._error, argument="concentration", row=row, position=pos)
 
     def _record(self, layer: int, stat: torch.Tensor, valid: torch.Tensor) -> None:
-        if self._sum is not None and (layer in self._seen or self._sum.shape != stat.shape or self._sum.device != stat.device):
+        if self._sum is not None and (
+            layer in self._seen or self._sum.shape != stat.shape or self._sum.device != stat.device
+        ):
             self._finish_pass()
         if self._sum is None:
             self._sum = torch.zeros_like(stat)
@@ -546,9 +553,7 @@ class ConcentrationProbe:
                 "full-sequence passes; use use_cache=False)"
             )
         if self._seen:
-            why.append(
-                f"a pass is incomplete: layers {sorted(self._seen)} of {list(self.layers)} were seen"
-            )
+            why.append(f"a pass is incomplete: layers {sorted(self._seen)} of {list(self.layers)} were seen")
         if self._error is not None:
             why.append(f"the last pass raised NonFiniteError ({self._error})")
         return ProbeError(
@@ -561,7 +566,9 @@ class ConcentrationProbe:
 
     def __enter__(self) -> ConcentrationProbe:  # noqa: PYI034 (typing.Self needs Python 3.11)
         if self._active:
-            raise ProbeError("ConcentrationProbe: this probe is already active; create another probe to nest", argument=None)
+            raise ProbeError(
+                "ConcentrationProbe: this probe is already active; create another probe to nest", argument=None
+            )
         self.reset()
         _attach(self.model, self)
         self._active = True
@@ -639,7 +646,9 @@ def token_logprobs(
         got = f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, torch.Tensor) else type(targets).__name__
         raise ShapeError(f"targets: expected an integer tensor [B, L] = [{b}, {length}], got {got}", argument="targets")
     if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int) or chunk_elements < 1:
-        raise ParameterError(f"chunk_elements: expected an integer >= 1, got {chunk_elements!r}", argument="chunk_elements")
+        raise ParameterError(
+            f"chunk_elements: expected an integer >= 1, got {chunk_elements!r}", argument="chunk_elements"
+        )
     out = torch.empty(b, length, dtype=torch.float32, device=logits.device)
     positions = max(1, min(length, chunk_elements // max(1, vocab)))
     rows = max(1, min(b, chunk_elements // max(1, length * vocab))) if positions == length else 1
@@ -654,16 +663,34 @@ def token_logprobs(
 
 
 def _check_ids(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
-        got = f"{input_ids.dtype} {tuple(input_ids.shape)}" if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+    if (
+        not isinstance(input_ids, torch.Tensor)
+        or input_ids.dim() != 2
+        or input_ids.dtype not in (torch.int64, torch.int32)
+    ):
+        got = (
+            f"{input_ids.dtype} {tuple(input_ids.shape)}"
+            if isinstance(input_ids, torch.Tensor)
+            else type(input_ids).__name__
+        )
         raise ShapeError(f"input_ids: expected a 2-D integer tensor [B, T], got {got}", argument="input_ids")
     if input_ids.shape[1] < 2:
-        raise ShapeError(f"input_ids: expected T >= 2 tokens per row (log-probs score tokens 1..T-1), got T={input_ids.shape[1]}", argument="input_ids")
+        raise ShapeError(
+            f"input_ids: expected T >= 2 tokens per row (log-probs score tokens 1..T-1), got T={input_ids.shape[1]}",
+            argument="input_ids",
+        )
     if attention_mask is None:
         return input_ids, None
     if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
-        got_mask = str(tuple(attention_mask.shape)) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-        raise ShapeError(f"attention_mask: expected a tensor shaped like input_ids {tuple(input_ids.shape)}, got {got_mask}", argument="attention_mask")
+        got_mask = (
+            str(tuple(attention_mask.shape))
+            if isinstance(attention_mask, torch.Tensor)
+            else type(attention_mask).__name__
+        )
+        raise ShapeError(
+            f"attention_mask: expected a tensor shaped like input_ids {tuple(input_ids.shape)}, got {got_mask}",
+            argument="attention_mask",
+        )
     return input_ids, attention_mask.to(device=input_ids.device) != 0
 
 

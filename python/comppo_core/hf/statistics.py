@@ -179,16 +179,22 @@ def _fall_back(cache: set[CapabilityKey], key: CapabilityKey, failed: str, why: 
 def check_statistic(statistic: object) -> str:
     """``statistic`` if it is one of :data:`STATISTICS`, else a :class:`ParameterError`."""
     if not isinstance(statistic, str) or statistic not in STATISTICS:
-        raise ParameterError(f"statistic: expected one of {', '.join(map(repr, STATISTICS))}, got {statistic!r}", argument="statistic")
+        raise ParameterError(
+            f"statistic: expected one of {', '.join(map(repr, STATISTICS))}, got {statistic!r}", argument="statistic"
+        )
     return statistic
 
 
 def check_method(method: object, statistic: str) -> str:
     """``method`` if it is one of :data:`METHODS` and can compute ``statistic``."""
     if not isinstance(method, str) or method not in METHODS:
-        raise ParameterError(f"method: expected one of {', '.join(map(repr, METHODS))}, got {method!r}", argument="method")
+        raise ParameterError(
+            f"method: expected one of {', '.join(map(repr, METHODS))}, got {method!r}", argument="method"
+        )
     if method == "online" and not online.available():
-        raise ParameterError("method: 'online' needs Triton, which is not installed; use method='auto'", argument="method")
+        raise ParameterError(
+            "method: 'online' needs Triton, which is not installed; use method='auto'", argument="method"
+        )
     if method == "fused" and statistic not in _FUSED_STATISTICS:
         raise ParameterError(
             f"method: 'fused' computes {' and '.join(map(repr, _FUSED_STATISTICS))} only, got statistic={statistic!r}; "
@@ -201,7 +207,9 @@ def check_method(method: object, statistic: str) -> str:
 def check_precision(precision: object) -> str:
     """``precision`` if it is one of :data:`PRECISIONS`, else a :class:`ParameterError`."""
     if not isinstance(precision, str) or precision not in PRECISIONS:
-        raise ParameterError(f"precision: expected one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}", argument="precision")
+        raise ParameterError(
+            f"precision: expected one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}", argument="precision"
+        )
     return precision
 
 
@@ -297,7 +305,13 @@ def _chunk_statistic(s: torch.Tensor, statistic: str) -> torch.Tensor:
 
 
 def _chunked(
-    q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor], scale: float, causal: bool, statistic: str, query_chunk: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    scale: float,
+    causal: bool,
+    statistic: str,
+    query_chunk: int,
 ) -> torch.Tensor:
     b, h, tq, _ = q.shape
     tk = k.shape[2]
@@ -356,7 +370,9 @@ def _efficient_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CUDA memory-efficient attention (any float dtype, optional additive bias)."""
-    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, causal, scale=scale)
+    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, True, 0.0, causal, scale=scale
+    )
     return out, lse[..., : q.shape[2]]  # the kernel pads LSE's length to a multiple of 32
 
 
@@ -375,7 +391,9 @@ def _cuda_lse_attention(
             except RuntimeError as exc:
                 if _is_fatal(exc):
                     raise
-                _fall_back(_FLASH_BROKEN, key, "FlashAttention-2", str(exc), "using the memory-efficient attention kernel")
+                _fall_back(
+                    _FLASH_BROKEN, key, "FlashAttention-2", str(exc), "using the memory-efficient attention kernel"
+                )
     return _efficient_attention(q, k, v, bias, causal, scale)
 
 
@@ -449,7 +467,12 @@ def _fused_rows(
     q_center = (q.float() * _repeat_heads(center, h)).sum(dim=-1)  # ⟨q_t, k̄⟩, [B, H, Tq]
 
     def raw_statistic(
-        qc: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, bias: Optional[torch.Tensor], qcen: torch.Tensor, is_causal: bool
+        qc: torch.Tensor,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        bias: Optional[torch.Tensor],
+        qcen: torch.Tensor,
+        is_causal: bool,
     ) -> torch.Tensor:
         o, lse = _lse_attention(qc, kc, vc, bias, is_causal, scale)
         lse = lse.float()
@@ -537,26 +560,38 @@ def head_mean_concentration(
     query_chunk = _check_chunk(query_chunk)
     precision = check_precision(precision)
     if query.dim() != 4 or key.dim() != 4:
-        raise ParameterError(f"query, key: expected 4-D [B, H, T, d] tensors, got {tuple(query.shape)} and {tuple(key.shape)}", argument="query")
+        raise ParameterError(
+            f"query, key: expected 4-D [B, H, T, d] tensors, got {tuple(query.shape)} and {tuple(key.shape)}",
+            argument="query",
+        )
     b, h, tq, d = query.shape
     if key.shape[0] != b or key.shape[3] != d or h % key.shape[1] != 0:
-        raise ParameterError(f"key: expected [{b}, Hkv, Tk, {d}] with {h} % Hkv == 0, got {tuple(key.shape)}", argument="key")
+        raise ParameterError(
+            f"key: expected [{b}, Hkv, Tk, {d}] with {h} % Hkv == 0, got {tuple(key.shape)}", argument="key"
+        )
     tk = key.shape[2]
     if mask is not None:
         if mask.dtype != torch.bool:
             raise ParameterError(f"mask: expected a bool tensor, got {mask.dtype}", argument="mask")
         if mask.dim() != 4 or mask.shape[-2:] != (tq, tk) or mask.shape[0] not in (1, b) or mask.shape[1] not in (1, h):
-            raise ParameterError(f"mask: expected [{b} or 1, {h} or 1, {tq}, {tk}], got {tuple(mask.shape)}", argument="mask")
+            raise ParameterError(
+                f"mask: expected [{b} or 1, {h} or 1, {tq}, {tk}], got {tuple(mask.shape)}", argument="mask"
+            )
     scale_ = 1.0 / math.sqrt(d) if scale is None else float(scale)
     causal = bool(is_causal) and mask is None
     if causal and tk > tq:
         key = key[:, :, :tq]  # upper-left causal: query i sees keys 0..i only
 
     if method == "online" and query.device.type != "cuda" and not online.interpreting():
-        raise ParameterError(f"method: 'online' runs on CUDA tensors only, got {query.device.type}; use method='auto'", argument="method")
+        raise ParameterError(
+            f"method: 'online' runs on CUDA tensors only, got {query.device.type}; use method='auto'", argument="method"
+        )
     online_key = _capability_key(query, query.dtype)
     use_online = method == "online" or (
-        method == "auto" and query.device.type in _ONLINE_DEVICES and online.available() and online_key not in _ONLINE_BROKEN
+        method == "auto"
+        and query.device.type in _ONLINE_DEVICES
+        and online.available()
+        and online_key not in _ONLINE_BROKEN
     )
     if use_online:
         try:
@@ -565,7 +600,9 @@ def head_mean_concentration(
         except Exception as exc:  # a Triton compile error is not a RuntimeError
             if method == "online" or _is_fatal(exc):
                 raise
-            _fall_back(_ONLINE_BROKEN, online_key, "the online (Triton) kernel", repr(exc), "using the fused or chunked method")
+            _fall_back(
+                _ONLINE_BROKEN, online_key, "the online (Triton) kernel", repr(exc), "using the fused or chunked method"
+            )
 
     capability = _capability_key(query, torch.float32 if precision == "float32" else query.dtype)
     use_fused = method == "fused" or (
@@ -581,6 +618,10 @@ def head_mean_concentration(
             if method == "fused" or _is_fatal(exc):
                 raise
             _fall_back(
-                _FUSED_BROKEN, capability, "the fused attention kernel", str(exc), "computing the statistic with the exact chunked method"
+                _FUSED_BROKEN,
+                capability,
+                "the fused attention kernel",
+                str(exc),
+                "computing the statistic with the exact chunked method",
             )
     return _chunked(query, key, mask, scale_, causal, statistic, query_chunk)

@@ -59,7 +59,9 @@ def _column_mask(name: str, x: Any, shape: tuple[int, int], columns: torch.Tenso
     """``x`` as a ``[B, T−1]`` bool tensor inside the scored columns, or a clear error."""
     if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ShapeError(f"{name}: expected a tensor [B, T−1] = {list(shape)} (column j scores token j+1), got {got}", argument=name)
+        raise ShapeError(
+            f"{name}: expected a tensor [B, T−1] = {list(shape)} (column j scores token j+1), got {got}", argument=name
+        )
     m = x.to(device=columns.device) != 0
     outside = m & ~columns
     if bool(outside.any()):
@@ -67,7 +69,9 @@ def _column_mask(name: str, x: Any, shape: tuple[int, int], columns: torch.Tenso
         raise ShapeError(
             f"{name}: expected only columns whose query and target tokens are real, got a padded column at "
             f"(row {row}, position {pos})",
-            argument=name, row=row, position=pos,
+            argument=name,
+            row=row,
+            position=pos,
         )
     return m
 
@@ -80,7 +84,12 @@ def _given_gates(gates: Any, shape: tuple[int, int], device: torch.device) -> to
     bad = ~((g >= 0) & (g <= 1))
     if bool(bad.any()):
         row, pos = (int(i) for i in torch.nonzero(bad)[0])
-        raise OutOfRangeError(f"gates: expected values in [0, 1], got {float(g[row, pos])} at (row {row}, position {pos})", argument="gates", row=row, position=pos)
+        raise OutOfRangeError(
+            f"gates: expected values in [0, 1], got {float(g[row, pos])} at (row {row}, position {pos})",
+            argument="gates",
+            row=row,
+            position=pos,
+        )
     return g
 
 
@@ -139,7 +148,7 @@ def forward(
         model, statistic, layers, per_layer=True, record_with_grad=grad, method=method, query_chunk=query_chunk
     )
     recorder = TapRecorder(model, taps)
-    with grad_mode, probe, (recorder if taps else contextlib.nullcontext()):
+    with grad_mode, probe, recorder if taps else contextlib.nullcontext():
         out = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False)
         logits = out.logits if hasattr(out, "logits") else out[0]
         lp = token_logprobs(logits[:, :-1], ids[:, 1:])

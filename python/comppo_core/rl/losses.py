@@ -75,9 +75,13 @@ def _tensor(x: Any, name: str) -> torch.Tensor:
 
 def _check_like(x: torch.Tensor, name: str, first: torch.Tensor, first_name: str) -> None:
     if x.shape != first.shape:
-        raise ShapeError(f"{name}: expected shape {tuple(first.shape)} like {first_name}, got {tuple(x.shape)}", argument=name)
+        raise ShapeError(
+            f"{name}: expected shape {tuple(first.shape)} like {first_name}, got {tuple(x.shape)}", argument=name
+        )
     if x.device != first.device:
-        raise DTypeError(f"{name}: expected a tensor on {first.device} like {first_name}, got one on {x.device}", argument=name)
+        raise DTypeError(
+            f"{name}: expected a tensor on {first.device} like {first_name}, got one on {x.device}", argument=name
+        )
 
 
 def _grid(tensors: dict[str, Any]) -> list[torch.Tensor]:
@@ -86,7 +90,9 @@ def _grid(tensors: dict[str, Any]) -> list[torch.Tensor]:
     names = list(tensors)
     first, first_name = checked[0], names[0]
     if first.dim() != 2:
-        raise ShapeError(f"{first_name}: expected a 2-D [B, T] tensor, got shape {tuple(first.shape)}", argument=first_name)
+        raise ShapeError(
+            f"{first_name}: expected a 2-D [B, T] tensor, got shape {tuple(first.shape)}", argument=first_name
+        )
     for x, name in zip(checked[1:], names[1:]):
         _check_like(x, name, first, first_name)
     return checked

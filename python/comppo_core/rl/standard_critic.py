@@ -49,7 +49,10 @@ class StandardCritic(nn.Module):
         text = get_text() if callable(get_text) else cfg
         d = getattr(text, "hidden_size", None) or getattr(text, "n_embd", None)
         if not isinstance(d, int):
-            raise ParameterError(f"backbone: expected a transformers model with a config.hidden_size, got {type(backbone).__name__}", argument="backbone")
+            raise ParameterError(
+                f"backbone: expected a transformers model with a config.hidden_size, got {type(backbone).__name__}",
+                argument="backbone",
+            )
         self.backbone = backbone
         device = next(backbone.parameters()).device
         self.value_head = nn.Linear(d, 1, bias=False, dtype=torch.float32, device=device)
@@ -69,7 +72,9 @@ class StandardCritic(nn.Module):
         return cls(copy.deepcopy(base), generator=generator)
 
     @classmethod
-    def from_pretrained(cls, path: str, *, generator: Optional[torch.Generator] = None, **kwargs: Any) -> "StandardCritic":
+    def from_pretrained(
+        cls, path: str, *, generator: Optional[torch.Generator] = None, **kwargs: Any
+    ) -> "StandardCritic":
         """A critic whose transformer is loaded from a local model directory (``AutoModel``)."""
         from transformers import AutoModel
 

@@ -166,7 +166,13 @@ class TransportAlignedCritic(nn.Module):
         heads: int = 4,
     ) -> None:
         super().__init__()
-        for name, v in (("hidden_size", hidden_size), ("num_layers", num_layers), ("width", width), ("route_hidden", route_hidden), ("heads", heads)):
+        for name, v in (
+            ("hidden_size", hidden_size),
+            ("num_layers", num_layers),
+            ("width", width),
+            ("route_hidden", route_hidden),
+            ("heads", heads),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ParameterError(f"{name}: expected an integer >= 1, got {v!r}", argument=name)
         if temporal not in TEMPORAL_MIXERS:
@@ -188,7 +194,9 @@ class TransportAlignedCritic(nn.Module):
         self.tap_logits = nn.Parameter(torch.zeros(len(self.taps)))
         self.route: Optional[nn.Sequential] = None
         if self.routing:
-            self.route = nn.Sequential(nn.Linear(self.routing_layers + 3, route_hidden), nn.SiLU(), nn.Linear(route_hidden, width))
+            self.route = nn.Sequential(
+                nn.Linear(self.routing_layers + 3, route_hidden), nn.SiLU(), nn.Linear(route_hidden, width)
+            )
         self.block_norm = _RMSNorm(width, 1e-6)
         self.block = nn.Sequential(nn.Linear(width, 2 * width), nn.SiLU(), nn.Linear(2 * width, width))
         self.gru: Optional[nn.GRU] = nn.GRU(width, width, batch_first=True) if temporal == "gru" else None
@@ -216,7 +224,10 @@ class TransportAlignedCritic(nn.Module):
         d = getattr(text, "hidden_size", None) or getattr(text, "n_embd", None)
         n = getattr(text, "num_hidden_layers", None)
         if not isinstance(d, int) or not isinstance(n, int):
-            raise ParameterError(f"model: expected a config with hidden_size and num_hidden_layers, got {type(cfg).__name__}", argument="model")
+            raise ParameterError(
+                f"model: expected a config with hidden_size and num_hidden_layers, got {type(cfg).__name__}",
+                argument="model",
+            )
         eps = getattr(text, "rms_norm_eps", None) or getattr(text, "layer_norm_epsilon", None) or 1e-6
         try:
             device = next(model.parameters()).device
@@ -237,7 +248,9 @@ class TransportAlignedCritic(nn.Module):
     def routing_features(self, inputs: CriticInputs) -> torch.Tensor:
         """``[B, T−1, L + 3]``: per-layer concentration, gate, running log-gate, in-response flag."""
         if inputs.per_layer is None:
-            raise ParameterError("per_layer: TAC reads per-layer concentration; run rl.forward with this critic", argument="per_layer")
+            raise ParameterError(
+                "per_layer: TAC reads per-layer concentration; run rl.forward with this critic", argument="per_layer"
+            )
         per = inputs.per_layer.detach().float()
         if per.shape[-1] != self.routing_layers:
             raise ShapeError(
@@ -256,7 +269,9 @@ class TransportAlignedCritic(nn.Module):
         u: Optional[torch.Tensor] = None
         for i, layer in enumerate(self.taps):
             if layer not in inputs.taps:
-                raise ParameterError(f"taps: the critic reads decoder layer {layer}, which rl.forward did not record", argument="taps")
+                raise ParameterError(
+                    f"taps: the critic reads decoder layer {layer}, which rl.forward did not record", argument="taps"
+                )
             h = self._trunk(inputs.taps[layer][:, :-1])
             x = weights[i] * self.tap_proj[i](self.tap_norms[i](h))
             u = x if u is None else u + x
@@ -275,7 +290,9 @@ class TransportAlignedCritic(nn.Module):
         idx = order.unsqueeze(-1).expand_as(u)
         aligned = u.gather(1, idx)
         if self.gru is not None:
-            packed = nn.utils.rnn.pack_padded_sequence(aligned, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
+            packed = nn.utils.rnn.pack_padded_sequence(
+                aligned, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
+            )
             out, _ = self.gru(packed)
             mixed, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=u.shape[1])
             mixed = aligned + mixed

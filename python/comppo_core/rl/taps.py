@@ -54,7 +54,9 @@ def normalize_taps(taps: Iterable[int] | None, num_layers: int) -> tuple[int, ..
         if isinstance(t, bool) or not isinstance(t, int):
             raise ParameterError(f"taps: expected integer layer indices, got {t!r}", argument="taps")
         if not -num_layers <= t < num_layers:
-            raise ParameterError(f"taps: layer {t} is out of range for a model with {num_layers} layers", argument="taps")
+            raise ParameterError(
+                f"taps: layer {t} is out of range for a model with {num_layers} layers", argument="taps"
+            )
         i = t % num_layers
         if i in out:
             raise ParameterError(f"taps: layer {i} is tapped twice", argument="taps")
@@ -110,5 +112,7 @@ class TapRecorder:
     def get(self, layer: int) -> torch.Tensor:
         """The recorded output of ``layer``; a clear error if the forward did not reach it."""
         if layer not in self.hidden:
-            raise UnsupportedModelError(f"taps: decoder layer {layer} did not run during the forward pass", argument="taps")
+            raise UnsupportedModelError(
+                f"taps: decoder layer {layer} did not run during the forward pass", argument="taps"
+            )
         return self.hidden[layer]

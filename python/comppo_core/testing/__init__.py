@@ -29,9 +29,7 @@ from __future__ import annotations
 try:
     import hypothesis  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError(
-        "comppo_core.testing needs Hypothesis: pip install 'comppo-core[testing]'"
-    ) from exc
+    raise ImportError("comppo_core.testing needs Hypothesis: pip install 'comppo-core[testing]'") from exc
 
 from . import strategies
 from .checks import (

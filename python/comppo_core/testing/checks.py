@@ -200,7 +200,10 @@ def _gae_reference(example: GAEExample, semantics: str, whiten: bool) -> _GAERef
         r_e, v_e, stepped = r, v, valid
     else:
         if lv is not None:
-            raise ParameterError("last_values: semantics='decay' (OpenRLHF) has no bootstrap value; draw examples with truncation=False", argument="last_values")
+            raise ParameterError(
+                "last_values: semantics='decay' (OpenRLHF) has no bootstrap value; draw examples with truncation=False",
+                argument="last_values",
+            )
         r_e, v_e, stepped = r * m, v * m, np.ones_like(valid)
     mask_arg = stepped.reshape(shape) if semantics == "skip" else None
     gates_arg = None if g is None else g.reshape(shape)
@@ -257,7 +260,10 @@ def _gae_reference(example: GAEExample, semantics: str, whiten: bool) -> _GAERef
     if whiten:
         n_valid = int(valid.sum())
         if n_valid < 2:
-            raise ParameterError(f"whiten=True needs at least 2 valid tokens (unbiased variance), the example has {n_valid}", argument="whiten")
+            raise ParameterError(
+                f"whiten=True needs at least 2 valid tokens (unbiased variance), the example has {n_valid}",
+                argument="whiten",
+            )
         w = np.asarray(
             reference.masked_whiten(a.reshape(shape), mask=valid.reshape(shape), cu_seqlens=cu, eps=WHITEN_EPS),
             dtype=np.float64,
@@ -275,7 +281,9 @@ def _gae_reference(example: GAEExample, semantics: str, whiten: bool) -> _GAERef
     return _GAEReference(advantages=a, returns=rt, tol_advantages=tol_a, tol_returns=tol_r, compared=valid)
 
 
-def expected_gae(example: GAEExample, *, semantics: str = "skip", whiten: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def expected_gae(
+    example: GAEExample, *, semantics: str = "skip", whiten: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """The reference ``(advantages, returns)`` of ``example`` in float64, shaped like its
     rewards, 0 at masked positions (see the module docstring for the equations).
 
@@ -319,7 +327,11 @@ def expected_group_advantages(
     ex = example.numpy()
     return np.asarray(
         reference.group_advantages(
-            np.asarray(ex.scores, dtype=np.float64), np.asarray(ex.groups), method=method, eps=float(eps), singleton=singleton
+            np.asarray(ex.scores, dtype=np.float64),
+            np.asarray(ex.groups),
+            method=method,
+            eps=float(eps),
+            singleton=singleton,
         ),
         dtype=np.float64,
     )
@@ -367,7 +379,9 @@ def _as_output(name: str, x: Any, shape: tuple[int, ...], example: Any, fname: s
     try:
         a = to_numpy(x)
     except Exception as exc:  # noqa: BLE001 - any failure to convert is the user's output's fault
-        raise ConformanceError(f"{fname}: could not convert its {name} ({type(x).__name__}) to an array: {exc}", example=example) from exc
+        raise ConformanceError(
+            f"{fname}: could not convert its {name} ({type(x).__name__}) to an array: {exc}", example=example
+        ) from exc
     if a.dtype.kind not in "biuf":
         raise ConformanceError(f"{fname}: {name} must be real numbers, got dtype {a.dtype}", example=example)
     if tuple(a.shape) != shape:
@@ -430,7 +444,11 @@ def _window(n: int, first: int, edge: int = 3, half: int = 8, limit: int = 40) -
     ``first`` and the end, with None marking elided runs."""
     if n <= limit:
         return list(range(n))
-    keep = set(range(min(edge, n))) | set(range(max(0, first - half), min(n, first + half + 1))) | set(range(max(0, n - edge), n))
+    keep = (
+        set(range(min(edge, n)))
+        | set(range(max(0, first - half), min(n, first + half + 1)))
+        | set(range(max(0, n - edge), n))
+    )
     out: list[int | None] = []
     prev = -1
     for k in sorted(keep):
@@ -502,8 +520,10 @@ def _gae_failure(
     diff = abs(float(got[first]) - float(expected[first]))
     where = f"row {row}, position {k_first}" + (f" (flat index {first})" if ex.layout == "packed" else "")
     shape = tuple(np.asarray(ex.rewards).shape)
-    layout = f"padded {shape[0]}x{shape[1]}, {ex.padding} padding" if ex.layout == "padded" else (
-        f"packed N={shape[0]}, cu_seqlens={np.asarray(ex.cu_seqlens).tolist()}"
+    layout = (
+        f"padded {shape[0]}x{shape[1]}, {ex.padding} padding"
+        if ex.layout == "padded"
+        else (f"packed N={shape[0]}, cu_seqlens={np.asarray(ex.cu_seqlens).tolist()}")
     )
     lv = "" if ex.last_values is None else f", last_values={[_num(float(x), dt) for x in np.asarray(ex.last_values)]}"
     row_lv = "" if ex.last_values is None else f", last_value={_num(float(np.asarray(ex.last_values)[row]), dt)}"
@@ -520,7 +540,9 @@ def _gae_failure(
     ]
     if output == "advantages" and ctx.whiten:
         lines.append("  expected advantages are whitened over all valid tokens of the batch (verl's masked_whiten).")
-    small = np.abs(got[bad] - expected[bad]) <= 1e-4 * (np.abs(expected[bad]) + tol[bad] / (RTOL_ULPS * _unit_roundoff(dt)))
+    small = np.abs(got[bad] - expected[bad]) <= 1e-4 * (
+        np.abs(expected[bad]) + tol[bad] / (RTOL_ULPS * _unit_roundoff(dt))
+    )
     if dt == "float32" and bool(np.all(small)):
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = np.where(bad, np.abs(got - expected) / tol, 0.0)
@@ -566,7 +588,16 @@ def _group_failure(
     rows: list[list[str] | None] = []
     for i in members:
         mark = "<-- first difference" if i == first else ("<-- differs" if bad[i] else "")
-        rows.append([str(int(i)), str(int(groups[i])), _num(float(scores[i]), dt), _out(float(expected[i]), dt), _out(float(got[i]), dt), mark])
+        rows.append(
+            [
+                str(int(i)),
+                str(int(groups[i])),
+                _num(float(scores[i]), dt),
+                _out(float(expected[i]), dt),
+                _out(float(got[i]), dt),
+                mark,
+            ]
+        )
     table = _table(["index", "group", "score", "expected", "got", ""], rows)
     diff = abs(float(got[first]) - float(expected[first]))
     n_groups = len(set(groups.tolist()))
@@ -592,7 +623,14 @@ def _group_failure(
 # --------------------------------------------------------------------------- #
 
 
-def _call_user(call: Callable[[Any, Callable[..., Any]], Any], given_ex: Any, fn: Callable[..., Any], original: Any, fname: str, how: str) -> Any:
+def _call_user(
+    call: Callable[[Any, Callable[..., Any]], Any],
+    given_ex: Any,
+    fn: Callable[..., Any],
+    original: Any,
+    fname: str,
+    how: str,
+) -> Any:
     try:
         return call(given_ex, fn)
     except Exception as exc:  # noqa: BLE001 - any exception of the user's code is a failure
@@ -895,7 +933,12 @@ def check_group_advantages(
     if call is not None:
         _check_callable("call", call)
     method = _check_choice("method", method, GROUP_METHODS)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating)) or not math.isfinite(float(eps)) or eps < 0:
+    if (
+        isinstance(eps, bool)
+        or not isinstance(eps, (int, float, np.floating))
+        or not math.isfinite(float(eps))
+        or eps < 0
+    ):
         raise ParameterError(f"eps: expected a finite number >= 0, got {eps!r}", argument="eps")
     eps_ = float(eps)
     singleton = _check_choice("singleton", singleton, ("zero", "raw"))

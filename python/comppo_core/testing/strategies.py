@@ -168,9 +168,7 @@ def _fmt_array(name: str, a: Any) -> str:
         return f"{name}=None"
     arr = to_numpy(a)
     prefix = f"{name}="
-    body = np.array2string(
-        arr, separator=", ", threshold=64, edgeitems=4, max_line_width=110, prefix="    " + prefix
-    )
+    body = np.array2string(arr, separator=", ", threshold=64, edgeitems=4, max_line_width=110, prefix="    " + prefix)
     return prefix + body
 
 
@@ -336,7 +334,9 @@ class _Row:
         return (cols >= self.start) & (cols < self.start + self.length)
 
 
-def _assemble(cfg: _GAEConfig, dtype: str, layout: str, padding: str, rows: list[_Row], gamma: float, lam: float) -> GAEExample:
+def _assemble(
+    cfg: _GAEConfig, dtype: str, layout: str, padding: str, rows: list[_Row], gamma: float, lam: float
+) -> GAEExample:
     """Builds an example from drawn rows: stacked ``[B, T]`` (padded) or concatenated
     ``[N]`` with ``cu_seqlens`` (packed; every cell of a packed row is in its response)."""
     valid = [r.in_response & ~r.observation for r in rows]
@@ -454,7 +454,10 @@ def gae_examples(
             argument="max_len",
         )
     if min_valid > max_rows * max_len:
-        raise ParameterError(f"min_valid: expected at most max_rows * max_len = {max_rows * max_len}, got {min_valid}", argument="min_valid")
+        raise ParameterError(
+            f"min_valid: expected at most max_rows * max_len = {max_rows * max_len}, got {min_valid}",
+            argument="min_valid",
+        )
     g_fixed = _check_unit("gamma", gamma)
     l_fixed = _check_unit("lam", lam)
 
@@ -621,7 +624,9 @@ class GroupExample:
     def to(self, kind: str) -> GroupExample:
         """A copy whose arrays are of ``kind`` (``"numpy"`` or ``"torch"``)."""
         _check_choice("kind", kind, ARRAY_KINDS)
-        return dataclasses.replace(self, scores=_to_kind(self.scores, kind), groups=_to_kind(self.groups, kind), kind=kind)
+        return dataclasses.replace(
+            self, scores=_to_kind(self.scores, kind), groups=_to_kind(self.groups, kind), kind=kind
+        )
 
     def numpy(self) -> GroupExample:
         """Shorthand for ``to("numpy")``."""
