@@ -59,8 +59,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # numba's OpenMP workers busy-wait after each parallel loop; on a small machine they
 # would steal the cores from whatever the round-robin times next. Let them sleep.
@@ -78,7 +78,6 @@ except ImportError:  # pragma: no cover - the [bench] extra is missing
 
 try:
     import torch
-
     import verl_original  # verl's published loop and masked_whiten (benches/verl_original.py)
 except ImportError:  # pragma: no cover - torch is optional
     torch = None
@@ -180,7 +179,7 @@ if numba is not None:
             o1[i] = r[i] + g[i]
             o2[i] = v[i]
 
-    def floor_call(w: "Workload") -> Callable[[], object]:
+    def floor_call(w: Workload) -> Callable[[], object]:
         """The memory floor of ``w``: a parallel stream over its inputs (and mask) into
         two preallocated outputs."""
         o1 = np.empty(w.elements, np.float32)

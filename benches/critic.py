@@ -34,7 +34,8 @@ import math
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 try:
     import torch

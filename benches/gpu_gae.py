@@ -43,8 +43,9 @@ import collections
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -129,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("gpu_gae: torch is not installed", file=sys.stderr)
         return 2
-    import comppo_core
     import verl_original  # verl's published loop and masked_whiten (benches/verl_original.py)
+
+    import comppo_core
     from comppo_core.integrations import verl as cc_verl
 
     if args.device == "cuda" and not torch.cuda.is_available():

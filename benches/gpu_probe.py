@@ -64,7 +64,8 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 try:
     import torch

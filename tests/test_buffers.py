@@ -14,9 +14,10 @@ import pickle
 import subprocess
 import sys
 
-import comppo_core as cc
 import numpy as np
 import pytest
+
+import comppo_core as cc
 from comppo_core import _core
 
 #: Outputs from this size on go through the cache (``buffers::MIN_BYTES``).

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import comppo_core as cc
 import numpy as np
 import pytest
+
+import comppo_core as cc
 from comppo_core import _core
 
 

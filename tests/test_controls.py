@@ -5,7 +5,8 @@ and ``controls.constant`` (batch mean gate), against their definitions and
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest

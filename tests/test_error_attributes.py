@@ -14,9 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import comppo_core as cc
 import numpy as np
 import pytest
+
+import comppo_core as cc
 from comppo_core import errors
 
 PACKAGE = Path(cc.__file__).parent
@@ -322,6 +323,7 @@ def tiny_model() -> Any:
 
 def test_hf_errors(tiny_model: Any) -> None:
     import torch
+
     from comppo_core import hf
 
     e = raised(lambda: hf.ConcentrationProbe(torch.nn.Linear(2, 2)), hf.UnsupportedModelError)

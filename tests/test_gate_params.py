@@ -10,9 +10,10 @@ import itertools
 import pickle
 from typing import Any
 
-import comppo_core as cc
 import numpy as np
 import pytest
+
+import comppo_core as cc
 from comppo_core.commands import _argtypes
 from comppo_core.gate_params import DEFAULTS, GateParams, from_keywords
 

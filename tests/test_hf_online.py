@@ -51,12 +51,12 @@ if not INTERPRETING:
     import inspect
     import warnings
 
+    import test_hf_probe as _suite
+
     from comppo_core.errors import ParameterError as _ParameterError
     from comppo_core.hf import online as _online
     from comppo_core.hf import statistics as _statistics
     from comppo_core.hf.probe import _ModelState
-
-    import test_hf_probe as _suite
 
     @pytest.fixture
     def online_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -141,6 +141,7 @@ if not INTERPRETING:
 
 if INTERPRETING:
     import numpy as np
+    import test_hf_probe as suite  # the probe tests' tiny models, batches and eager reference
     from hypothesis import Phase, given, settings
     from hypothesis import strategies as st
 
@@ -148,8 +149,6 @@ if INTERPRETING:
     from comppo_core.errors import ParameterError
     from comppo_core.hf import online
     from comppo_core.hf import statistics as hf_statistics
-
-    import test_hf_probe as suite  # the probe tests' tiny models, batches and eager reference
 
     STATS = ("entropy", "max", "l2")
 

@@ -19,8 +19,6 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from comppo_core import hf
-from comppo_core.errors import NonFiniteError, ParameterError
 from test_hf_probe import (
     BF16_ATOL,
     STATS,
@@ -33,6 +31,9 @@ from test_hf_probe import (
     reference_from_weights,
     visibility,
 )
+
+from comppo_core import hf
+from comppo_core.errors import NonFiniteError, ParameterError
 
 ARCHS = ("llama", "qwen3", "gpt2")
 PADDINGS = ("left", "right", "both")

@@ -12,7 +12,8 @@ import copy
 import functools
 import math
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -141,7 +142,7 @@ def reference_from_weights(weights: Any, vis: Any, statistic: str) -> Any:
     return c.mean(1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def eager_run(arch: str, padding: str, dtype_name: str = "float32") -> tuple[Any, Any, Any, Any]:
     """(model, ids, am, eager outputs) for one architecture and padding pattern."""
     model = build(arch, getattr(torch, dtype_name))

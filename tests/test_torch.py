@@ -21,8 +21,9 @@ CUDA itself is exercised by ``tests/gpu/test_cuda_paths.py`` on a GPU machine.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest

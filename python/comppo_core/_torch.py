@@ -22,7 +22,8 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 

@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import _core
-from ._torch import tensor_io
 from ._arrays import (
     Layout,
     Outputs,
@@ -32,6 +31,7 @@ from ._arrays import (
     per_row,
     token_array,
 )
+from ._torch import tensor_io
 
 __all__ = ["GAEResult", "gae", "td_targets"]
 

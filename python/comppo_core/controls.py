@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._torch import tensor_io
 from ._arrays import as_numpy, float_dtypes, kernel_array, layout_of
+from ._torch import tensor_io
 from .errors import NonFiniteError
 
 __all__ = ["by_position", "constant", "shuffle"]

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import _core
-from ._torch import tensor_io
 from ._arrays import as_numpy, float_dtypes, kernel_result, layout_of, token_array
+from ._torch import tensor_io
 
 __all__ = ["STAT_KEYS", "credit_stats"]
 

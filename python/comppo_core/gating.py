@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from . import _core
-from ._torch import tensor_io
 from ._arrays import Outputs, as_numpy, check_choice, check_finite, float_dtypes, kernel_result, layout_of, token_array
+from ._torch import tensor_io
 from .gate_params import GateParams, from_keywords
 
 __all__ = ["GATE_STD_EPS", "gates_from_concentration"]

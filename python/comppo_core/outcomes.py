@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from . import _core
-from ._torch import tensor_io
 from ._arrays import (
     Outputs,
     _as_cu_seqlens,
@@ -32,6 +31,7 @@ from ._arrays import (
     kernel_array,
     kernel_result,
 )
+from ._torch import tensor_io
 from .errors import DTypeError, ParameterError, ShapeError
 
 __all__ = ["GROUP_METHODS", "broadcast", "group_advantages"]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import types
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from . import _core
-from ._torch import tensor_io
 from ._arrays import Layout, Outputs, as_numpy, check_finite, float_dtypes, kernel_result, layout_of, token_array
+from ._torch import tensor_io
 from .errors import DTypeError, ParameterError, ShapeError
 
 __all__ = ["masked_whiten"]

@@ -38,7 +38,7 @@ F32_ATOL = 1e-4
 DTYPES = {"float32": (torch.float32, F32_ATOL), "bfloat16": (torch.bfloat16, suite.BF16_ATOL)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def models(arch: str, dtype_name: str, device: Any) -> tuple[Any, Any]:
     """(the CPU model, a copy of it on ``device``), same weights."""
     cpu_model = suite.build(arch, DTYPES[dtype_name][0])

@@ -53,7 +53,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or ""
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register the ``advantages`` command on the ``comppo-core`` parser."""
     cmd = subparsers.add_parser(
         "advantages",
@@ -193,7 +193,7 @@ class _Progress:
 # --------------------------------------------------------------------------- #
 
 
-def _fail(progress: "_Progress | None", message: str) -> int:
+def _fail(progress: _Progress | None, message: str) -> int:
     """Ends the progress line (if any), prints ``comppo-core: error: message`` to stderr
     and returns the exit status 1."""
     if progress is not None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -94,7 +95,7 @@ def synthetic_batch(seed: int = 0, batch: int = 256, length: int = 2048) -> Synt
 # --------------------------------------------------------------------------- #
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register the ``synthetic`` command on the ``comppo-core`` parser."""
     cmd = subparsers.add_parser(
         "synthetic",

@@ -12,7 +12,8 @@
 from __future__ import annotations
 
 import bisect
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -22,7 +23,7 @@ __all__ = ["STATISTIC_RANGE", "peak_memory"]
 STATISTIC_RANGE = "comppo_core.hf.statistic"
 
 
-def peak_memory(fn: Callable[[], Any], device: Any = "cpu", *, within: Optional[str] = None) -> int:
+def peak_memory(fn: Callable[[], Any], device: Any = "cpu", *, within: str | None = None) -> int:
     """Peak bytes allocated by ``fn()`` above what was allocated when it started.
 
     With ``within``, only allocations made inside ``record_function(within)`` ranges

@@ -52,7 +52,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -64,7 +64,7 @@ __all__ = ["available", "interpreting", "raw_statistics"]
 _CODES = {"entropy": 0, "max": 1, "l2": 2}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def available() -> bool:
     """Whether Triton can be imported (it is not on every platform torch supports)."""
     try:
@@ -96,11 +96,11 @@ TILES = (64, 64, 4)
 def raw_statistics(
     q: torch.Tensor,
     k: torch.Tensor,
-    mask: Optional[torch.Tensor],
+    mask: torch.Tensor | None,
     scale: float,
     causal: bool,
     statistic: str,
-    tiles: Optional[tuple[int, int, int]] = None,
+    tiles: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-head raw statistic and visible-key count, each ``[B, H, Tq]`` float32.
 

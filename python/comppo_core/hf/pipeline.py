@@ -35,8 +35,9 @@ GAE then runs over the response columns m (Comp-GAE with gates g)::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Union
+from typing import Any
 
 import torch
 
@@ -158,17 +159,17 @@ def _outcome_on_last(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def comp_gae_batch(
     model: Any,
     input_ids: torch.Tensor,
-    attention_mask: Optional[torch.Tensor],
+    attention_mask: torch.Tensor | None,
     response_mask: torch.Tensor,
     rewards: Any,
     values: Any = None,
     *,
     gamma: float = 1.0,
     lam: float = 0.95,
-    lam_critic: Optional[float] = None,
+    lam_critic: float | None = None,
     last_values: Any = None,
     statistic: str = "entropy",
-    layers: Union[None, int, slice, Iterable[int]] = None,
+    layers: None | int | slice | Iterable[int] = None,
     low: float = 0.9,
     high: float = 1.0,
     sharpness: float = 1.0,
@@ -179,7 +180,7 @@ def comp_gae_batch(
     gate_params: GateParams | None = None,
     control: str = "none",
     seed: int = 0,
-    position_ids: Optional[torch.Tensor] = None,
+    position_ids: torch.Tensor | None = None,
     method: str = "auto",
     query_chunk: int = DEFAULT_QUERY_CHUNK,
     precision: str = "float32",

@@ -80,7 +80,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Optional, Tuple
 
 import torch
 
@@ -122,7 +121,7 @@ FUSED_BATCH_SLICES = 8
 FUSED_COPY_BYTES = 64 << 20
 
 #: ``(device type, device index, dtype, head_dim)``: what decides whether a kernel runs.
-CapabilityKey = Tuple[str, Optional[int], torch.dtype, int]
+CapabilityKey = tuple[str, int | None, torch.dtype, int]
 #: Keys on which the fused kernel failed under ``method="auto"``: chunked from then on.
 _FUSED_BROKEN: set[CapabilityKey] = set()
 #: Keys on which FlashAttention-2 failed (CUDA): the memory-efficient kernel from then on.
@@ -224,7 +223,7 @@ def _check_chunk(query_chunk: object) -> int:
 # --------------------------------------------------------------------------- #
 
 
-def _key_range(vis: Optional[torch.Tensor], q0: int, q1: int, tk: int, causal: bool) -> tuple[int, int]:
+def _key_range(vis: torch.Tensor | None, q0: int, q1: int, tk: int, causal: bool) -> tuple[int, int]:
     """Smallest ``[lo, hi)`` holding every key visible from queries ``q0..q1-1``."""
     if vis is None:
         return (0, min(q1, tk)) if causal else (0, tk)
@@ -242,7 +241,7 @@ def _causal_block(q0: int, q1: int, lo: int, hi: int, device: torch.device) -> t
     return kj <= qi
 
 
-def _counts(vis: Optional[torch.Tensor], q0: int, q1: int, tk: int, causal: bool, device: torch.device) -> torch.Tensor:
+def _counts(vis: torch.Tensor | None, q0: int, q1: int, tk: int, causal: bool, device: torch.device) -> torch.Tensor:
     """Visible keys per query of the chunk, float32, broadcastable to ``[B, H, C]``."""
     if vis is None:
         if causal:
@@ -307,7 +306,7 @@ def _chunk_statistic(s: torch.Tensor, statistic: str) -> torch.Tensor:
 def _chunked(
     q: torch.Tensor,
     k: torch.Tensor,
-    mask: Optional[torch.Tensor],
+    mask: torch.Tensor | None,
     scale: float,
     causal: bool,
     statistic: str,
@@ -343,7 +342,7 @@ def _chunked(
 
 
 def _lse_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], causal: bool, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(Attn(q, k, v), LSE)`` with an additive float bias or an upper-left causal mask.
 
@@ -367,7 +366,7 @@ def _flash_attention(
 
 
 def _efficient_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], causal: bool, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CUDA memory-efficient attention (any float dtype, optional additive bias)."""
     out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
@@ -377,7 +376,7 @@ def _efficient_attention(
 
 
 def _cuda_lse_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], causal: bool, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention-2 where it applies and has not failed for this key, else the
     memory-efficient kernel. A non-fatal FlashAttention-2 failure warns, then is cached
@@ -419,7 +418,7 @@ def _repeat_heads(k: torch.Tensor, h: int) -> torch.Tensor:
 def _fused(
     q: torch.Tensor,
     k: torch.Tensor,
-    mask: Optional[torch.Tensor],
+    mask: torch.Tensor | None,
     scale: float,
     causal: bool,
     statistic: str,
@@ -448,7 +447,7 @@ def _fused(
 def _fused_rows(
     q: torch.Tensor,
     k: torch.Tensor,
-    mask: Optional[torch.Tensor],
+    mask: torch.Tensor | None,
     scale: float,
     causal: bool,
     statistic: str,
@@ -470,7 +469,7 @@ def _fused_rows(
         qc: torch.Tensor,
         kc: torch.Tensor,
         vc: torch.Tensor,
-        bias: Optional[torch.Tensor],
+        bias: torch.Tensor | None,
         qcen: torch.Tensor,
         is_causal: bool,
     ) -> torch.Tensor:
@@ -515,9 +514,9 @@ def _fused_rows(
 def head_mean_concentration(
     query: torch.Tensor,
     key: torch.Tensor,
-    mask: Optional[torch.Tensor],
+    mask: torch.Tensor | None,
     *,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     is_causal: bool = True,
     statistic: str = "entropy",
     method: str = "auto",

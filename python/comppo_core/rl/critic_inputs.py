@@ -11,7 +11,6 @@ Swapping one for the other is one argument.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import torch
 
@@ -42,5 +41,5 @@ class CriticInputs:
     columns: torch.Tensor
     response_mask: torch.Tensor
     taps: dict[int, torch.Tensor]
-    per_layer: Optional[torch.Tensor]
+    per_layer: torch.Tensor | None
     gates: torch.Tensor

@@ -24,7 +24,8 @@ mapping with running statistics, since a whole-row z-score would let V_j see lat
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterable, NamedTuple, Optional, Union
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -48,9 +49,9 @@ class ForwardOutput(NamedTuple):
     concentration: torch.Tensor
     per_layer: torch.Tensor
     gates: torch.Tensor
-    values: Optional[torch.Tensor]
+    values: torch.Tensor | None
     #: the gates the critic read (causal unless ``gates`` was given); None without a critic
-    critic_gates: Optional[torch.Tensor]
+    critic_gates: torch.Tensor | None
     #: ``[B, T−1]`` bool: the response columns used (``response_mask``, or every scored column)
     response_mask: torch.Tensor
 
@@ -96,16 +97,16 @@ def _given_gates(gates: Any, shape: tuple[int, int], device: torch.device) -> to
 def forward(
     model: Any,
     input_ids: torch.Tensor,
-    attention_mask: Optional[torch.Tensor],
+    attention_mask: torch.Tensor | None,
     *,
-    critic: Optional[nn.Module] = None,
-    response_mask: Optional[torch.Tensor] = None,
+    critic: nn.Module | None = None,
+    response_mask: torch.Tensor | None = None,
     statistic: str = "entropy",
-    layers: Union[None, int, slice, Iterable[int]] = None,
-    gates: Optional[torch.Tensor] = None,
-    gate_params: Optional[GateParams] = None,
+    layers: None | int | slice | Iterable[int] = None,
+    gates: torch.Tensor | None = None,
+    gate_params: GateParams | None = None,
     grad: bool = False,
-    position_ids: Optional[torch.Tensor] = None,
+    position_ids: torch.Tensor | None = None,
     method: str = "auto",
     query_chunk: int = DEFAULT_QUERY_CHUNK,
 ) -> ForwardOutput:

@@ -17,7 +17,7 @@ run swaps critics with one argument; it ignores the actor's taps and routing.
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,9 +40,9 @@ class StandardCritic(nn.Module):
     #: decoder layers of the actor this critic reads (none: it runs its own transformer)
     taps: tuple[int, ...] = ()
     #: per-layer concentration features it reads (none)
-    routing_layers: Optional[int] = None
+    routing_layers: int | None = None
 
-    def __init__(self, backbone: nn.Module, *, generator: Optional[torch.Generator] = None) -> None:
+    def __init__(self, backbone: nn.Module, *, generator: torch.Generator | None = None) -> None:
         super().__init__()
         cfg = getattr(backbone, "config", None)
         get_text = getattr(cfg, "get_text_config", None)
@@ -61,7 +61,7 @@ class StandardCritic(nn.Module):
             self.value_head.weight.copy_(w * (1.0 / (d + 1)))
 
     @classmethod
-    def from_actor(cls, model: Any, *, generator: Optional[torch.Generator] = None) -> "StandardCritic":
+    def from_actor(cls, model: Any, *, generator: torch.Generator | None = None) -> StandardCritic:
         """A critic whose transformer is a copy of the actor's (weights included)."""
         base = getattr(model, "base_model", None)
         if not isinstance(base, nn.Module) or base is model:
@@ -73,8 +73,8 @@ class StandardCritic(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path: str, *, generator: Optional[torch.Generator] = None, **kwargs: Any
-    ) -> "StandardCritic":
+        cls, path: str, *, generator: torch.Generator | None = None, **kwargs: Any
+    ) -> StandardCritic:
         """A critic whose transformer is loaded from a local model directory (``AutoModel``)."""
         from transformers import AutoModel
 

@@ -28,7 +28,8 @@ fraction of the value gradient into the trunk (``h·α + sg(h)·(1 − α)``: th
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -155,8 +156,8 @@ class TransportAlignedCritic(nn.Module):
         hidden_size: int,
         num_layers: int,
         *,
-        routing_layers: Optional[int] = None,
-        taps: Optional[Iterable[int]] = None,
+        routing_layers: int | None = None,
+        taps: Iterable[int] | None = None,
         width: int = 256,
         temporal: str = "none",
         trunk_grad: float = 0.0,
@@ -192,15 +193,15 @@ class TransportAlignedCritic(nn.Module):
         self.tap_norms = nn.ModuleList(_RMSNorm(hidden_size, eps) for _ in self.taps)
         self.tap_proj = nn.ModuleList(nn.Linear(hidden_size, width) for _ in self.taps)
         self.tap_logits = nn.Parameter(torch.zeros(len(self.taps)))
-        self.route: Optional[nn.Sequential] = None
+        self.route: nn.Sequential | None = None
         if self.routing:
             self.route = nn.Sequential(
                 nn.Linear(self.routing_layers + 3, route_hidden), nn.SiLU(), nn.Linear(route_hidden, width)
             )
         self.block_norm = _RMSNorm(width, 1e-6)
         self.block = nn.Sequential(nn.Linear(width, 2 * width), nn.SiLU(), nn.Linear(2 * width, width))
-        self.gru: Optional[nn.GRU] = nn.GRU(width, width, batch_first=True) if temporal == "gru" else None
-        self.attention: Optional[_CausalAttention] = _CausalAttention(width, heads) if temporal == "attention" else None
+        self.gru: nn.GRU | None = nn.GRU(width, width, batch_first=True) if temporal == "gru" else None
+        self.attention: _CausalAttention | None = _CausalAttention(width, heads) if temporal == "attention" else None
         self.head = nn.Linear(width, 1, dtype=torch.float32)
         with torch.no_grad():
             self.head.weight.zero_()
@@ -210,11 +211,11 @@ class TransportAlignedCritic(nn.Module):
     def for_model(
         cls,
         model: Any,
-        taps: Optional[Iterable[int]] = None,
+        taps: Iterable[int] | None = None,
         width: int = 256,
         temporal: str = "none",
         **kwargs: Any,
-    ) -> "TransportAlignedCritic":
+    ) -> TransportAlignedCritic:
         """A TAC sized for a Hugging Face model (reads ``model.config``), on the model's
         device; works on the ``meta`` device, so a large config can be counted without
         allocating. Routing reads all of the actor's layers unless ``routing_layers``."""
@@ -266,7 +267,7 @@ class TransportAlignedCritic(nn.Module):
     def forward(self, inputs: CriticInputs) -> torch.Tensor:
         """Values ``[B, T−1]`` float32; 0 outside ``inputs.columns``."""
         weights = torch.softmax(self.tap_logits, dim=0)
-        u: Optional[torch.Tensor] = None
+        u: torch.Tensor | None = None
         for i, layer in enumerate(self.taps):
             if layer not in inputs.taps:
                 raise ParameterError(

@@ -9,7 +9,8 @@ without ``output_hidden_states=True`` (which keeps every layer's states alive).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -84,7 +85,7 @@ class TapRecorder:
         self.hidden: dict[int, torch.Tensor] = {}
         self._handles: list[Any] = []
 
-    def __enter__(self) -> "TapRecorder":
+    def __enter__(self) -> TapRecorder:
         blocks = decoder_layers(self.model)
         self.hidden = {}
         for i in self.layers:
