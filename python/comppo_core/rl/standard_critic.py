@@ -72,9 +72,7 @@ class StandardCritic(nn.Module):
         return cls(copy.deepcopy(base), generator=generator)
 
     @classmethod
-    def from_pretrained(
-        cls, path: str, *, generator: torch.Generator | None = None, **kwargs: Any
-    ) -> StandardCritic:
+    def from_pretrained(cls, path: str, *, generator: torch.Generator | None = None, **kwargs: Any) -> StandardCritic:
         """A critic whose transformer is loaded from a local model directory (``AutoModel``)."""
         from transformers import AutoModel
 
