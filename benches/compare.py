@@ -250,27 +250,33 @@ def run(workloads: list[Workload], rounds: int, ref_tokens: int, with_torch: boo
         # Each candidate called as a user writes the call: the keyword arguments the
         # layout needs, spelled out (unpacking a dict of them, `**w.kwargs()`, cost the
         # comppo calls 8-16 us each on W2 that the others, called positionally, did not).
+        # The lambdas bind this workload's arrays as default arguments (local loads, no
+        # closure cells; each is called only while its workload is current anyway).
         fns: dict[str, Callable[[], object]]
         if m is not None:
             fns = {
-                "comppo": lambda: cc.gae(r, v, mask=m, gates=g, gamma=GAMMA, lam=LAM),
-                "comppo out=": lambda: cc.gae(r, v, mask=m, gates=g, gamma=GAMMA, lam=LAM, out=(adv, ret)),
+                "comppo": lambda r=r, v=v, m=m, g=g: cc.gae(r, v, mask=m, gates=g, gamma=GAMMA, lam=LAM),
+                "comppo out=": lambda r=r, v=v, m=m, g=g, adv=adv, ret=ret: cc.gae(
+                    r, v, mask=m, gates=g, gamma=GAMMA, lam=LAM, out=(adv, ret)
+                ),
             }
         else:
             fns = {
-                "comppo": lambda: cc.gae(r, v, cu_seqlens=cu, gates=g, gamma=GAMMA, lam=LAM),
-                "comppo out=": lambda: cc.gae(r, v, cu_seqlens=cu, gates=g, gamma=GAMMA, lam=LAM, out=(adv, ret)),
+                "comppo": lambda r=r, v=v, cu=cu, g=g: cc.gae(r, v, cu_seqlens=cu, gates=g, gamma=GAMMA, lam=LAM),
+                "comppo out=": lambda r=r, v=v, cu=cu, g=g, adv=adv, ret=ret: cc.gae(
+                    r, v, cu_seqlens=cu, gates=g, gamma=GAMMA, lam=LAM, out=(adv, ret)
+                ),
             }
         if numba is not None:
             if m is not None:
-                fns["numba"] = lambda: numba_gae_padded(r, v, g, m, GAMMA, LAM)
+                fns["numba"] = lambda r=r, v=v, g=g, m=m: numba_gae_padded(r, v, g, m, GAMMA, LAM)
             else:
-                fns["numba"] = lambda: numba_gae_packed(r, v, g, cu, GAMMA, LAM)
+                fns["numba"] = lambda r=r, v=v, g=g, cu=cu: numba_gae_packed(r, v, g, cu, GAMMA, LAM)
             fns["floor"] = floor_call(w)
         if with_torch and torch is not None and w.mask is not None:
             tr, tv, tg = (torch.from_numpy(x) for x in (w.rewards, w.values, w.gates))
             tm = torch.from_numpy(w.mask.astype(np.float32))
-            fns["torch loop"] = lambda: verl_original.gae_loop(tr, tv, tm, GAMMA, LAM, tg)
+            fns["torch loop"] = lambda tr=tr, tv=tv, tm=tm, tg=tg: verl_original.gae_loop(tr, tv, tm, GAMMA, LAM, tg)
         slow = {k: fns.pop(k) for k in ["torch loop"] if k in fns}
         t = measure(fns, rounds, min_seconds)
         t.update(measure(slow, max(1, rounds // 10)) if slow else {})
@@ -376,7 +382,7 @@ def report(rows: list[dict]) -> str:
     lines.append(f"{'workload':<22}" + "".join(f"{c:>17}" for c in head2))
     for r in rows:
 
-        def ratio(a: str, b: str) -> str:
+        def ratio(a: str, b: str, r: dict = r) -> str:
             return f"{r[a] / r[b]:>17.2f}" if a in r and b in r else f"{'-':>17}"
 
         cells = [ratio("comppo", "floor"), ratio("comppo out=", "floor"), ratio("numba", "comppo"),

@@ -225,10 +225,14 @@ def fit(a: argparse.Namespace) -> None:
         train = make_batches(actor, vocab, 16, 16, 16, 32, seed=100 + seed)
         test = make_batches(actor, vocab, 4, 16, 16, 32, seed=200 + seed)
         critics: dict[str, Callable[[], nn.Module]] = {
-            f"TAC temporal={m}": (lambda m=m: rl.TransportAlignedCritic.for_model(actor, width=64, temporal=m))
+            f"TAC temporal={m}": (
+                lambda m=m, actor=actor: rl.TransportAlignedCritic.for_model(actor, width=64, temporal=m)
+            )
             for m in rl.TEMPORAL_MIXERS
         }
-        critics["TAC without routing"] = lambda: rl.TransportAlignedCritic.for_model(actor, width=64, routing=False)
+        critics["TAC without routing"] = lambda actor=actor: rl.TransportAlignedCritic.for_model(
+            actor, width=64, routing=False
+        )
         critics["last-layer linear"] = lambda: LastLayerLinear(hidden, layers - 1)
         for name, make in critics.items():
             torch.manual_seed(seed)

@@ -177,17 +177,17 @@ def main(argv: list[str] | None = None) -> int:
             g_dev = dev["gates"] if with_gates else None
             g_host = host["gates"] if with_gates else None
 
-            def run_verl() -> Any:
+            def run_verl(dev: dict[str, Any] = dev, g_dev: Any = g_dev) -> Any:
                 return verl_original.compute_gae_advantage_return(
                     dev["rewards"], dev["values"], dev["mask"], GAMMA, LAM, g_dev
                 )
 
-            def run_comppo() -> Any:
+            def run_comppo(dev: dict[str, Any] = dev, g_dev: Any = g_dev) -> Any:
                 return cc_verl.compute_gae_advantage_return(
                     dev["rewards"], dev["values"], dev["mask"], GAMMA, LAM, gates=g_dev
                 )
 
-            def run_host() -> Any:
+            def run_host(host: dict[str, Any] = host, g_host: Any = g_host) -> Any:
                 return cc_verl.compute_gae_advantage_return(
                     host["rewards"], host["values"], host["mask"], GAMMA, LAM, gates=g_host
                 )

@@ -111,11 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         for padded in (True, False):
             ids, am = inputs(args.batch, t, padded)
 
-            def plain() -> None:
+            def plain(ids: torch.Tensor = ids, am: torch.Tensor = am) -> None:
                 with torch.no_grad():
                     model(input_ids=ids, attention_mask=am, use_cache=False)
 
-            def probed(statistic: str) -> Callable[[], None]:
+            def probed(statistic: str, ids: torch.Tensor = ids, am: torch.Tensor = am) -> Callable[[], None]:
                 def f() -> None:
                     with torch.no_grad(), hf.ConcentrationProbe(model, statistic):
                         model(input_ids=ids, attention_mask=am, use_cache=False)

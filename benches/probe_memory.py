@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for label, mask in (("none", unpadded), ("left row 0", padded)):
         for statistic in ("entropy", "l2", "max"):
-            p_off = peak_memory(lambda: off(mask), cpu)
-            p_on = peak_memory(lambda: on(mask, statistic), cpu)
+            p_off = peak_memory(lambda mask=mask: off(mask), cpu)
+            p_on = peak_memory(lambda mask=mask, statistic=statistic: on(mask, statistic), cpu)
             t0 = time.perf_counter()
             off(mask)
             t_off = time.perf_counter() - t0

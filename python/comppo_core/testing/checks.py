@@ -489,7 +489,6 @@ def _gae_failure(
     k_first = first - int(seq[0])
     r = np.asarray(ex.rewards).reshape(-1)
     v = np.asarray(ex.values).reshape(-1)
-    m = np.asarray(ex.mask).reshape(-1)
     g = None if ex.gates is None else np.asarray(ex.gates).reshape(-1)
     dt = ex.dtype
 
