@@ -62,7 +62,7 @@ import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 
@@ -102,7 +102,7 @@ __all__ = [
 ]
 
 #: A list column: one list array, or a chunked array of them.
-ListColumn = pa.Array | pa.ChunkedArray
+ListColumn: TypeAlias = pa.Array | pa.ChunkedArray
 
 
 class _Auto:

@@ -38,6 +38,7 @@ import types
 from collections.abc import Iterator
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = [
     "GATE_STD_EPS",
@@ -75,7 +76,9 @@ def _result_dtype(x: np.ndarray) -> np.dtype:
     return x.dtype if x.dtype in _FLOAT_DTYPES else np.dtype(np.float64)
 
 
-def _sequences(shape: tuple[int, ...], mask, cu_seqlens) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def _sequences(
+    shape: tuple[int, ...], mask: ArrayLike | None, cu_seqlens: ArrayLike | None
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Yields ``(b, idx, valid)`` for each sequence ``b`` in order.
 
     ``idx`` are the flat indices (into ``arr.reshape(-1)``) of all positions of
@@ -144,16 +147,16 @@ def _zscore(vals: np.ndarray) -> np.ndarray:
 
 
 def gae(
-    rewards,
-    values,
+    rewards: ArrayLike,
+    values: ArrayLike,
     *,
-    mask=None,
-    cu_seqlens=None,
-    gates=None,
+    mask: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    gates: ArrayLike | None = None,
     gamma: float = 1.0,
     lam: float = 1.0,
     lam_critic: float | None = None,
-    last_values=None,
+    last_values: ArrayLike | None = None,
     masked_rewards: str = "error",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Comp-GAE (gated generalized advantage estimation) and lambda-returns.
@@ -266,14 +269,14 @@ def gae(
 
 
 def td_targets(
-    rewards,
-    values,
+    rewards: ArrayLike,
+    values: ArrayLike,
     *,
-    mask=None,
-    cu_seqlens=None,
-    gates=None,
+    mask: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    gates: ArrayLike | None = None,
     gamma: float = 1.0,
-    last_values=None,
+    last_values: ArrayLike | None = None,
 ) -> np.ndarray:
     """One-step gated bootstrap (TD(0)) targets.
 
@@ -329,10 +332,10 @@ def td_targets(
 
 
 def gates_from_concentration(
-    conc,
+    conc: ArrayLike,
     *,
-    mask=None,
-    cu_seqlens=None,
+    mask: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
     low: float = 0.9,
     high: float = 1.0,
     sharpness: float = 1.0,
@@ -410,7 +413,9 @@ def gates_from_concentration(
     return g.astype(_result_dtype(conc)).reshape(conc.shape)
 
 
-def shuffle_gates(gates, *, mask=None, cu_seqlens=None, seed: int = 0) -> np.ndarray:
+def shuffle_gates(
+    gates: ArrayLike, *, mask: ArrayLike | None = None, cu_seqlens: ArrayLike | None = None, seed: int = 0
+) -> np.ndarray:
     """Control: permutes each row's valid gates among that row's valid positions.
 
     Deterministic definition: one random key per valid token, drawn once for the
@@ -447,7 +452,9 @@ def shuffle_gates(gates, *, mask=None, cu_seqlens=None, seed: int = 0) -> np.nda
     return out.reshape(gates.shape)
 
 
-def by_position_gates(gates, *, mask=None, cu_seqlens=None) -> np.ndarray:
+def by_position_gates(
+    gates: ArrayLike, *, mask: ArrayLike | None = None, cu_seqlens: ArrayLike | None = None
+) -> np.ndarray:
     """Control: replaces each gate by the batch mean gate at its valid-position index.
 
     For a row's k-th valid token (k = 0 for its first valid token)::
@@ -484,7 +491,9 @@ def by_position_gates(gates, *, mask=None, cu_seqlens=None) -> np.ndarray:
     return out.reshape(gates.shape)
 
 
-def constant_gates(gates, *, mask=None, cu_seqlens=None) -> np.ndarray:
+def constant_gates(
+    gates: ArrayLike, *, mask: ArrayLike | None = None, cu_seqlens: ArrayLike | None = None
+) -> np.ndarray:
     """Control: replaces every valid gate by the mean of all valid gates in the batch.
 
     ``g' = mean_{valid (b, i)} g_{b,i}`` (float64). With no valid token the
@@ -525,8 +534,8 @@ controls = types.SimpleNamespace(
 
 
 def group_advantages(
-    scores,
-    groups,
+    scores: ArrayLike,
+    groups: ArrayLike,
     *,
     method: str = "grpo",
     eps: float = 1e-6,
@@ -569,18 +578,18 @@ def group_advantages(
         raise ValueError(f"singleton must be one of {_SINGLETON_MODES}, got {singleton!r}")
     s_all = np.asarray(scores, dtype=np.float64).reshape(-1)
     ids = np.asarray(groups).reshape(-1)
-    for i, s in enumerate(s_all):
-        if not math.isfinite(s):
-            raise ValueError(f"scores: non-finite score {s!r} at index {i}")
+    for i, score in enumerate(s_all):
+        if not math.isfinite(score):
+            raise ValueError(f"scores: non-finite score {score!r} at index {i}")
     eps = float(eps)
 
-    members: dict = {}
+    members: dict[object, list[int]] = {}
     for i, gid in enumerate(ids.tolist()):
         members.setdefault(gid, []).append(i)
 
     out = np.zeros(s_all.shape, dtype=np.float64)
-    for idx in members.values():
-        idx = np.asarray(idx, dtype=np.int64)
+    for positions in members.values():
+        idx = np.asarray(positions, dtype=np.int64)
         s = s_all[idx]
         n = len(idx)
         if n == 1:
@@ -601,7 +610,13 @@ def group_advantages(
     return out
 
 
-def broadcast(per_sequence, *, mask=None, cu_seqlens=None, like=None) -> np.ndarray:
+def broadcast(
+    per_sequence: ArrayLike,
+    *,
+    mask: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    like: ArrayLike | None = None,
+) -> np.ndarray:
     """Broadcasts one value per sequence to that sequence's valid tokens.
 
     ``x_{b,i} = a_b`` at valid positions, 0 at masked positions.
@@ -638,7 +653,14 @@ def broadcast(per_sequence, *, mask=None, cu_seqlens=None, like=None) -> np.ndar
     return out.reshape(shape)
 
 
-def masked_whiten(x, *, mask=None, cu_seqlens=None, shift_mean: bool = True, eps: float = 1e-8) -> np.ndarray:
+def masked_whiten(
+    x: ArrayLike,
+    *,
+    mask: ArrayLike | None = None,
+    cu_seqlens: ArrayLike | None = None,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+) -> np.ndarray:
     """Whitens over all valid tokens of the batch (as verl's ``masked_whiten``).
 
     With μ and the *unbiased* variance σ² (ddof 1) over the valid tokens::
@@ -683,7 +705,9 @@ def masked_whiten(x, *, mask=None, cu_seqlens=None, shift_mean: bool = True, eps
     return out.astype(_result_dtype(x)).reshape(x.shape)
 
 
-def credit_stats(x, *, mask=None, cu_seqlens=None) -> dict[str, float]:
+def credit_stats(
+    x: ArrayLike, *, mask: ArrayLike | None = None, cu_seqlens: ArrayLike | None = None
+) -> dict[str, float]:
     """Diagnostics of a per-token credit array over its valid tokens.
 
     With the n valid values x (float64) and a = |x|::
