@@ -885,5 +885,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(buffer_cache, m)?)?;
     m.add("NUM_THREADS_ENV", pool::ENV_VAR)?;
     m.add("BUFFER_CACHE_ENV", buffers::ENV_VAR)?;
+    // The package version is written once, in Cargo.toml (pyproject.toml's is dynamic).
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

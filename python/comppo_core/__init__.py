@@ -12,6 +12,7 @@ versions of all of them.
 from __future__ import annotations
 
 from . import controls, errors, reference
+from ._core import __version__ as __version__  # Cargo.toml's, compiled into the extension
 from ._core import get_num_threads, set_num_threads
 from .advantages import GAEResult, gae, td_targets
 from .diagnostics import credit_stats
@@ -29,8 +30,6 @@ from .gate_params import GateParams
 from .gating import gates_from_concentration
 from .outcomes import broadcast, group_advantages
 from .whitening import masked_whiten
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ComppoError",

@@ -11,6 +11,7 @@ import numpy.typing as npt
 __all__ = [
     "BUFFER_CACHE_ENV",
     "NUM_THREADS_ENV",
+    "__version__",
     "broadcast",
     "buffer_cache",
     "credit_stats",
@@ -25,6 +26,8 @@ __all__ = [
 
 NUM_THREADS_ENV: str
 BUFFER_CACHE_ENV: str
+#: The crate's version, from Cargo.toml (the one place it is written).
+__version__: str
 
 def gae(
     rewards: object,
