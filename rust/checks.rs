@@ -78,7 +78,7 @@ impl KernelErrorAt {
     }
 }
 
-/// The token-level checks of DESIGN §3 for rewards, values and gates: finite at valid
+/// The token-level checks of docs/design.md §3 for rewards, values and gates: finite at valid
 /// positions, gates in [0, 1] at valid positions, and (when `masked_rewards_error`)
 /// zero rewards at masked positions.
 pub fn first_bad_token<F: Float, M: Mask, G: Gates>(

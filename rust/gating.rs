@@ -1,4 +1,4 @@
-//! Gate mapping: per-token concentration → bounded retention gate (DESIGN §4).
+//! Gate mapping: per-token concentration → bounded retention gate (docs/design.md §4).
 //!
 //! ```text
 //! z = normalize(c)     Sequence: (c − μ_row)/(σ_row + ε)   over the row's valid tokens

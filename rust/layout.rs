@@ -1,4 +1,4 @@
-//! The two batch layouts of DESIGN §2 and how a batch is cut into parallel tasks.
+//! The two batch layouts of docs/design.md §2 and how a batch is cut into parallel tasks.
 //!
 //! * padded: `rows × cols` flat (row-major) arrays; every row has `cols` positions and
 //!   validity comes from the mask.

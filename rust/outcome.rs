@@ -1,5 +1,5 @@
 //! Group-relative outcome advantages: one score per sequence → one advantage per
-//! sequence (DESIGN §5).
+//! sequence (docs/design.md §5).
 //!
 //! For each group G (the sequences sharing a group id; ids in any order), n = |G|,
 //! μ the group mean and σ the unbiased (ddof 1) group standard deviation, in `f64`:

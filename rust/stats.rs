@@ -1,4 +1,4 @@
-//! Credit diagnostics of a per-token array over its valid tokens (DESIGN §5).
+//! Credit diagnostics of a per-token array over its valid tokens (docs/design.md §5).
 //!
 //! With the n valid values x and a = |x|:
 //!

@@ -3,7 +3,7 @@
 Every generated batch is *ragged*: row ``b`` has ``lengths[b] <= T`` positions (the
 rest of the padded row is padding), and inside its length an optional inner mask marks
 observation/tool tokens as invalid (multi-turn). The same data therefore exists in both
-layouts of DESIGN §2:
+layouts of docs/design.md §2:
 
 * padded: ``[B, T]`` arrays + ``mask`` (``None`` only when every position is valid);
 * packed: ``[N]`` arrays (the first ``lengths[b]`` positions of each row, concatenated)

@@ -1,4 +1,4 @@
-"""Gate controls (DESIGN §4): ``controls.shuffle`` (seeded per-row permutation of the
+"""Gate controls (docs/design.md §4): ``controls.shuffle`` (seeded per-row permutation of the
 valid gates), ``controls.by_position`` (batch mean gate at each valid-position index)
 and ``controls.constant`` (batch mean gate), against their definitions and
 ``comppo_core.reference.controls``, in both layouts."""

@@ -1,5 +1,5 @@
-"""credit_stats (DESIGN §5): the per-batch numbers a training loop logs for a per-token
-array, against the DESIGN formulas (brute-force Gini double sum, entropy ratio), worked
+"""credit_stats (docs/design.md §5): the per-batch numbers a training loop logs for a per-token
+array, against the formulas of docs/design.md §5 (brute-force Gini double sum, entropy ratio), worked
 examples and ``comppo_core.reference``, in both layouts."""
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def test_matches_reference_and_formulas_both_layouts(batch: Batch) -> None:
     for k in KEYS:
         assert math.isclose(d[k], want[k], rel_tol=rtol, abs_tol=atol), (k, d[k], want[k])
         assert math.isclose(dp[k], d[k], rel_tol=rtol, abs_tol=atol), (k, dp[k], d[k])
-    # the DESIGN formulas, brute force
+    # the formulas of docs/design.md §5, brute force
     assert math.isclose(d["gini"], brute_gini(vals), rel_tol=1e-9, abs_tol=1e-12)
     assert math.isclose(d["effective_token_ratio"], brute_ratio(vals), rel_tol=1e-9, abs_tol=1e-12)
     assert d["min"] == vals.min() and d["max"] == vals.max()

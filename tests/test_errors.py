@@ -1,4 +1,4 @@
-"""Errors (DESIGN §3, §8): every bad input raises a package error (a ``ComppoError``,
+"""Errors (docs/design.md §3, §8): every bad input raises a package error (a ``ComppoError``,
 hence a ``ValueError``; ``DTypeError`` is also a ``TypeError``) whose message names the
 argument and, for per-token problems, the first offending ``(row R, position P)`` in
 row-major order; position is the index inside the sequence in both layouts."""

@@ -1,4 +1,4 @@
-"""Comp-GAE advantages and λ-returns (DESIGN §3): kernel == NumPy reference, the two
+"""Comp-GAE advantages and λ-returns (docs/design.md §3): kernel == NumPy reference, the two
 layouts agree, worked examples by hand, and the equivalences the design pins down
 (g ≡ 1 is verl's GAE, g ≡ c is GAE(γ·c), per-step discount γ·g is rlax's truncated GAE).
 """
@@ -324,7 +324,7 @@ def test_worked_example_gate_zero_cuts_the_trace() -> None:
 
 
 # --------------------------------------------------------------------------- #
-# equivalences of DESIGN §3
+# equivalences of docs/design.md §3
 # --------------------------------------------------------------------------- #
 
 

@@ -1,4 +1,4 @@
-"""Gate mapping, concentration → retention gate (DESIGN §4): kernel == reference for the
+"""Gate mapping, concentration → retention gate (docs/design.md §4): kernel == reference for the
 three normalizations, both layouts, the range/mask/invert/constant properties, and
 worked examples."""
 
@@ -206,7 +206,7 @@ def test_gates_nan_at_masked_position_is_fine() -> None:
 )
 @pytest.mark.parametrize("normalize", ["sequence", "batch", "none"])
 def test_huge_finite_concentration_never_panics(conc: list[list[float]], normalize: str) -> None:
-    """Finite inputs whose running sum overflows must not crash the kernel (DESIGN §8:
+    """Finite inputs whose running sum overflows must not crash the kernel (docs/design.md §8:
     no Rust panic ever reaches Python); the zero-spread row gets the midpoint gate."""
     c = np.array(conc)
     try:

@@ -1,4 +1,4 @@
-"""Input handling (DESIGN §2): memory layouts (strided, reversed, Fortran-order,
+"""Input handling (docs/design.md §2): memory layouts (strided, reversed, Fortran-order,
 read-only), inputs never modified, ``out=`` buffers, dtypes and array kinds."""
 
 from __future__ import annotations
@@ -401,7 +401,7 @@ def test_inputs_never_modified_even_on_error(batch: Batch) -> None:
 @pytest.mark.parametrize("packed", [False, True])
 def test_no_memory_beyond_outputs_for_contiguous_inputs(packed: bool) -> None:
     """Contiguous float32 inputs with a bool mask (or int64 cu_seqlens) are not copied:
-    the peak of NumPy allocations during a call is the two outputs (DESIGN §2)."""
+    the peak of NumPy allocations during a call is the two outputs (docs/design.md §2)."""
     import tracemalloc
 
     rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""The verl and OpenRLHF drop-ins (DESIGN §6, §9) against their originals' loops.
+"""The verl and OpenRLHF drop-ins (docs/design.md §6, §9) against their originals' loops.
 
 verl and OpenRLHF are not dependencies (and are not installed on CI), so their published
 loops are re-implemented here, statement for statement:

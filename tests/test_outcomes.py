@@ -1,4 +1,4 @@
-"""Outcome advantages (DESIGN §5): ``group_advantages`` for GRPO, Dr.GRPO, RLOO and
+"""Outcome advantages (docs/design.md §5): ``group_advantages`` for GRPO, Dr.GRPO, RLOO and
 REINFORCE++-baseline, and ``broadcast`` of per-sequence values to tokens.
 
 Pinned against (a) worked examples, (b) faithful NumPy ports of verl's
@@ -483,7 +483,7 @@ def test_non_finite_score_names_index(bad: float, method: str) -> None:
 def test_huge_finite_scores_never_give_silent_nan_or_inf(method: str) -> None:
     """Finite scores whose group sum overflows: a clear ComppoError (as masked_whiten
     raises for values too large to square) or finite advantages, never NaN/±inf
-    (DESIGN §8). GRPO is scale-free, so finite answers must be the right ones."""
+    (docs/design.md §8). GRPO is scale-free, so finite answers must be the right ones."""
     for s, g in (
         ([1e308, 1e308, -1e308], [0, 0, 0]),
         ([1e308, -1e308], [5, 5]),

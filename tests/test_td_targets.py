@@ -1,4 +1,4 @@
-"""One-step gated TD targets y_i = r_i + γ·g_i·V_{i+1} (DESIGN §3): kernel == reference,
+"""One-step gated TD targets y_i = r_i + γ·g_i·V_{i+1} (docs/design.md §3): kernel == reference,
 both layouts, worked examples, and y == the λ_critic = 0 return of Comp-GAE."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""torch tensors in, torch tensors out (DESIGN §2, §6) on the CPU.
+"""torch tensors in, torch tensors out (docs/design.md §2, §6) on the CPU.
 
 Every public function takes torch tensors and gives back torch tensors (``credit_stats``
 a dict of floats) of the dtype and device of its first array argument:

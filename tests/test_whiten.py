@@ -1,4 +1,4 @@
-"""Masked whitening over the valid tokens of a batch (DESIGN §5), as verl's
+"""Masked whitening over the valid tokens of a batch (docs/design.md §5), as verl's
 ``verl.utils.torch_functional.masked_whiten``: the kernel against a NumPy port of verl's
 definition and against ``comppo_core.reference``, in both layouts, plus properties and
 errors."""
@@ -210,7 +210,7 @@ def test_equal_values_whiten_to_zero(value: float) -> None:
 @pytest.mark.parametrize("value", [0.0, 1.0, 8.04548048])
 def test_zero_variance_with_eps_zero_is_not_a_silent_nan(value: float) -> None:
     """eps = 0 is accepted, so zero variance over the valid tokens must not come back as
-    NaN at every valid position (DESIGN §8: never return garbage silently): either a
+    NaN at every valid position (docs/design.md §8: never return garbage silently): either a
     clear ComppoError or finite values (0, as group_advantages does for equal scores)."""
     x = np.full((2, 3), value)
     try:

@@ -1,4 +1,4 @@
-"""torch tensors in, torch tensors out (DESIGN §6), without importing torch eagerly.
+"""torch tensors in, torch tensors out (docs/design.md §6), without importing torch eagerly.
 
 The public functions are written over NumPy arrays. :func:`tensor_io` wraps one so
 that when its first array argument is a torch tensor, every tensor argument is

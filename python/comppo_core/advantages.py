@@ -1,4 +1,4 @@
-"""Comp-GAE advantages, λ-returns and one-step TD targets (DESIGN §3).
+"""Comp-GAE advantages, λ-returns and one-step TD targets (docs/design.md §3).
 
 For one sequence, over its valid positions ``i = 0..n-1`` only (masked positions are
 skipped: the recursion passes straight through them, as verl's multi-turn GAE does)::

@@ -1,6 +1,6 @@
 """Arrow list columns in, Arrow list columns out: GAE and Comp-GAE without copies.
 
-An Arrow ``list<float>`` column *is* the packed layout of DESIGN §2. For a list array
+An Arrow ``list<float>`` column *is* the packed layout of docs/design.md §2. For a list array
 of B rows::
 
     offsets   [B+1]   int32 (list) or int64 (large_list)   = cu_seqlens (+ offsets[0])
@@ -13,7 +13,7 @@ list arrays whose child wraps the kernels' output arrays (no copy either) and wh
 offsets buffer *is* the input's, so rows align by construction.
 
 Per sequence b (row b of the list columns), over its valid tokens ``i = 0..n-1``
-(DESIGN §3)::
+(docs/design.md §3)::
 
     V_n = last_values[b] if a last-values column is given else 0
     δ_i = r_i + γ·g_i·V_{i+1} − V_i
@@ -21,7 +21,7 @@ Per sequence b (row b of the list columns), over its valid tokens ``i = 0..n-1``
     R_i = A^c_i + V_i   (A^c with λ_critic)        -> column "returns"
 
 with gates ``g`` from a gate column, or from a concentration column through the gate
-mapping of DESIGN §4 (``low + (high − low)·sigmoid(sharpness·z)``), or 1 (plain GAE).
+mapping of docs/design.md §4 (``low + (high − low)·sigmoid(sharpness·z)``), or 1 (plain GAE).
 
 Accepted inputs:
 
@@ -40,7 +40,7 @@ converted to bools (an int8 or uint8 one is read in place); a column whose chunk
 the rewards' chunks is concatenated for that stretch; a float column of another dtype
 than the rewards is cast to the rewards' dtype (as :func:`comppo_core.gae` does).
 
-Errors (DESIGN §8) name the column, what was expected, and the first offending row and
+Errors (docs/design.md §8) name the column, what was expected, and the first offending row and
 position (``(row r, position p)``: ``column[r][p]``, counted from the start of the
 column, plus ``row_offset`` where given):
 
@@ -786,7 +786,7 @@ def gae(
     masked_rewards: str = "error",
     row_offset: int = 0,
 ) -> ArrowGAEResult:
-    """Comp-GAE advantages and λ-returns of Arrow list columns (DESIGN §3).
+    """Comp-GAE advantages and λ-returns of Arrow list columns (docs/design.md §3).
 
     Args:
       rewards: ``[B]`` rows of per-token rewards: a ``ListArray`` / ``LargeListArray`` of
@@ -854,7 +854,7 @@ def gates_from_concentration(
     batch_moments: ConcentrationMoments | None = None,
     row_offset: int = 0,
 ) -> ListColumn:
-    """Retention gates of an Arrow list column of concentration (DESIGN §4)::
+    """Retention gates of an Arrow list column of concentration (docs/design.md §4)::
 
         z = normalize(c);  z = −z if invert;  g = low + (high − low)·sigmoid(sharpness·z)
 

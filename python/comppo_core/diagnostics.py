@@ -1,6 +1,6 @@
 """Credit diagnostics a training loop logs for any per-token array (advantages, gates).
 
-Over the n valid tokens, with a = |x| (DESIGN §5; ARCA's degeneracy diagnostics)::
+Over the n valid tokens, with a = |x| (docs/design.md §5; ARCA's degeneracy diagnostics)::
 
     mean, std (population), min, max, frac_positive = #{x > 0} / n
     gini                  = Σ_i Σ_j |a_i − a_j| / (2 n² mean(a))     0 even … 1 − 1/n one-hot

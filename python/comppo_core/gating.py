@@ -1,4 +1,4 @@
-"""Gate mapping: attention concentration → bounded per-token retention gate (DESIGN §4).
+"""Gate mapping: attention concentration → bounded per-token retention gate (docs/design.md §4).
 
 ::
 

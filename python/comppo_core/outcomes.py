@@ -1,6 +1,6 @@
 """Outcome advantages: one score per sequence → group-relative advantages → tokens.
 
-Group-relative advantages (DESIGN §5), per group G of sequences sharing an id, with
+Group-relative advantages (docs/design.md §5), per group G of sequences sharing an id, with
 μ the group mean and σ the unbiased (ddof 1) standard deviation, in float64::
 
     "grpo":               a = (s − μ) / (σ + eps)          GRPO (verl, TRL)

@@ -7,7 +7,7 @@ plain Python loops over token positions. It depends on NumPy and the standard
 library only, so it can be imported (``comppo_core.reference``) without the
 compiled extension.
 
-Layouts (DESIGN.md section 2). Every per-token function accepts either:
+Layouts (docs/design.md §2). Every per-token function accepts either:
 
 * **padded**: 2-D arrays ``[B, T]`` and an optional ``mask`` ``[B, T]``
   (bool, int or float; nonzero = valid token). No mask = every token valid.
@@ -142,7 +142,7 @@ def _zscore(vals: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- #
-# Comp-GAE and one-step targets (DESIGN.md section 3)
+# Comp-GAE and one-step targets (docs/design.md §3)
 # --------------------------------------------------------------------------- #
 
 
@@ -327,7 +327,7 @@ def td_targets(
 
 
 # --------------------------------------------------------------------------- #
-# Gate mapping and controls (DESIGN.md section 4)
+# Gate mapping and controls (docs/design.md §4)
 # --------------------------------------------------------------------------- #
 
 
@@ -529,7 +529,7 @@ controls = types.SimpleNamespace(
 
 
 # --------------------------------------------------------------------------- #
-# Outcome advantages, whitening, diagnostics (DESIGN.md section 5)
+# Outcome advantages, whitening, diagnostics (docs/design.md §5)
 # --------------------------------------------------------------------------- #
 
 

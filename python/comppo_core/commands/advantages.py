@@ -10,7 +10,7 @@ is one row group (its input columns, the two new ones and pyarrow's decode and e
 buffers, about 10× the row group's raw float data), not the file; the output keeps the
 input's row groups.
 
-Per row b, over its valid tokens ``i = 0..n-1`` (DESIGN §3)::
+Per row b, over its valid tokens ``i = 0..n-1`` (docs/design.md §3)::
 
     δ_i = r_i + γ·g_i·V_{i+1} − V_i,   A_i = δ_i + γ·λ·g_i·A_{i+1},   R_i = A^c_i + V_i
 

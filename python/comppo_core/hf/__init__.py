@@ -1,4 +1,4 @@
-"""Hugging Face integration: attention concentration and CompPO end to end (DESIGN §7, §9).
+"""Hugging Face integration: attention concentration and CompPO end to end (docs/design.md §7, §9).
 
 Needs the ``[hf]`` extra (torch and transformers >= 5); ``import comppo_core`` alone does
 not import torch.

@@ -1,4 +1,4 @@
-"""CompPO credit assignment in one call: probe → gates → Comp-GAE (DESIGN §3, §4, §7).
+"""CompPO credit assignment in one call: probe → gates → Comp-GAE (docs/design.md §3, §4, §7).
 
 :func:`comp_gae_batch` runs, for a batch of prompt+response sequences::
 
@@ -51,7 +51,7 @@ from .statistics import DEFAULT_QUERY_CHUNK
 
 __all__ = ["CONTROLS", "CompPOBatch", "comp_gae_batch"]
 
-#: Gate controls (DESIGN §4): none, or the paper's checks that gains come from
+#: Gate controls (docs/design.md §4): none, or the paper's checks that gains come from
 #: trajectory-specific gates.
 CONTROLS = ("none", "shuffle", "by_position", "constant")
 

@@ -1,4 +1,4 @@
-"""Pull attention concentration off a Hugging Face model during a forward pass (DESIGN §7).
+"""Pull attention concentration off a Hugging Face model during a forward pass (docs/design.md §7).
 
 How it hooks in (transformers ≥ 5): this module registers one attention function under
 the name :data:`IMPLEMENTATION` with ``transformers.AttentionInterface`` **and**
@@ -756,7 +756,7 @@ def logprobs_and_concentration(
         concentration[b, j] = the probe's statistic at query position j
 
     Column j scores token j+1 and its concentration comes from query position j, the
-    position whose logits score that token (DESIGN §7: the off-by-one to avoid). Both
+    position whose logits score that token (docs/design.md §7: the off-by-one to avoid). Both
     are 0 in a column whose query or target token is padding.
 
     Args:

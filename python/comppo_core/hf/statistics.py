@@ -1,4 +1,4 @@
-"""Attention concentration of one attention layer, without an ``O(T²)`` tensor (DESIGN §7).
+"""Attention concentration of one attention layer, without an ``O(T²)`` tensor (docs/design.md §7).
 
 For query t of sequence b and head h, with attention distribution ``p`` over the ``n_t``
 keys it may see (causal ∩ not padding ∩ sliding window, i.e. the layer's attention
@@ -25,7 +25,7 @@ for a query that sees no key. Two exact methods:
 
   (centring shrinks the two terms whose difference is H, so less cancellation); ``l2``
   uses two passes, at scale and at 2·scale. The kernels never materialise the scores.
-  ``precision="float32"`` (default, as DESIGN §7 asks) runs the pass on float32 copies
+  ``precision="float32"`` (default, as docs/design.md §7 asks) runs the pass on float32 copies
   of Q and K whatever the model's dtype; ``precision="model"`` runs it in the model's
   dtype (bfloat16: the GPU's fast kernels, at bfloat16 accuracy for ``o``). LSE and the
   final combination are float32 either way.

@@ -8,7 +8,7 @@ Two kinds of example, each a small frozen dataclass with a readable ``repr``:
   generator, for float32 accumulation drift);
 * :class:`GroupExample`, drawn by :func:`group_examples` (outcome scores and group ids).
 
-What a GAE example contains (DESIGN §2):
+What a GAE example contains (docs/design.md §2):
 
 * **padded** layout: ``[B, T]`` arrays. Each row holds one response of ``L_b ≤ T``
   tokens, placed at the start of the row (``padding="right"``) or at its end
@@ -63,7 +63,7 @@ __all__ = [
 
 #: Array kinds an example can be converted to (:meth:`GAEExample.to`).
 ARRAY_KINDS = ("numpy", "torch")
-#: Layouts of DESIGN §2.
+#: Layouts of docs/design.md §2.
 LAYOUTS = ("padded", "packed")
 #: Where the padding of a padded row goes.
 PADDINGS = ("right", "left")
