@@ -51,7 +51,7 @@ max |Δ| of the concentration:
                      and 10; Qwen3's q/k RMSNorm keeps them near 1 here)
 
 ``--tiles BLOCK_M,BLOCK_N,num_warps`` sets the online kernel's tiles
-(``hf.online.TILES``; ``benches/gpu_online_blocks.py`` surveys them).
+(``hf.online.TILES``; ``benches/lab/gpu_online_blocks.py`` surveys them).
 
 Exit status: 0 when the self-check passes (targets are reported; ``--strict`` exits 3 on
 a miss), 1 when it fails, 2 when CUDA was asked for and is missing. Runs in well under

@@ -15,9 +15,10 @@
 //! loop of their own, and the loop is compiled once per case (γ = 1, mask given, gates
 //! given), so no block re-tests what the task knows.
 //!
-//! The number of micro-ops per block decides the rest (`examples/incache.rs`
-//! measures cycles per position with the data in cache). On the Zen 3 cores this was
-//! tuned on, these facts shaped the loop (`examples/ports.rs` measures them):
+//! The number of micro-ops per block decides the rest (the `incache` probe measured
+//! cycles per position with the data in cache; it and the `ports` and `w2_batch` probes
+//! cited below are in git history: `git show c8d0a52^:examples/incache.rs`). On the Zen 3
+//! cores this was tuned on, these facts shaped the loop (the `ports` probe measured them):
 //! `vcvtps2pd` from memory is one micro-op that runs on either add pipe, two per cycle,
 //! while from a register it is two and takes the one pipe that also runs `vperm2f128`,
 //! `vbroadcastsd` from a register and half of each `vcvtpd2ps` (one per cycle). So
@@ -29,7 +30,7 @@
 //! took the loop from about 12.8 to 11.2 cycles per block. Fusing the four
 //! multiply-adds of a block (`vfmadd`, one micro-op where a multiply and an add were
 //! two) then took it from 2.54 to 2.26 cycles per position packed and from 2.66 to
-//! 2.39 padded (`examples/incache.rs`, best of twelve rounds of each build; that
+//! 2.39 padded (the `incache` probe, best of twelve rounds of each build; that
 //! harness times each call and reads the fastest tenth, so it reads lower than the
 //! totals behind the 11.2). The scan's first step stays inside the 128-bit halves;
 //! its second step moves one value per vector across them
@@ -43,7 +44,7 @@
 //! end 32 mask bytes at a time and writes and checks eight positions per step, with
 //! stores in assembly, since the compiler turns plain stores of zeros into `memset`
 //! calls whose `rep stosb` wrote W2's tails at about half the speed. Together the two
-//! changes took W2 on one thread from 0.83 to 0.72 ms (`examples/w2_batch.rs`: the
+//! changes took W2 on one thread from 0.83 to 0.72 ms (the `w2_batch` probe: the
 //! fastest tenth of the calls, best of ten runs of each build alternating).
 //!
 //! Tried and not kept: three of the additions as `x·1 + y` on the FMA pipes (exact,
@@ -56,7 +57,7 @@
 //! so it spills). Three turns unrolled, which lets the stages rotate through three
 //! names so that the register moves at the end of each turn (five per block) go away,
 //! was kept: 2.38 → 2.31 cycles per position padded, W2 on one thread 0.725 → 0.709 ms
-//! (`examples/w2_batch.rs`, best of eight runs of each build alternating).
+//! (the `w2_batch` probe, best of eight runs of each build alternating).
 //!
 //! Like [`super::Kernel::task_body`], a task is one continuous backward stream: its rows
 //! from last to first, each backwards. (Tracing two rows at once was tried and measured
