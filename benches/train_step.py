@@ -53,6 +53,7 @@ from typing import Any
 try:
     import numpy as np
     import torch
+
     from comppo_core import rl
     from comppo_core.hf._memory import peak_memory
     from comppo_core.rl.tasks import Problem

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from comppo_core import cli
 from comppo_core.commands import demo
 
@@ -70,6 +71,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def _reloaded_trainer(run_dir: Path) -> Any:
     """A trainer holding the run's final actor and critic (from its checkpoint)."""
     import torch
+
     from comppo_core import rl
 
     cfg = rl.TrainConfig.from_json((run_dir / "config.json").read_text())

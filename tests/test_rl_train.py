@@ -515,8 +515,9 @@ def test_lora_trains_the_adapter_and_the_critic_only(arm: str, tmp_path: Path, s
     the reference is the base model (the warm start) with the adapter disabled; the
     checkpoint holds the adapter; the probe and TAC read the adapted model."""
     pytest.importorskip("peft")
-    from comppo_core.hf.probe import IMPLEMENTATION, ConcentrationProbe, default_position_ids, token_logprobs
     from transformers import AutoModelForCausalLM
+
+    from comppo_core.hf.probe import IMPLEMENTATION, ConcentrationProbe, default_position_ids, token_logprobs
 
     trainer = Trainer(tiny(arm=arm, lora_rank=4, actor_lr=1e-3, kl_coef=0.1, out=str(tmp_path)))
     wrapped = trainer.lora_model
