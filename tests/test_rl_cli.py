@@ -232,10 +232,15 @@ def test_compare_writes_the_table_curves_and_every_run(
     results = json.loads((out / "results.json").read_text())
     assert results["arms"]["grpo"]["accuracy"] == [summaries["grpo", s]["final_eval_accuracy"] for s in (0, 1)]
 
-    # a second invocation reuses the finished runs and writes the same table
+    timings = json.loads((out / "timings.json").read_text())
+    assert set(timings) == {f"{name}/seed{s}" for name in ("warmstart", "grpo", "comppo") for s in (0, 1)}
+    assert all(t > 0 for t in timings.values())
+
+    # a second invocation reuses the warm starts and finished runs and writes the same table
     capsys.readouterr()
     assert cli.main(argv) == 0
-    assert capsys.readouterr().out.count("(reused)") == 4
+    assert capsys.readouterr().out.count("(reused)") == 2 + 4
+    assert json.loads((out / "timings.json").read_text()) == timings  # as they took when they ran
     assert parse_table((out / "results.md").read_text()) == table
 
 
@@ -272,6 +277,7 @@ def test_compare_starts_every_arm_of_a_seed_from_the_same_parameters(tmp_path: P
         (["train", "--actor-lr", "fast"], r"--actor-lr: .*'fast'"),
         (["train", "--resume"], r"--resume: expected --out DIR"),
         (["train", "--arm", "grpo", "--critic-warmup", "1"], r"--critic-warmup: expected 0 for the grpo arm"),
+        (["train", "--gate-low", "0.95", "--gate-high", "0.9"], r"--gate-low: "),
         (["compare", "--arms", "grpo,reinforce", "--out", "X"], r"--arms: expected arms among grpo, .*got 'reinforce'"),
         (["compare", "--arms", "grpo,grpo", "--out", "X"], r"--arms: expected each arm once, got 'grpo' twice"),
         (["compare", "--preset", "huge", "--out", "X"], r"--preset: invalid choice: 'huge'"),
@@ -306,3 +312,16 @@ def test_building_the_parser_imports_no_torch() -> None:
     code = "import sys\nfrom comppo_core import cli\ncli._build_parser()\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip() == "False"
+
+
+def test_training_doc_lists_every_field_with_its_default() -> None:
+    import dataclasses
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
+    documented = dict(re.findall(r"^\| `--([a-z0-9-]+)` \| `([^`]*)` \|", doc, flags=re.MULTILINE))
+    for f in dataclasses.fields(TrainConfig):
+        flag = f.name.replace("_", "-")
+        assert flag in documented, f"docs/training.md: no row for --{flag}"
+        assert documented[flag] == repr(f.default), (
+            f"docs/training.md: --{flag} default {documented[flag]} != {f.default!r}"
+        )

@@ -203,7 +203,7 @@ def test_every_field_is_a_cli_flag() -> None:
         ({"dual_clip": 1.0}, "dual_clip"),
         ({"gate_low": 0.95, "gate_high": 0.9}, "low"),
         ({"temperature": 0.0}, "temperature"),
-        ({"num_minibatches": 100}, "num_minibatches"),
+        ({"num_minibatches": 1000}, "num_minibatches"),
         ({"resume": True}, "resume"),
         ({"model_heads": 3}, "model_heads"),
         ({"progress": "yes"}, "progress"),

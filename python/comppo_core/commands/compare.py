@@ -13,6 +13,7 @@ Outputs under ``OUT``::
     <arm>/seed<s>/          each run's config.json, metrics.jsonl, summary.json, checkpoint/
     results.md              the table below, per-seed accuracies, the settings
     results.json            the same numbers, machine-readable
+    timings.json            the seconds each warm start and run took when it ran
     curves.png              held-out accuracy vs step: mean and 95% CI band per arm
 
 The table gives, per arm, the final held-out (greedy) accuracy: its mean over seeds and
@@ -145,7 +146,8 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float 
 
 
 def _pct(x: float, signed: bool = False) -> str:
-    return f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}"
+    v = round(100 * x, 1) + 0.0  # + 0.0: no "-0.0"
+    return f"{v:+.1f}" if signed else f"{v:.1f}"
 
 
 def _ci(mean: float, half: float | None, signed: bool = False) -> str:
@@ -187,32 +189,41 @@ def results_table(final: dict[str, dict[int, float]], warm: dict[int, float]) ->
 def plot_curves(
     curves: dict[str, dict[int, list[tuple[int, float]]]], warm: dict[int, float], path: Path, title: str
 ) -> None:
-    """``curves[arm][seed]`` = ``[(step, accuracy), …]`` as a PNG: per arm the mean over seeds
-    and a 95% CI band (t-distribution), the warm start's mean dashed (matplotlib, Agg)."""
+    """``curves[arm][seed]`` = ``[(step, accuracy), …]`` as a PNG (matplotlib, Agg) with two
+    panels: the held-out accuracy per arm, mean over seeds and 95% CI band (t-distribution),
+    the warm start's mean dashed; and the paired gain over the seed's warm start,
+    ``acc(step) − acc(step 0)``, mean and CI band (between-seed spread of the warm start,
+    which dominates the first panel's bands, cancels there)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8.0, 5.0), dpi=120)
+    fig = Figure(figsize=(12.0, 4.8), dpi=110)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    ax_acc, ax_gain = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for arm, by_seed in curves.items():
-        steps = sorted(set.intersection(*(set(dict(c)) for c in by_seed.values())))
-        stats = [mean_ci([dict(c)[st] for c in by_seed.values()]) for st in steps]
-        mean = [100 * m for m, _ in stats]
-        (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=arm)
-        if all(h is not None for _, h in stats):
-            lo = [100 * (m - (h or 0.0)) for m, h in stats]
-            hi = [100 * (m + (h or 0.0)) for m, h in stats]
-            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.12, linewidth=0)
+        runs = {s: dict(c) for s, c in by_seed.items()}
+        steps = sorted(set.intersection(*(set(r) for r in runs.values())))
+        color = None
+        for ax, shift in ((ax_acc, False), (ax_gain, True)):
+            stats = [mean_ci([r[st] - (r[steps[0]] if shift else 0.0) for r in runs.values()]) for st in steps]
+            mean = [100 * m for m, _ in stats]
+            (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=arm, color=color)
+            color = line.get_color()
+            if all(h is not None for _, h in stats):
+                lo = [100 * (m - (h or 0.0)) for m, h in stats]
+                hi = [100 * (m + (h or 0.0)) for m, h in stats]
+                ax.fill_between(steps, lo, hi, color=color, alpha=0.10, linewidth=0)
     if warm:
-        ax.axhline(
-            100 * math.fsum(warm.values()) / len(warm), color="0.4", linestyle="--", linewidth=1, label="warm start"
-        )
-    ax.set_xlabel("PPO step")
-    ax.set_ylabel("held-out greedy accuracy (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+        mean_warm = 100 * math.fsum(warm.values()) / len(warm)
+        ax_acc.axhline(mean_warm, color="0.4", linestyle="--", linewidth=1, label="warm start")
+    ax_gain.axhline(0.0, color="0.4", linestyle="--", linewidth=1)
+    ax_acc.set_ylabel("held-out greedy accuracy (%)")
+    ax_gain.set_ylabel("gain over the warm start (points, paired)")
+    for ax in (ax_acc, ax_gain):
+        ax.set_xlabel("PPO step")
+        ax.grid(alpha=0.3)
+    ax_acc.legend(fontsize=8, loc="best")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, format="png")
 
@@ -288,9 +299,9 @@ def _finished(out: Path, config: TrainConfig) -> dict[str, Any] | None:
     return None
 
 
-def _warm_start(base: TrainConfig, seed: int, out: Path) -> str:
+def _warm_start(base: TrainConfig, seed: int, out: Path) -> tuple[str, bool]:
     """Warm-start seed ``seed`` into ``out`` (reusing one made there with the same settings);
-    the path of the policy every arm of the seed starts from."""
+    the path of the policy every arm of the seed starts from, and whether it was made now."""
     from ..rl.trainer import Trainer
 
     config = base.replace(seed=seed, out=str(out), init_from=None, progress=False)
@@ -299,9 +310,10 @@ def _warm_start(base: TrainConfig, seed: int, out: Path) -> str:
         same = (out / "config.json").read_text() == config.to_json()
     except OSError:
         same = False
-    if not (same and (policy / "task.json").is_file()):  # task.json: written after the weights
-        Trainer(config)
-    return str(policy)
+    if same and (policy / "task.json").is_file():  # task.json: written after the weights
+        return str(policy), False
+    Trainer(config)
+    return str(policy), True
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -332,24 +344,44 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     t_start = time.perf_counter()
     summaries: dict[tuple[str, int], dict[str, Any]] = {}
-    total, done = len(configs), 0
+    # seconds each warm start and run took when it ran (kept for the runs a rerun reuses)
+    timings_path = out / "timings.json"
+    try:
+        timings: dict[str, float] = json.loads(timings_path.read_text())
+    except (OSError, ValueError):
+        timings = {}
+    keys: list[str] = []
+    total, done, reused = len(configs), 0, 0
     for seed in range(n_seeds):
         init_from = base.init_from
         if warm_needed:
             t0 = time.perf_counter()
-            init_from = _warm_start(base.replace(arm=arms[0]), seed, out / "warmstart" / f"seed{seed}")
-            print(f"[seed {seed}] warm start ready in {time.perf_counter() - t0:.0f} s: {init_from}", flush=True)
+            ws = out / "warmstart" / f"seed{seed}"
+            init_from, made = _warm_start(base.replace(arm=arms[0]), seed, ws)
+            key = f"warmstart/seed{seed}"
+            keys.append(key)
+            if made:
+                timings[key] = time.perf_counter() - t0
+                timings_path.write_text(json.dumps(timings, indent=1, sort_keys=True))
+            status = f"made in {timings[key]:.0f} s" if made else "reused"
+            print(f"[seed {seed}] warm start {init_from} ({status})", flush=True)
         for arm in arms:
             run_out = out / arm / f"seed{seed}"
             config = configs[arm, seed].replace(out=str(run_out), init_from=init_from)
             done += 1
+            key = f"{arm}/seed{seed}"
+            keys.append(key)
             summary = _finished(run_out, config)
             t0 = time.perf_counter()
             status = "reused"
             if summary is None:
                 (run_out / "summary.json").unlink(missing_ok=True)
                 summary = train(config)
-                status = f"{time.perf_counter() - t0:.0f} s"
+                timings[key] = time.perf_counter() - t0
+                timings_path.write_text(json.dumps(timings, indent=1, sort_keys=True))
+                status = f"{timings[key]:.0f} s"
+            else:
+                reused += 1
             summaries[arm, seed] = summary
             first, final = summary["initial_eval_accuracy"], summary["final_eval_accuracy"]
             print(
@@ -357,6 +389,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 flush=True,
             )
     seconds = time.perf_counter() - t_start
+    timed = [timings[k] for k in keys if k in timings]
+    untimed = len(keys) - len(timed)
 
     final = {arm: {s: summaries[arm, s]["final_eval_accuracy"] for s in range(n_seeds)} for arm in arms}
     starts = {s: [summaries[arm, s]["initial_eval_accuracy"] for arm in arms] for s in range(n_seeds)}
@@ -390,7 +424,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     changed = {k: v for k, v in base.to_dict().items() if k not in ("arm", "seed", "out") and v != getattr(defaults, k)}
     lines += [
         "",
-        f"Wall time: {seconds / 60:.1f} min for the runs of this invocation ({len(summaries)} runs).",
+        f"Time: {math.fsum(timed) / 60:.1f} min for the warm starts and runs, as each took when it ran"
+        + (f" ({untimed} not timed)" if untimed else "")
+        + f"; this invocation {seconds / 60:.1f} min"
+        + (f", reusing {reused} finished runs" if reused else "")
+        + " (seconds per run: timings.json).",
         "",
         "Settings changed from the TrainConfig defaults: "
         + (", ".join(f"`{k}={v}`" for k, v in changed.items()) if changed else "none")
@@ -406,6 +444,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 "curves": curves,
                 "config": base.to_dict(),
                 "seconds": seconds,
+                "timings": {k: timings.get(k) for k in keys},
             },
             indent=2,
         )

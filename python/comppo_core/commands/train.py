@@ -135,11 +135,16 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def usage_error(parser: argparse.ArgumentParser, exc: Exception) -> None:
-    """Exit with status 2 and ``exc``'s message, naming the flag of its ``argument``."""
+    """Exit with status 2 and ``exc``'s message, naming the flag of its ``argument`` (a
+    GateParams argument such as ``low`` is the flag ``--gate-low``)."""
+    from ..rl.config import TrainConfig
+
     argument = getattr(exc, "argument", None)
     message = str(exc)
     if argument:
-        message = f"--{argument.replace('_', '-')}: {message.removeprefix(f'{argument}: ')}"
+        names = {f.name for f in dataclasses.fields(TrainConfig)}
+        field = f"gate_{argument}" if argument not in names and f"gate_{argument}" in names else argument
+        message = f"--{field.replace('_', '-')}: {message.removeprefix(f'{argument}: ')}"
     parser.error(message)
 
 
@@ -216,6 +221,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         raise
     summary = trainer.train()
     seconds = time.perf_counter() - t0
+    if not trainer.dist.is_main:  # under torchrun, rank 0 reports
+        return 0
     first = summary["initial_eval_accuracy"]
     final = summary["final_eval_accuracy"]
     start = trainer.start_step

@@ -52,31 +52,52 @@ class TrainConfig:
     """
 
     # ---- the run
-    arm: str = _f("comppo", "which advantage estimator and critic (see comppo_core.rl.arms: grpo, ppo, comp_gae, "
-                  "tac_fixed, comppo, comppo_shuffle, comppo_position)")
+    arm: str = _f(
+        "comppo",
+        "which advantage estimator and critic (see comppo_core.rl.arms: grpo, ppo, comp_gae, "
+        "tac_fixed, comppo, comppo_shuffle, comppo_position)",
+    )
     seed: int = _f(0, "seeds the model initialisation, the warm start, the rollouts and the updates")
-    out: str | None = _f(None, "output directory (metrics.jsonl, config.json, summary.json, warmstart/, "
-                            "checkpoint/); None writes nothing")
-    steps: int = _f(40, "PPO steps (one rollout batch each)")
-    resume: bool = _f(False, "continue from OUT/checkpoint (the saved config must agree except steps, resume, "
-                      "progress, save_every, eval_every)")
+    out: str | None = _f(
+        None,
+        "output directory (metrics.jsonl, config.json, summary.json, warmstart/, checkpoint/); None writes nothing",
+    )
+    steps: int = _f(60, "PPO steps (one rollout batch each)")
+    resume: bool = _f(
+        False,
+        "continue from OUT/checkpoint (the saved config must agree except steps, resume, "
+        "progress, save_every, eval_every)",
+    )
     save_every: int = _f(10, "write OUT/checkpoint every this many steps and after the last (0: only after the last)")
-    eval_every: int = _f(10, "held-out greedy accuracy at the start of every step that is a multiple of this "
-                         "(step 0 included) and after the last step; 0 turns it off")
-    eval_size: int = _f(256, "held-out problems in the evaluation set")
+    eval_every: int = _f(
+        10,
+        "held-out greedy accuracy at the start of every step that is a multiple of this "
+        "(step 0 included) and after the last step; 0 turns it off",
+    )
+    eval_size: int = _f(
+        2048,
+        "held-out problems in the evaluation set (fewer if the split has fewer: 2024 for "
+        "2-digit addition, all of them)",
+    )
     progress: bool = _f(True, "show a tqdm progress bar with reward and accuracy")
     num_threads: int | None = _f(None, "torch.set_num_threads for the run (None: leave torch's setting)")
 
     # ---- the task
-    task: str = _f("addition", "the built-in task (addition, comppo_core.rl.tasks) or a .jsonl file of {\"prompt\", "
-                   "\"answer\"} rows (comppo_core.rl.jsonl_task; needs model)")
+    task: str = _f(
+        "addition",
+        'the built-in task (addition, comppo_core.rl.tasks) or a .jsonl file of {"prompt", '
+        '"answer"} rows (comppo_core.rl.jsonl_task; needs model)',
+    )
     digits: int = _f(2, "difficulty: operands below 10**digits")
     split_seed: int = _f(0, "fixes which problems are held out (independent of seed)")
     heldout_fraction: float = _f(0.2, "share of problems held out for evaluation")
 
     # ---- the model and its warm start
-    init_from: str | None = _f(None, "start the policy from this save_pretrained directory instead of a "
-                                  "randomly initialised model and the SFT warm start")
+    init_from: str | None = _f(
+        None,
+        "start the policy from this save_pretrained directory instead of a "
+        "randomly initialised model and the SFT warm start",
+    )
     model_hidden: int = _f(64, "hidden size of the built-in Llama policy")
     model_layers: int = _f(4, "decoder layers of the built-in policy")
     model_heads: int = _f(4, "attention heads of the built-in policy")
@@ -87,9 +108,9 @@ class TrainConfig:
     sft_lr: float = _f(3e-3, "peak SFT learning rate (linear warm-up over 50 steps, linear decay to 0)")
 
     # ---- rollout
-    prompts_per_step: int = _f(16, "prompts per rollout batch")
-    group_size: int = _f(4, "samples per prompt (G); the batch is prompts_per_step * group_size sequences")
-    temperature: float = _f(1.0, "sampling temperature")
+    prompts_per_step: int = _f(32, "prompts per rollout batch")
+    group_size: int = _f(8, "samples per prompt (G); the batch is prompts_per_step * group_size sequences")
+    temperature: float = _f(0.7, "sampling temperature")
     top_p: float = _f(1.0, "nucleus sampling threshold (1: off)")
     max_new_tokens: int | None = _f(None, "response budget in tokens (None: the task's longest response)")
 
@@ -105,13 +126,18 @@ class TrainConfig:
     gate_sharpness: float = _f(1.0, "slope of the gate sigmoid (GateParams.sharpness)")
     gate_normalize: str = _f("sequence", "z-score of the concentration: sequence, batch or none (GateParams.normalize)")
     gate_invert: bool = _f(False, "map high concentration to low gates (GateParams.invert)")
-    fixed_gate: float | None = _f(None, "tac_fixed's constant gate (None: the batch mean of the concentration "
-                                     "gates, cc.controls.constant)")
+    fixed_gate: float | None = _f(
+        None, "tac_fixed's constant gate (None: the batch mean of the concentration gates, cc.controls.constant)"
+    )
 
     # ---- the PPO update
     ppo_epochs: int = _f(2, "passes over each rollout batch")
     num_minibatches: int = _f(2, "minibatches per epoch (the batch is split evenly)")
-    actor_lr: float = _f(1e-5, "actor learning rate (AdamW; on the built-in task 3e-5 and up lowered held-out accuracy)")
+    actor_lr: float = _f(
+        3e-5,
+        "actor learning rate (AdamW; on the built-in task, without a KL anchor, 3e-5 and up "
+        "lowered held-out accuracy: docs/training.md)",
+    )
     critic_lr: float = _f(1e-3, "critic learning rate (AdamW)")
     weight_decay: float = _f(0.0, "AdamW weight decay of both optimizers")
     max_grad_norm: float = _f(1.0, "gradient clipping of the actor's and the critic's gradients, each on its own")
@@ -122,10 +148,16 @@ class TrainConfig:
     vf_coef: float = _f(0.5, "weight of the value loss")
     loss_agg: str = _f("token-mean", "loss aggregation (verl loss_agg_mode)")
     critic_warmup: int = _f(0, "first steps that train the critic only (the actor is frozen)")
-    kl_coef: float = _f(0.0, "weight of the KL to the frozen reference (the policy after the warm start)")
-    kl_kind: str = _f("k1", "KL estimator: k1, abs, k2, k3 (verl kl_penalty)")
-    kl_mode: str = _f("reward", "reward: −kl_coef·KL per token in the rewards (TRL); loss: kl_coef·KL added to "
-                      "the loss (verl use_kl_loss)")
+    kl_coef: float = _f(
+        1.0,
+        "weight of the KL to the frozen reference (the policy after the warm start); on the "
+        "built-in task it keeps update noise from eroding the warm start (docs/training.md)",
+    )
+    kl_kind: str = _f("k2", "KL estimator: k1, abs, k2, k3 (verl kl_penalty)")
+    kl_mode: str = _f(
+        "loss",
+        "reward: −kl_coef·KL per token in the rewards (TRL); loss: kl_coef·KL added to the loss (verl use_kl_loss)",
+    )
     log_kl: bool = _f(True, "keep the reference even with kl_coef = 0 to log the KL (one no-grad forward a step)")
 
     # ---- critics
@@ -134,16 +166,30 @@ class TrainConfig:
     trunk_grad: float = _f(0.0, "fraction of the value gradient TAC lets into the actor's hidden states")
 
     # ---- devices, a user's model and data, LoRA (rl.distributed, rl.pretrained, rl.jsonl_task, rl.lora)
-    device: str = _f("auto", "where each process computes: auto (cuda:LOCAL_RANK when CUDA is available, else cpu), "
-                     "cpu, cuda, cuda:N; under torchrun the ranks talk over NCCL on CUDA and gloo on CPU")
-    model: str | None = _f(None, "a local Hugging Face model directory: the policy (AutoModelForCausalLM) and its "
-                           "tokenizer (AutoTokenizer) instead of the built-in Llama, character tokenizer and SFT warm start")
-    chat_template: bool = _f(False, "with model: each prompt as one user turn of the tokenizer's chat template, if it has one")
-    lora_rank: int = _f(0, "LoRA rank through peft (0: train every weight); the KL reference is then the base model "
-                        "with the adapter disabled, and checkpoints hold the adapter")
+    device: str = _f(
+        "auto",
+        "where each process computes: auto (cuda:LOCAL_RANK when CUDA is available, else cpu), "
+        "cpu, cuda, cuda:N; under torchrun the ranks talk over NCCL on CUDA and gloo on CPU",
+    )
+    model: str | None = _f(
+        None,
+        "a local Hugging Face model directory: the policy (AutoModelForCausalLM) and its "
+        "tokenizer (AutoTokenizer) instead of the built-in Llama, character tokenizer and SFT warm start",
+    )
+    chat_template: bool = _f(
+        False, "with model: each prompt as one user turn of the tokenizer's chat template, if it has one"
+    )
+    lora_rank: int = _f(
+        0,
+        "LoRA rank through peft (0: train every weight); the KL reference is then the base model "
+        "with the adapter disabled, and checkpoints hold the adapter",
+    )
     lora_alpha: float = _f(16.0, "LoRA alpha (the adapter's output is scaled by lora_alpha / lora_rank)")
-    lora_target_modules: str = _f("all-linear", "the layers LoRA adapts: all-linear (every linear layer but the output "
-                                  "head) or comma-separated module names such as q_proj,v_proj")
+    lora_target_modules: str = _f(
+        "all-linear",
+        "the layers LoRA adapts: all-linear (every linear layer but the output "
+        "head) or comma-separated module names such as q_proj,v_proj",
+    )
 
     def __post_init__(self) -> None:
         from .arms import (
@@ -152,8 +198,9 @@ class TrainConfig:
 
         _choice("arm", self.arm, tuple(ARMS))
         if not (self.task in TASKS or isinstance(self.task, str) and self.task.endswith(".jsonl")):
-            raise ParameterError(f"task: expected {', '.join(TASKS)} or a path to a .jsonl file, got {self.task!r}",
-                                 argument="task")
+            raise ParameterError(
+                f"task: expected {', '.join(TASKS)} or a path to a .jsonl file, got {self.task!r}", argument="task"
+            )
         _choice("group_method", self.group_method, GROUP_METHODS)
         _choice("statistic", self.statistic, STATISTICS)
         _choice("loss_agg", self.loss_agg, AGG_MODES)
@@ -161,9 +208,21 @@ class TrainConfig:
         _choice("kl_mode", self.kl_mode, KL_MODES)
         _choice("tac_temporal", self.tac_temporal, TEMPORAL_MIXERS)
         _choice("gate_normalize", self.gate_normalize, NORMALIZE_MODES)
-        for name in ("steps", "eval_size", "model_hidden", "model_layers", "model_heads", "model_kv_heads",
-                     "model_intermediate", "sft_batch_size", "prompts_per_step", "group_size", "ppo_epochs",
-                     "num_minibatches", "tac_width"):
+        for name in (
+            "steps",
+            "eval_size",
+            "model_hidden",
+            "model_layers",
+            "model_heads",
+            "model_kv_heads",
+            "model_intermediate",
+            "sft_batch_size",
+            "prompts_per_step",
+            "group_size",
+            "ppo_epochs",
+            "num_minibatches",
+            "tac_width",
+        ):
             _integer(name, getattr(self, name), 1)
         for name in ("seed", "save_every", "eval_every", "split_seed", "warmup_sft_steps", "critic_warmup"):
             _integer(name, getattr(self, name), 0)
@@ -218,13 +277,21 @@ class TrainConfig:
         if self.model is not None and not isinstance(self.model, str):
             raise ParameterError(f"model: expected a path string or None, got {self.model!r}", argument="model")
         if not isinstance(self.chat_template, bool):
-            raise ParameterError(f"chat_template: expected a bool, got {self.chat_template!r}", argument="chat_template")
+            raise ParameterError(
+                f"chat_template: expected a bool, got {self.chat_template!r}", argument="chat_template"
+            )
         if self.task not in TASKS and self.model is None:
-            raise ParameterError(f"model: expected a local model directory for the task {self.task!r} (its tokenizer "
-                                 "encodes the prompts), got None", argument="model")
+            raise ParameterError(
+                f"model: expected a local model directory for the task {self.task!r} (its tokenizer "
+                "encodes the prompts), got None",
+                argument="model",
+            )
         if self.model is not None and self.init_from is not None:
-            raise ParameterError(f"init_from: expected None with model={self.model!r} (the policy is the model's), got "
-                                 f"{self.init_from!r}", argument="init_from")
+            raise ParameterError(
+                f"init_from: expected None with model={self.model!r} (the policy is the model's), got "
+                f"{self.init_from!r}",
+                argument="init_from",
+            )
         _ = self.gate_params  # validates low <= high etc.
 
     # ---- derived values
@@ -269,7 +336,9 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """From a dict of fields; missing fields take their defaults, unknown ones are an error."""
         if not isinstance(data, dict):
-            raise ParameterError(f"config: expected a JSON object of fields, got {type(data).__name__}", argument="config")
+            raise ParameterError(
+                f"config: expected a JSON object of fields, got {type(data).__name__}", argument="config"
+            )
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -303,16 +372,26 @@ class TrainConfig:
             tp, optional = _unwrap(hints[f.name])
             help_ = f.metadata["help"] + " (default: %(default)s)"
             if tp is bool:
-                group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
+                group.add_argument(
+                    flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=help_
+                )
             else:
-                group.add_argument(flag, dest=f.name, type=_parser(tp, optional, f.name), default=f.default,
-                                   metavar=tp.__name__.upper(), help=help_)
+                group.add_argument(
+                    flag,
+                    dest=f.name,
+                    type=_parser(tp, optional, f.name),
+                    default=f.default,
+                    metavar=tp.__name__.upper(),
+                    help=help_,
+                )
         return parser
 
     @classmethod
     def from_args(cls, namespace: argparse.Namespace) -> TrainConfig:
         """The config from a namespace parsed with :meth:`add_arguments` (other attributes are ignored)."""
-        return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if hasattr(namespace, f.name)})
+        return cls(
+            **{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if hasattr(namespace, f.name)}
+        )
 
 
 #: Named settings (fields changed from the defaults) for ``TrainConfig.from_preset`` and the CLI's
@@ -340,7 +419,9 @@ def _parser(tp: type, optional: bool, name: str) -> Any:
         try:
             return tp(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name}: expected {tp.__name__}{' or none' if optional else ''}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"{name}: expected {tp.__name__}{' or none' if optional else ''}, got {text!r}"
+            ) from None
 
     parse.__name__ = tp.__name__
     return parse
@@ -368,6 +449,8 @@ def _number(name: str, value: Any, low: float, high: float, *, low_open: bool = 
         raise ParameterError(f"{name}: expected a number in {lo}{low}, {high}{hi}, got {value!r}", argument=name)
 
 
-TrainConfig.__doc__ = (TrainConfig.__doc__ or "") + "\n    Fields:\n\n" + "\n".join(
-    f"      {f.name} = {f.default!r}: {f.metadata['help']}" for f in dataclasses.fields(TrainConfig)
+TrainConfig.__doc__ = (
+    (TrainConfig.__doc__ or "")
+    + "\n    Fields:\n\n"
+    + "\n".join(f"      {f.name} = {f.default!r}: {f.metadata['help']}" for f in dataclasses.fields(TrainConfig))
 )
