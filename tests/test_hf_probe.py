@@ -809,6 +809,29 @@ def test_token_logprobs_chunk_cap_gives_identical_results() -> None:
     assert (shifted.double() - ref).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.3, 2])
+def test_token_logprobs_at_a_temperature_are_those_of_the_tempered_softmax(temperature: float) -> None:
+    """verl and TRL score a rollout with ``log_softmax(logits / τ)``; so does ``temperature=τ``,
+    whatever the block size, and the logits are left as they were."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 11, 30, generator=g) * 3
+    before = logits.clone()
+    targets = torch.randint(0, 30, (2, 11), generator=g)
+    expected = torch.log_softmax(logits.double() / temperature, -1).gather(-1, targets[..., None])[..., 0]
+    got = hf.token_logprobs(logits, targets, temperature=temperature)
+    assert (got.double() - expected).abs().max() <= 1e-5
+    assert (got - hf.token_logprobs(logits, targets)).abs().max() > 1e-2  # τ is not ignored
+    assert torch.equal(hf.token_logprobs(logits, targets, temperature=temperature, chunk_elements=1), got)
+    assert torch.equal(logits, before)
+    assert torch.equal(hf.token_logprobs(logits, targets, temperature=1.0), hf.token_logprobs(logits, targets))
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("nan"), float("inf"), True, "0.7"])
+def test_token_logprobs_rejects_a_bad_temperature(temperature: Any) -> None:
+    with pytest.raises(ParameterError, match="temperature: expected a finite float > 0"):
+        hf.token_logprobs(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), temperature=temperature)
+
+
 def test_token_logprobs_memory_is_bounded_by_the_cap() -> None:
     """Peak bytes (every CPU allocation) of token_logprobs on bfloat16 logits: the float32
     blocks stay within a few caps, where one block of 1024 positions × B rows would be the

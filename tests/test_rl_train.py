@@ -327,6 +327,30 @@ def test_each_arm_gets_its_gates() -> None:
     assert torch.all(trainer._arm_gates(r, 0)[m] == 0.97)
 
 
+@pytest.mark.parametrize("arm", ["ppo", "comppo"])  # a plain forward and rl.forward
+def test_every_logprob_is_of_the_sampling_distribution(arm: str) -> None:
+    """Old, new and reference log-probs are ``log_softmax(logits / temperature)`` (verl, TRL):
+    the PPO ratio and the KL compare the distributions the tokens were drawn from."""
+    cfg = tiny(arm=arm, temperature=0.5, kl_coef=0.1)
+    trainer = Trainer(cfg)
+    r = trainer.rollout()
+    batch = trainer.score(r, 0)
+    ids, mask, m = r.input_ids, r.attention_mask, r.response_mask
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+    def tempered(model: Any) -> Any:
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False).logits
+        return torch.log_softmax(logits[:, :-1].double() / 0.5, -1).gather(-1, ids[:, 1:, None])[..., 0]
+
+    expected = tempered(trainer.actor)
+    assert (batch.old_logprobs.double() - expected)[m].abs().max() <= 1e-5
+    assert (batch.ref_logprobs.double() - tempered(trainer.reference))[m].abs().max() <= 1e-5
+    new, _, _, _ = trainer._policy_forward(ids, mask, m, grad=True, gates=batch.critic_gates)
+    assert new.requires_grad
+    assert (new.detach().double() - expected)[m].abs().max() <= 1e-5
+
+
 def test_grpo_advantages_are_group_relative_and_broadcast() -> None:
     trainer = Trainer(tiny(arm="grpo", group_size=4))
     r = trainer.rollout()
@@ -549,7 +573,7 @@ def test_lora_trains_the_adapter_and_the_critic_only(arm: str, tmp_path: Path, s
             attention_mask=r.attention_mask.long(),
             position_ids=default_position_ids(r.attention_mask),
         ).logits
-    expected = token_logprobs(logits[:, :-1], r.input_ids[:, 1:])
+    expected = token_logprobs(logits[:, :-1], r.input_ids[:, 1:], temperature=trainer.config.temperature)
     expected = torch.where(r.attention_mask[:, :-1] & r.attention_mask[:, 1:], expected, torch.zeros_like(expected))
     assert torch.equal(ref, expected)
     batch = trainer.score(r, 7)

@@ -53,6 +53,7 @@ Policies:
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
@@ -613,13 +614,22 @@ class LogprobsAndConcentrationPerLayer(NamedTuple):
 
 
 def token_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, *, chunk_elements: int = LOGPROB_CHUNK_ELEMENTS
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_elements: int = LOGPROB_CHUNK_ELEMENTS,
 ) -> torch.Tensor:
-    """``log softmax(logits)[b, i, targets[b, i]]`` in float32: ``[B, L]`` from ``[B, L, V]``.
+    """``log softmax(logits / τ)[b, i, targets[b, i]]`` in float32: ``[B, L]`` from ``[B, L, V]``.
 
     ::
 
-        out[b, i] = logits[b, i, y] − log Σ_v exp(logits[b, i, v]),   y = targets[b, i]
+        z[b, i, v] = float32(logits[b, i, v]) / τ                      τ = temperature
+        out[b, i]  = z[b, i, y] − log Σ_v exp(z[b, i, v]),              y = targets[b, i]
+
+    With ``τ`` the sampling temperature these are the log-probs of the distribution the
+    tokens were drawn from, as verl (``logits.div_(temperature)``) and TRL
+    (``logits /= temperature``) score rollouts; ``τ = 1`` divides by nothing.
 
     computed on float32 copies of blocks of at most ``max(chunk_elements, V)`` logits
     (``P = max(1, chunk_elements // V)`` positions of one row, or whole rows when
@@ -632,6 +642,7 @@ def token_logprobs(
     Args:
       logits: ``[B, L, V]`` logits, any float dtype.
       targets: ``[B, L]`` integer token ids in ``[0, V)``.
+      temperature: ``τ``, a finite float > 0.
       chunk_elements: the cap on logits elements per block (integer ≥ 1).
     """
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or not logits.is_floating_point():
@@ -649,6 +660,13 @@ def token_logprobs(
         raise ParameterError(
             f"chunk_elements: expected an integer >= 1, got {chunk_elements!r}", argument="chunk_elements"
         )
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature <= 0
+    ):
+        raise ParameterError(f"temperature: expected a finite float > 0, got {temperature!r}", argument="temperature")
     out = torch.empty(b, length, dtype=torch.float32, device=logits.device)
     positions = max(1, min(length, chunk_elements // max(1, vocab)))
     rows = max(1, min(b, chunk_elements // max(1, length * vocab))) if positions == length else 1
@@ -656,6 +674,8 @@ def token_logprobs(
     for b0 in range(0, b, rows):
         for i in range(0, length, positions):
             chunk = logits[b0 : b0 + rows, i : i + positions].float()
+            if temperature != 1.0:
+                chunk = chunk / float(temperature)
             y = targets[b0 : b0 + rows, i : i + positions].unsqueeze(-1)
             out[b0 : b0 + rows, i : i + positions] = chunk.gather(-1, y).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
             del chunk

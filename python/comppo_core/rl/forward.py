@@ -2,12 +2,14 @@
 
 ::
 
-    logprobs[b, j]       = log π(ids[b, j+1] | ids[b, :j+1])          (carries grad iff grad=True)
+    logprobs[b, j]       = log π_τ(ids[b, j+1] | ids[b, :j+1])        (carries grad iff grad=True)
     concentration[b, j]  = probe statistic at query position j          (detached)
     per_layer[b, j, l]   = the same, layer l alone                      (detached)
     gates[b, j]          = gates_from_concentration(concentration, mask=response_mask, **gate_params)
     values[b, j]         = critic(prefix ids[b, :j+1])                  (grad into the critic iff grad=True)
 
+``π_τ = softmax(logits / τ)`` is the policy at the sampling temperature ``τ``, the
+distribution the rollout drew from (verl and TRL score with the same division).
 All ``[B, T−1]`` (``per_layer`` ``[B, T−1, L]``), in the column convention of
 :func:`comppo_core.hf.logprobs_and_concentration` (docs/design.md §7, §10). The actor
 runs once: the probe reads every layer's attention, forward hooks record the residual
@@ -106,6 +108,7 @@ def forward(
     gates: torch.Tensor | None = None,
     gate_params: GateParams | None = None,
     grad: bool = False,
+    temperature: float = 1.0,
     position_ids: torch.Tensor | None = None,
     method: str = "auto",
     query_chunk: int = DEFAULT_QUERY_CHUNK,
@@ -128,6 +131,8 @@ def forward(
       grad: run with gradients: log-probs carry them (the PPO update), values carry them
         into the critic (and into the trunk only under the TAC's ``trunk_grad``); the probe
         statistics and gates never do.
+      temperature: ``τ`` of the log-probs (the rollout's sampling temperature; the
+        concentration reads attention, which ``τ`` does not touch).
       position_ids: optional ``[B, T]``; default ``cumsum(attention_mask) − 1`` clamped at 0.
 
     Returns:
@@ -152,7 +157,7 @@ def forward(
     with grad_mode, probe, recorder if taps else contextlib.nullcontext():
         out = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False)
         logits = out.logits if hasattr(out, "logits") else out[0]
-        lp = token_logprobs(logits[:, :-1], ids[:, 1:])
+        lp = token_logprobs(logits[:, :-1], ids[:, 1:], temperature=temperature)
         del out, logits
     conc = torch.where(columns, probe.concentration[:, :-1], 0.0)
     per = probe.per_layer[:, :-1].masked_fill(~columns.unsqueeze(-1), 0.0)

@@ -9,7 +9,9 @@ One step, in the shape of TRL's PPO step (names as verl and TRL use them)::
                     response; score → rewards at its last token
     2. score        rl.forward: old log-probs, concentration → gates, old values (one actor
                     forward; a control arm first runs one more to get the gates it permutes);
-                    the frozen reference's log-probs when a KL is used or logged
+                    the frozen reference's log-probs when a KL is used or logged; every
+                    log-prob (old, new, reference) is of logits / temperature, the
+                    distribution sampled from, as verl and TRL score
     3. advantages   KL in the rewards (kl_mode="reward": r_t −= kl_coef·KL_t, TRL);
                     critic arms: cc.gae(rewards, values, gates, γ, λ, λ_critic) → advantages and
                     returns, then cc.masked_whiten; grpo: cc.group_advantages(Σ_t r_t) and
@@ -694,12 +696,13 @@ class Trainer:
                 gate_params=cfg.gate_params,
                 gates=gates,
                 grad=grad,
+                temperature=cfg.temperature,
             )
             return out.logprobs, out.values, out.gates, out.concentration
         pos = default_position_ids(mask)
         with contextlib.nullcontext() if grad else torch.no_grad():
             logits = self.actor(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False).logits
-            lp = token_logprobs(logits[:, :-1], ids[:, 1:])
+            lp = token_logprobs(logits[:, :-1], ids[:, 1:], temperature=cfg.temperature)
             del logits
             columns = mask[:, :-1] & mask[:, 1:]
             lp = torch.where(columns, lp, torch.zeros_like(lp))
@@ -723,7 +726,7 @@ class Trainer:
             logits = model(
                 input_ids=ids, attention_mask=mask.long(), position_ids=default_position_ids(mask), use_cache=False
             ).logits
-        lp = token_logprobs(logits[:, :-1], ids[:, 1:])
+        lp = token_logprobs(logits[:, :-1], ids[:, 1:], temperature=self.config.temperature)
         return torch.where(mask[:, :-1] & mask[:, 1:], lp, torch.zeros_like(lp))
 
     def _batch_gates(
