@@ -7,6 +7,7 @@ not zero and a verifier that scores some responses 1."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -238,3 +239,23 @@ def test_help_lists_demo_first(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     for flag in ("--out", "--steps", "--seed", "--quick", "--responses"):
         assert flag in text, flag
+
+
+def test_the_demo_is_the_quick_preset_of_comppo() -> None:
+    """Without --steps the demo is ``comppo-core train --arm comppo --preset quick`` (its
+    steps, as the help says); --steps and --quick change only what they name."""
+    pytest.importorskip("torch")
+    from comppo_core import rl
+
+    parser = argparse.ArgumentParser()
+    demo.add_parser(parser.add_subparsers(dest="command"))
+
+    def config(*flags: str) -> Any:
+        return demo.config_for(parser.parse_args(["demo", *flags]), "out")
+
+    quick = rl.TrainConfig.from_preset("quick")
+    expected = quick.replace(arm="comppo", seed=0, out="out", progress=True, num_threads=1)
+    assert config() == expected and expected.steps == 40 != rl.TrainConfig().steps
+    assert config("--steps", "7") == expected.replace(steps=7)
+    assert config("--quick") == expected.replace(steps=demo.QUICK_STEPS, **demo.QUICK)
+    assert config("--quick", "--steps", "5").steps == 5

@@ -5,8 +5,9 @@
    solutions (:mod:`comppo_core.rl.tasks`: ``"27+45="`` → ``"7+5=12,2+4+1=7;72"``).
 2. **CompPO.** ``--steps`` PPO steps of the ``comppo`` arm (Comp-GAE with gates from the
    attention concentration, the transport-aligned critic) with the tqdm progress bar.
-   Every setting is :class:`~comppo_core.rl.TrainConfig`'s default except ``arm``,
-   ``steps``, ``seed``, ``out`` and ``num_threads`` (``--threads``, default 1: for a model
+   Every setting is the ``quick`` preset's (:data:`comppo_core.rl.PRESETS`: the
+   defaults with 40 steps, the run ``comppo-core train --preset quick`` makes) except
+   ``arm``, ``steps`` (``--steps``), ``seed``, ``out`` and ``num_threads`` (``--threads``, default 1: for a model
    this small one thread is the fastest, and several fight other processes for the cores);
    ``--quick`` also shrinks the warm start and the batches, a smoke run whose accuracies
    mean nothing.
@@ -61,8 +62,8 @@ MISSING_EXTRA = (
     "pip install 'comppo-core[rl]'; `comppo-core synthetic` runs with NumPy only"
 )
 
-#: PPO steps of the demo unless ``--steps`` says otherwise (``--quick``: :data:`QUICK_STEPS`).
-DEFAULT_STEPS = 30
+#: The preset the demo runs (its steps unless ``--steps`` says otherwise; ``--quick``: :data:`QUICK_STEPS`).
+PRESET = "quick"
 QUICK_STEPS = 3
 #: What ``--quick`` changes in the TrainConfig (a smoke run, for tests).
 QUICK = {"warmup_sft_steps": 20, "eval_size": 32, "prompts_per_step": 4}
@@ -119,7 +120,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--steps",
         type=positive_int,
         default=None,
-        help=f"comppo steps (default {DEFAULT_STEPS}; {QUICK_STEPS} with --quick)",
+        help=f"comppo steps (default: the {PRESET} preset's, 40; {QUICK_STEPS} with --quick)",
     )
     cmd.add_argument(
         "--seed",
@@ -150,22 +151,22 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def config_for(args: argparse.Namespace, out: str) -> TrainConfig:
-    """The demo's TrainConfig: the defaults, with the comppo arm, the steps, seed, out, the
-    progress bar and the thread count (``--quick``: and :data:`QUICK`)."""
+    """The demo's TrainConfig: the :data:`PRESET` preset, with the comppo arm, seed, out, the
+    progress bar and the thread count, and ``--steps`` (``--quick``: :data:`QUICK` too)."""
     from ..rl import TrainConfig
 
-    steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else DEFAULT_STEPS)
     changes: dict[str, Any] = {
         "arm": "comppo",
-        "steps": steps,
         "seed": args.seed,
         "out": out,
         "progress": args.progress,
         "num_threads": args.threads,
     }
     if args.quick:
-        changes.update(QUICK)
-    return TrainConfig(**changes)
+        changes.update(QUICK, steps=QUICK_STEPS)
+    if args.steps is not None:
+        changes["steps"] = args.steps
+    return TrainConfig.from_preset(PRESET, **changes)
 
 
 def token_text(trainer: Trainer, token_id: int) -> str:
