@@ -264,6 +264,33 @@ def test_compare_starts_every_arm_of_a_seed_from_the_same_parameters(tmp_path: P
     assert any(not torch.equal(initial[0][k], initial[1][k]) for k in initial[0])  # the seeds differ
 
 
+def test_compare_from_init_from_starts_every_run_there_and_warms_up_nothing(tmp_path: Path, signal: None) -> None:
+    """``--init-from DIR``: no warm start is made; every arm and seed starts from DIR."""
+    from safetensors.torch import load_file
+
+    first = tmp_path / "first"
+    assert cli.main(["train", "--arm", "grpo", *TINY, "--out", str(first)]) == 0
+    start = first / "warmstart"
+    out = tmp_path / "cmp"
+    argv = ["compare", "--arms", "grpo,tac_fixed", "--seeds", "2", *TINY, "--init-from", str(start), "--out", str(out)]
+    assert cli.main(argv) == 0
+    assert not (out / "warmstart").exists()
+    weights = load_file(start / "model.safetensors")
+    summaries = {}
+    for arm in ("grpo", "tac_fixed"):
+        for s in (0, 1):
+            run = out / arm / f"seed{s}"
+            config = TrainConfig.from_json((run / "config.json").read_text())
+            assert config.init_from == str(start) and (config.arm, config.seed) == (arm, s)
+            mine = load_file(run / "warmstart" / "model.safetensors")
+            assert all(torch.equal(mine[k], weights[k]) for k in weights), (arm, s)
+            summaries[arm, s] = json.loads((run / "summary.json").read_text())
+    # one initial policy: every run's step-0 held-out accuracy is the same
+    assert len({summary["initial_eval_accuracy"] for summary in summaries.values()}) == 1
+    table = parse_table((out / "results.md").read_text())
+    assert list(table) == ["grpo", "tac_fixed"] and table["grpo"]["seeds"] == "2"
+
+
 # ---------------------------------------------------------------------------------------------------------
 # bad input, help
 

@@ -301,3 +301,28 @@ def test_jsonl_with_lora_resumes_bit_for_bit(model_dir: Path, tmp_path: Path) ->
     assert [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "a")] == [
         {k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "b")
     ]
+
+
+def test_compare_on_a_local_model_and_task_file(model_dir: Path, tmp_path: Path) -> None:
+    """``compare --model DIR --task FILE``: every run starts from the model (no warm start),
+    on the file's prompts, and the table holds each arm."""
+    from comppo_core import cli
+
+    task = write_task(tmp_path / "task.jsonl")
+    out = tmp_path / "cmp"
+    flags = ["--model", str(model_dir), "--task", str(task), "--prompts-per-step", "4", "--group-size", "2"]
+    flags += ["--eval-size", "6", "--steps", "2", "--eval-every", "1", "--save-every", "0", "--max-new-tokens", "6"]
+    flags += ["--tac-width", "16", "--no-progress", "--device", "cpu"]
+    assert cli.main(["compare", "--arms", "grpo,comppo", "--seeds", "2", *flags, "--out", str(out)]) == 0
+    assert not (out / "warmstart").exists()
+    for arm in ("grpo", "comppo"):
+        for s in (0, 1):
+            run = out / arm / f"seed{s}"
+            config = TrainConfig.from_json((run / "config.json").read_text())
+            assert (config.model, config.task, config.init_from) == (str(model_dir), str(task), None)
+            assert (config.arm, config.seed) == (arm, s)
+            assert [r["step"] for r in rows(run)] == [0, 1]
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["arms"]) == {"grpo", "comppo"}
+    text = (out / "results.md").read_text()
+    assert re.search(r"^\| grpo \| 2 \|", text, re.MULTILINE) and re.search(r"^\| comppo \| 2 \|", text, re.MULTILINE)
