@@ -131,6 +131,30 @@ def test_given_gates_replace_concentration_gates_everywhere() -> None:
     assert torch.equal(out.critic_gates, out.gates)
 
 
+def test_gates_as_a_function_of_the_concentration_gates_equal_two_passes() -> None:
+    """``gates=f`` (a control) gets this forward's concentration gates, concentration and
+    response mask, and gives what passing ``f``'s output from a first forward gives."""
+    model = build()
+    ids, am, resp = batch("left")
+    critic = tac(model)
+    seen: list[tuple[Any, ...]] = []
+
+    def reverse(own: Any, conc: Any, m: Any) -> Any:
+        seen.append((own.clone(), conc.clone(), m.clone()))
+        return torch.where(m, 1.0 - 0.5 * own, 1.0)
+
+    one = rl.forward(model, ids, am, critic=critic, response_mask=resp, gates=reverse, temperature=0.7)
+    first = rl.forward(model, ids, am, response_mask=resp)
+    ((own, conc, m),) = seen
+    assert torch.equal(own, first.gates) and torch.equal(conc, first.concentration) and torch.equal(m, resp)
+    two = rl.forward(model, ids, am, critic=critic, response_mask=resp, gates=reverse(own, conc, m), temperature=0.7)
+    for name in ("logprobs", "concentration", "per_layer", "gates", "values", "critic_gates"):
+        assert torch.equal(getattr(one, name), getattr(two, name)), name
+    assert not torch.equal(one.gates, first.gates)
+    with pytest.raises(OutOfRangeError, match="gates: expected values in"):
+        rl.forward(model, ids, am, response_mask=resp, gates=lambda own, conc, m: own + 1.0)
+
+
 def test_gate_params_are_used() -> None:
     model = build()
     ids, am, resp = batch("left")

@@ -307,11 +307,10 @@ def test_each_arm_gets_its_gates() -> None:
     assert torch.all(conc[~m] == 1.0)
     for arm in ("comppo_shuffle", "comppo_position", "tac_fixed"):
         trainer.arm = ARMS[arm]
-        g = trainer._arm_gates(r, 0)
-        assert g is not None
         batch = trainer.score(r, 0)
-        assert torch.equal(batch.critic_gates, g)  # the critic reads the control too
-        assert torch.equal(trainer._gates[m], g[m])  # and so does Comp-GAE
+        g = batch.critic_gates  # the critic reads the control
+        assert g is not None and torch.all(g[~m] == 1.0)
+        assert torch.equal(trainer._gates, g)  # and so does Comp-GAE
         if arm == "comppo_shuffle":
             for b in range(m.shape[0]):
                 assert torch.equal(torch.sort(g[b][m[b]]).values, torch.sort(conc[b][m[b]]).values)
@@ -325,6 +324,22 @@ def test_each_arm_gets_its_gates() -> None:
             assert torch.allclose(g[m], conc[m].double().mean().float().expand_as(g[m]))
     trainer.config = trainer.config.replace(fixed_gate=0.97)
     assert torch.all(trainer._arm_gates(r, 0)[m] == 0.97)
+    assert torch.all(trainer.score(r, 0).critic_gates[m] == 0.97)
+
+
+@pytest.mark.parametrize("arm", ["comppo", "comppo_shuffle", "comppo_position", "tac_fixed"])
+def test_scoring_runs_the_actor_once(arm: str) -> None:
+    """A control arm's gates are a function of the scoring pass's own concentration gates:
+    no second actor forward (the reference is a separate model)."""
+    trainer = Trainer(tiny(arm=arm))
+    r = trainer.rollout()
+    calls: list[int] = []
+    handle = trainer.actor.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        trainer.score(r, 0)
+    finally:
+        handle.remove()
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("arm", ["ppo", "comppo"])  # a plain forward and rl.forward

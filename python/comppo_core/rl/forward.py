@@ -21,12 +21,15 @@ Gates for Comp-GAE are the caller's ``gates`` when given (constant gates, contro
 else the gate mapping of the concentration over the response columns. The critic reads
 the same overriding ``gates``, or else :func:`~comppo_core.rl.tac.causal_gates`: the
 mapping with running statistics, since a whole-row z-score would let V_j see later tokens.
+``gates`` may also be a function of this forward's own concentration gates (a control:
+``gates(concentration_gates, concentration, response_mask) -> [B, T−1]``), called after
+the actor's forward and before the critic's, so a control costs no second actor forward.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import torch
@@ -41,7 +44,10 @@ from .critic_inputs import CriticInputs
 from .tac import causal_gates
 from .taps import TapRecorder
 
-__all__ = ["ForwardOutput", "forward"]
+__all__ = ["ForwardOutput", "GatesFromConcentration", "forward"]
+
+#: ``gates(concentration_gates, concentration, response_mask) -> gates``, all ``[B, T−1]``.
+GatesFromConcentration = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class ForwardOutput(NamedTuple):
@@ -105,7 +111,7 @@ def forward(
     response_mask: torch.Tensor | None = None,
     statistic: str = "entropy",
     layers: None | int | slice | Iterable[int] = None,
-    gates: torch.Tensor | None = None,
+    gates: torch.Tensor | GatesFromConcentration | None = None,
     gate_params: GateParams | None = None,
     grad: bool = False,
     temperature: float = 1.0,
@@ -126,7 +132,10 @@ def forward(
       statistic, layers, method, query_chunk: the probe's (the per-layer features are the
         selected layers; a TAC expects as many as it was built for).
       gates: ``[B, T−1]`` gates in ``[0, 1]`` that replace the concentration gates, for
-        Comp-GAE and the critic alike (constant gates, controls).
+        Comp-GAE and the critic alike (constant gates, controls); or a function
+        ``gates(concentration_gates, concentration, response_mask)`` returning them, given
+        this forward's ``[B, T−1]`` concentration gates (1 outside the response), its
+        concentration and the response columns.
       gate_params: the concentration → gate mapping (default :class:`GateParams`).
       grad: run with gradients: log-probs carry them (the PPO update), values carry them
         into the critic (and into the trunk only under the TAC's ``trunk_grad``); the probe
@@ -145,7 +154,7 @@ def forward(
     columns = mask[:, :-1] & mask[:, 1:]
     shape = (ids.shape[0], ids.shape[1] - 1)
     resp = columns if response_mask is None else _column_mask("response_mask", response_mask, shape, columns)
-    given = None if gates is None else _given_gates(gates, shape, ids.device)
+    given = None if gates is None or callable(gates) else _given_gates(gates, shape, ids.device)
     params = GateParams() if gate_params is None else gate_params
     taps: tuple[int, ...] = tuple(getattr(critic, "taps", ())) if critic is not None else ()
 
@@ -164,6 +173,9 @@ def forward(
     lp = torch.where(columns, lp, torch.zeros_like(lp))
 
     critic_gates: torch.Tensor | None
+    if callable(gates):
+        own = gating.gates_from_concentration(conc, mask=resp, **params.as_kwargs())
+        given = _given_gates(gates(torch.as_tensor(own, dtype=torch.float32), conc, resp), shape, ids.device)
     if given is not None:
         comp_gates = critic_gates = torch.where(resp, given, 1.0)
     else:

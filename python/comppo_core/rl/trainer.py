@@ -7,8 +7,8 @@ One step, in the shape of TRL's PPO step (names as verl and TRL use them)::
                     draws are uniforms keyed by (seed, step, prompt, sample)
                     (:mod:`comppo_core.rl.sampling`); the task's verifier scores each
                     response; score → rewards at its last token
-    2. score        rl.forward: old log-probs, concentration → gates, old values (one actor
-                    forward; a control arm first runs one more to get the gates it permutes);
+    2. score        rl.forward: old log-probs, concentration → gates (a control arm's
+                    control of them), old values: one actor forward;
                     the frozen reference's log-probs when a KL is used or logged; every
                     log-prob (old, new, reference) is of logits / temperature, the
                     distribution sampled from, as verl and TRL score
@@ -80,7 +80,7 @@ from .arms import Arm, get_arm
 from .config import TASKS, TrainConfig
 from .critic_inputs import CriticInputs
 from .distributed import Dist, shard_bounds
-from .forward import forward
+from .forward import GatesFromConcentration, forward
 from .jsonl_task import JsonlTask
 from .pretrained import load_policy, load_tokenizer
 from .sampling import row_keys, sampling_processors
@@ -676,7 +676,7 @@ class Trainer:
         response_mask: torch.Tensor,
         *,
         grad: bool,
-        gates: torch.Tensor | None = None,
+        gates: torch.Tensor | GatesFromConcentration | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """``(logprobs, values, gates, concentration)`` of the actor (and critic) on a batch.
 
@@ -743,32 +743,30 @@ class Trainer:
         g = gating.gates_from_concentration(conc, mask=resp, **cfg.gate_params.as_kwargs())
         return torch.as_tensor(g).to(torch.float32)[self.rows]
 
-    def _arm_gates(self, r: Rollout, step: int) -> torch.Tensor | None:
-        """The gates that replace the concentration gates (a constant or a control), or None;
-        a control is computed over the global batch."""
+    def _arm_gates(self, r: Rollout, step: int) -> torch.Tensor | GatesFromConcentration | None:
+        """What replaces the concentration gates: None (the arm uses them), a constant gate
+        tensor (``fixed_gate``), or the arm's control as a function of the scoring pass's own
+        concentration gates (:func:`rl.forward` calls it between the actor and the critic,
+        so a control costs no second actor forward), computed over the global batch."""
         cfg, arm = self.config, self.arm
         if not arm.control:
             return None
         if arm.gates == "constant" and cfg.fixed_gate is not None:
             return torch.full(r.response_mask.shape, float(cfg.fixed_gate), device=self.device)
-        out = forward(
-            self.actor,
-            r.input_ids,
-            r.attention_mask,
-            response_mask=r.response_mask,
-            statistic=cfg.statistic,
-            gate_params=cfg.gate_params,
-        )
-        g = self.dist.gather_rows(self._batch_gates(out.gates, out.concentration, r.response_mask))
-        m = self.dist.gather_rows(r.response_mask)
-        # the array kernels return tensors for tensors (as_tensor only tells the type checker)
-        if arm.gates == "constant":
-            c = torch.as_tensor(controls.constant(g, mask=m))
-        elif arm.gates == "shuffle":
-            c = torch.as_tensor(controls.shuffle(g, mask=m, seed=cfg.seed * 1_000_003 + step))
-        else:
-            c = torch.as_tensor(controls.by_position(g, mask=m))
-        return c[self.rows]
+
+        def control(own: torch.Tensor, concentration: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+            g = self.dist.gather_rows(self._batch_gates(own, concentration, response_mask))
+            m = self.dist.gather_rows(response_mask)
+            # the array kernels return tensors for tensors (as_tensor only tells the type checker)
+            if arm.gates == "constant":
+                c = torch.as_tensor(controls.constant(g, mask=m))
+            elif arm.gates == "shuffle":
+                c = torch.as_tensor(controls.shuffle(g, mask=m, seed=cfg.seed * 1_000_003 + step))
+            else:
+                c = torch.as_tensor(controls.by_position(g, mask=m))
+            return c[self.rows]
+
+        return control
 
     def score(self, r: Rollout, step: int) -> Batch:
         """Phase 2: old log-probs, values and gates (advantages filled in by phase 3)."""
@@ -787,7 +785,8 @@ class Trainer:
             torch.zeros_like(lp),
             old_values=values,
             ref_logprobs=ref,
-            critic_gates=override,
+            # the replacing gates as the scoring pass used them (1 outside the response)
+            critic_gates=None if override is None else gates,
         )
         self._gates = None if self.arm.gates == "none" else gates
         return batch
