@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rl_tiny import TINY_SETTINGS, as_flags
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -31,12 +32,7 @@ from comppo_core.commands import compare
 from comppo_core.rl.config import PRESETS, TrainConfig
 from comppo_core.rl.tasks import AdditionTask
 
-TINY = [
-    "--digits", "1", "--model-hidden", "32", "--model-layers", "2", "--model-heads", "4", "--model-kv-heads", "2",
-    "--model-intermediate", "64", "--warmup-sft-steps", "3", "--sft-batch-size", "8", "--prompts-per-step", "4",
-    "--group-size", "2", "--eval-size", "8", "--steps", "2", "--eval-every", "1", "--save-every", "0",
-    "--tac-width", "16", "--no-progress",
-]  # fmt: skip
+TINY = as_flags({**TINY_SETTINGS, "eval_size": 8, "eval_every": 1})
 
 
 @pytest.fixture(autouse=True)

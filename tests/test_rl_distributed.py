@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from rl_tiny import TINY_SETTINGS
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -64,29 +65,11 @@ def parity_reward(self: AdditionTask, problem: Any, response: str, finished: boo
 
 
 def tiny(**changes: Any) -> TrainConfig:
-    base: dict[str, Any] = {
-        "digits": 1,
-        "model_hidden": 32,
-        "model_layers": 2,
-        "model_heads": 4,
-        "model_kv_heads": 2,
-        "model_intermediate": 64,
-        "warmup_sft_steps": 3,
-        "sft_batch_size": 8,
-        "prompts_per_step": 4,
-        "group_size": 2,
-        "eval_size": 7,  # split 4 + 3 over the ranks
-        "steps": 2,
-        "eval_every": 1,
-        "save_every": 0,
-        "tac_width": 16,
-        "progress": False,
-        "device": "cpu",
-        "actor_lr": 1e-3,  # large, so that the parameters move far more than the tolerance
-        "num_minibatches": 3,  # uneven: a rank may hold 1, 2 or 3 rows of a minibatch
-    }
-    base.update(changes)
-    return TrainConfig(**base)
+    """The shared tiny run (:mod:`rl_tiny`) with 7 held-out problems (split 4 + 3 over the
+    ranks), a large learning rate (the parameters move far more than the tolerance) and 3
+    uneven minibatches (a rank may hold 1, 2 or 3 rows of one)."""
+    base = {"eval_size": 7, "eval_every": 1, "device": "cpu", "actor_lr": 1e-3, "num_minibatches": 3}
+    return TrainConfig(**{**TINY_SETTINGS, **base, **changes})
 
 
 def checkpoint_params(out: Path) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from rl_tiny import TINY_SETTINGS
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -42,28 +43,9 @@ def one_thread() -> Any:
 
 
 def tiny(**changes: Any) -> TrainConfig:
-    """A run of about a second: 1-digit addition, 4 prompts × 2 samples, a 2-layer policy."""
-    base: dict[str, Any] = {
-        "digits": 1,
-        "model_hidden": 32,
-        "model_layers": 2,
-        "model_heads": 4,
-        "model_kv_heads": 2,
-        "model_intermediate": 64,
-        "warmup_sft_steps": 3,
-        "sft_batch_size": 8,
-        "prompts_per_step": 4,
-        "group_size": 2,
-        "eval_size": 8,
-        "steps": 2,
-        "eval_every": 2,
-        "save_every": 0,
-        "tac_width": 16,
-        "progress": False,
-        "device": "cpu",  # resume is bit-identical on CPU
-    }
-    base.update(changes)
-    return TrainConfig(**base)
+    """The shared tiny run (:mod:`rl_tiny`), evaluated on 8 problems at steps 0 and 2, on CPU."""
+    # device: resume is bit-identical on CPU
+    return TrainConfig(**{**TINY_SETTINGS, "eval_size": 8, "eval_every": 2, "device": "cpu", **changes})
 
 
 def rows(out: Path) -> list[dict[str, Any]]:
