@@ -259,3 +259,16 @@ def test_hf_pipeline() -> None:
     with pytest.raises(cc.ParameterError) as info:
         hf.comp_gae_batch(model, ids, None, rm, torch.ones(2), gate_params=p, normalize="none")
     assert info.value.argument == "normalize"
+
+
+def test_from_keywords_reads_only_the_seven_names_of_a_scope() -> None:
+    """Callers pass their ``locals()``: other entries (the data, ``params`` itself) are ignored."""
+
+    def call(conc: object, low: float = 0.9, params: GateParams | None = None, **rest: object) -> GateParams:
+        high, sharpness, normalize, center, scale, invert = 1.0, 1.0, "sequence", 0.0, 1.0, False
+        return from_keywords(params, locals())
+
+    assert call([1.0], low=0.5) == GateParams(low=0.5)
+    assert call([1.0], params=GateParams(high=0.95)) == GateParams(high=0.95)
+    with pytest.raises(cc.ParameterError, match="low: the gate mapping is given twice"):
+        call([1.0], low=0.5, params=GateParams())

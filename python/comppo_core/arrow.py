@@ -866,16 +866,7 @@ def gates_from_concentration(
     its offsets.
     """
     _check_column(concentration, "concentration", "concentration")
-    keywords = {
-        "low": low,
-        "high": high,
-        "sharpness": sharpness,
-        "normalize": normalize,
-        "center": center,
-        "scale": scale,
-        "invert": invert,
-    }
-    gate = from_keywords(params, keywords)
+    gate = from_keywords(params, locals())
     names = {"concentration": "concentration", "mask": "mask"}
     if mask is not None:
         _check_column(mask, "mask", "mask")
@@ -981,16 +972,7 @@ def compute_advantages(
         replace=replace,
     )
     _check_params(gamma, lam, lam_critic, masked_rewards)
-    keywords = {
-        "low": low,
-        "high": high,
-        "sharpness": sharpness,
-        "normalize": normalize,
-        "center": center,
-        "scale": scale,
-        "invert": invert,
-    }
-    params = from_keywords(gate_params, keywords, name="gate_params") if cols.concentration else None
+    params = from_keywords(gate_params, locals(), name="gate_params") if cols.concentration else None
     names = cols.inputs()
     arrays = {role: t.column(name) for role, name in names.items()}
     advs, rets = [], []

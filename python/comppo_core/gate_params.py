@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -100,17 +101,19 @@ class GateParams:
 DEFAULTS: dict[str, Any] = GateParams().as_kwargs()
 
 
-def from_keywords(params: GateParams | None, keywords: dict[str, Any], *, name: str = "params") -> GateParams:
+def from_keywords(params: GateParams | None, scope: Mapping[str, Any], *, name: str = "params") -> GateParams:
     """The one :class:`GateParams` of a call given either ``params`` or the seven keywords.
 
-    ``keywords`` holds the seven keywords as the call received them (their defaults are
-    :data:`DEFAULTS`). With ``params`` None they make the GateParams (validated); with a
+    ``scope`` maps at least the seven keyword names (:data:`DEFAULTS`) to the values the
+    call received; a function with those parameters passes its ``locals()``, and only those
+    seven entries are read. With ``params`` None they make the GateParams (validated); with a
     GateParams, a keyword that differs from its default is an error, as both would say
     what the mapping is. ``name`` is the caller's name for ``params`` (in messages).
 
     Raises :class:`~comppo_core.errors.ParameterError` (``argument`` the first keyword
     given as well, or ``name`` for a ``params`` that is not a GateParams).
     """
+    keywords = {k: scope[k] for k in DEFAULTS}
     if params is None:
         return GateParams(**keywords)
     if not isinstance(params, GateParams):

@@ -61,16 +61,7 @@ def gates_from_concentration(
       gates shaped like ``conc``, in its dtype (float16 computed in float32).
     """
     if params is not None:
-        keywords = {
-            "low": low,
-            "high": high,
-            "sharpness": sharpness,
-            "normalize": normalize,
-            "center": center,
-            "scale": scale,
-            "invert": invert,
-        }
-        p = from_keywords(params, keywords)
+        p = from_keywords(params, locals())
         low, high, sharpness, normalize, center, scale, invert = (
             p.low,
             p.high,

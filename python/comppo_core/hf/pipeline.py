@@ -227,16 +227,7 @@ def comp_gae_batch(
         raise ParameterError(
             f"control: expected one of {', '.join(map(repr, CONTROLS))}, got {control!r}", argument="control"
         )
-    keywords = {
-        "low": low,
-        "high": high,
-        "sharpness": sharpness,
-        "normalize": normalize,
-        "center": center,
-        "scale": scale,
-        "invert": invert,
-    }
-    gate = from_keywords(gate_params, keywords, name="gate_params")
+    gate = from_keywords(gate_params, locals(), name="gate_params")
     ids, am = _check_ids(input_ids, attention_mask)
     b, t = ids.shape
     if not isinstance(response_mask, torch.Tensor) or tuple(response_mask.shape) != (b, t):
