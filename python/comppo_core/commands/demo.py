@@ -185,18 +185,12 @@ def credit(trainer: Trainer, problems: Sequence[Problem]) -> Credit:
     from ..rl import forward
 
     cfg = trainer.config
-    tok = trainer.tokenizer
-    ids, attention_mask, width, in_response = trainer.generate(list(problems), sample=False)
-    device = ids.device
-    response_mask = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=device)
-    response_mask[:, width - 1 :] = in_response
-    responses = [tok.decode(row[m].tolist()) for row, m in zip(ids[:, width:], in_response)]
-    finished = ((ids[:, width:] == tok.eos_token_id) & in_response).any(-1).tolist()
-    scores = torch.tensor(trainer.task.scores(list(problems), responses, finished), dtype=torch.float32, device=device)
+    r = trainer.answer(problems)
+    ids, response_mask, scores, device = r.input_ids, r.response_mask, r.scores, r.input_ids.device
     out = forward(
         trainer.actor,
         ids,
-        attention_mask,
+        r.attention_mask,
         critic=trainer.critic,
         response_mask=response_mask,
         statistic=cfg.statistic,
@@ -211,8 +205,8 @@ def credit(trainer: Trainer, problems: Sequence[Problem]) -> Credit:
     comp = gae(rewards, values, mask=response_mask, gates=out.gates, gamma=cfg.gamma, lam=cfg.lam)
     zero = torch.zeros_like(rewards)
     return Credit(
-        problems=list(problems),
-        responses=responses,
+        problems=r.problems,
+        responses=r.responses,
         rewards=scores,
         input_ids=ids,
         response_mask=response_mask,

@@ -640,6 +640,22 @@ class Trainer:
         texts = [self.tokenizer.decode(row[m].tolist()) for row, m in zip(ids[:, width:], in_response)]
         return texts, finished
 
+    def _scored(
+        self,
+        problems: list[Problem],
+        generated: tuple[torch.Tensor, torch.Tensor, int, torch.Tensor],
+        groups: torch.Tensor,
+    ) -> Rollout:
+        """The :class:`Rollout` of :meth:`generate`'s output: decoded, response columns, verifier scores."""
+        ids, mask, width, in_response = generated
+        texts, finished = self._decode(ids, width, in_response)
+        response_mask = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=self.device)
+        response_mask[:, width - 1 :] = in_response
+        scores = torch.tensor(
+            self.task.scores(problems, texts, finished.tolist()), dtype=torch.float32, device=self.device
+        )
+        return Rollout(ids, mask, response_mask, groups, scores, finished, problems, texts)
+
     def rollout(self, step: int = 0) -> Rollout:
         """Phase 1: ``prompts_per_step`` training problems (this rank's share), ``group_size``
         samples each, drawn with the keys of ``(seed, step, prompt index, sample index)``."""
@@ -651,7 +667,6 @@ class Trainer:
         ids, mask, width, in_response = self.generate(
             problems, sample=True, keys=keys, prompt_width=self._prompt_width(prompts)
         )
-        texts, finished = self._decode(ids, width, in_response)
         # right-pad to the longest response of the global batch: the one-process layout
         total = self.dist.max_int(ids.shape[1])
         if total > ids.shape[1]:
@@ -659,13 +674,15 @@ class Trainer:
             ids = torch.cat([ids, ids.new_full((ids.shape[0], extra), self.tokenizer.pad_token_id)], dim=1)
             mask = torch.cat([mask, mask.new_zeros((mask.shape[0], extra))], dim=1)
             in_response = torch.cat([in_response, in_response.new_zeros((in_response.shape[0], extra))], dim=1)
-        response_mask = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=self.device)
-        response_mask[:, width - 1 :] = in_response
-        scores = torch.tensor(
-            self.task.scores(problems, texts, finished.tolist()), dtype=torch.float32, device=self.device
-        )
         groups = torch.arange(lo, hi, device=self.device).repeat_interleave(cfg.group_size)
-        return Rollout(ids, mask, response_mask, groups, scores, finished, problems, texts)
+        return self._scored(problems, (ids, mask, width, in_response), groups)
+
+    def answer(self, problems: Sequence[Problem]) -> Rollout:
+        """Greedy responses to ``problems`` (one each, this process alone), scored by the
+        task's verifier, as a :class:`Rollout` whose ``groups`` are the row indices."""
+        problems = list(problems)
+        groups = torch.arange(len(problems), device=self.device)
+        return self._scored(problems, self.generate(problems, sample=False), groups)
 
     # ---- phase 2: the scoring pass
 
