@@ -111,6 +111,33 @@ def test_split_is_disjoint_and_fixed_by_split_seed() -> None:
     assert 0.17 < share < 0.23
 
 
+@pytest.mark.parametrize(
+    ("settings", "side"),
+    [
+        ({"digits": 1, "heldout_fraction": 0.99}, "training"),
+        ({"digits": 2, "heldout_fraction": 0.99999}, "training"),
+        ({"digits": 1, "heldout_fraction": 0.001}, "held-out"),
+        ({"digits": 6, "heldout_fraction": 1e-13}, "held-out"),
+    ],
+)
+def test_a_split_with_an_empty_side_is_an_error(settings: dict[str, Any], side: str) -> None:
+    """Drawing from an empty side would never end: the split is refused when it is made."""
+    with pytest.raises(ParameterError, match=f"heldout_fraction: .* leaves no {side} pair") as info:
+        AdditionTask(**settings)
+    assert info.value.argument == "heldout_fraction"
+
+
+def test_heldout_lists_a_small_split_and_refuses_too_much_of_a_large_one() -> None:
+    few = AdditionTask(3, heldout_fraction=0.001)  # about 1000 held-out pairs of 10⁶
+    held = few.heldout(4096)
+    assert 900 < len(held) < 1200 and len({p.prompt for p in held}) == len(held)  # all of them, once each
+    assert all(few.is_heldout(*map(int, p.prompt[:-1].split("+"))) for p in held)
+    assert [p.prompt for p in AdditionTask(3).heldout(50)] == [p.prompt for p in AdditionTask(3).heldout(50)]
+    with pytest.raises(ParameterError, match="eval_size: expected at most half of the about 10 held-out") as info:
+        AdditionTask(4, heldout_fraction=1e-7).heldout(2048)
+    assert info.value.argument == "eval_size"
+
+
 def test_char_tokenizer() -> None:
     tok = CharTokenizer()
     assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)

@@ -31,7 +31,7 @@ evaluation set is a fixed list of distinct held-out pairs.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,6 +39,9 @@ import numpy as np
 from ..errors import ParameterError
 
 __all__ = ["ALPHABET", "AdditionTask", "CharTokenizer", "Problem", "worked_solution"]
+
+#: Most pairs :meth:`AdditionTask.heldout` lists to pick from (3 digits: 10⁶).
+_ENUMERABLE = 10**6
 
 #: The characters of the built-in task.
 ALPHABET = "0123456789+=,;"
@@ -155,6 +158,39 @@ class AdditionTask:
         self.heldout_fraction = float(heldout_fraction)
         self.tokenizer = CharTokenizer(ALPHABET)
         self._threshold = int(self.heldout_fraction * 2**64)
+        pairs = 10 ** (2 * digits)
+        if digits <= 2:  # count exactly (10⁴ hashes at most)
+            held = sum(self.is_heldout(a, b) for a, b in self._pairs())
+            sides = {"held-out": held, "training": pairs - held}
+        else:  # too many pairs to count: the expected sizes
+            sides = {"held-out": self.heldout_fraction * pairs, "training": (1 - self.heldout_fraction) * pairs}
+        for side, count in sides.items():
+            if count < 1:
+                raise ParameterError(
+                    f"heldout_fraction: expected a split with training and held-out pairs, got "
+                    f"{self.heldout_fraction!r}, which leaves no {side} pair of the {pairs} {digits}-digit pairs "
+                    f"(split_seed {self.split_seed})",
+                    argument="heldout_fraction",
+                )
+
+    def _pairs(self) -> Iterator[tuple[int, int]]:
+        hi = 10**self.digits
+        return ((a, b) for a in range(hi) for b in range(hi))
+
+    def _draw(self, rng: np.random.Generator, n: int, heldout: bool) -> Iterator[tuple[int, int]]:
+        """Pairs drawn uniformly from one side of the split, with replacement; at most
+        ``100·n/p + 10⁴`` draws (p the side's share), far beyond what any split needs."""
+        hi = 10**self.digits
+        share = self.heldout_fraction if heldout else 1.0 - self.heldout_fraction
+        for _ in range(int(100 * n / share) + 10_000):
+            a, b = (int(x) for x in rng.integers(0, hi, size=2))
+            if self.is_heldout(a, b) == heldout:
+                yield a, b
+        raise ParameterError(  # pragma: no cover - a share below 1/hi² is refused in __init__
+            f"heldout_fraction: the {'held-out' if heldout else 'training'} side of the split is too rare to draw "
+            f"from ({share!r} of the pairs)",
+            argument="heldout_fraction",
+        )
 
     @property
     def max_new_tokens(self) -> int:
@@ -177,30 +213,35 @@ class AdditionTask:
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
         """``n`` training problems (pairs outside the held-out split), drawn with ``rng``."""
-        out: list[Problem] = []
-        hi = 10**self.digits
-        while len(out) < n:
-            a, b = (int(x) for x in rng.integers(0, hi, size=2))
-            if not self.is_heldout(a, b):
-                out.append(self.problem(a, b))
-        return out
+        draws = self._draw(rng, n, heldout=False)
+        return [self.problem(*next(draws)) for _ in range(n)]
 
     def heldout(self, n: int, seed: int = 0) -> list[Problem]:
-        """A fixed list of ``n`` distinct held-out problems (fewer if the split has fewer)."""
-        hi = 10**self.digits
-        pairs = [(a, b) for a in range(hi) for b in range(hi)] if hi <= 100 else None
+        """A fixed list of ``n`` distinct held-out problems (fewer if the split has fewer).
+
+        Up to 10⁶ pairs (3 digits) and whenever ``n`` is over half the held-out pairs
+        expected, the held-out pairs are listed and shuffled; otherwise distinct pairs are
+        drawn. More than half of a split too large to list is an error naming ``eval_size``."""
         rng = np.random.default_rng([self.split_seed, seed, 7])
-        seen: set[tuple[int, int]] = set()
-        out: list[Problem] = []
-        if pairs is not None:
-            held = [p for p in pairs if self.is_heldout(*p)]
+        pairs = 10 ** (2 * self.digits)
+        if self.digits <= 2 or (n > self.heldout_fraction * pairs / 2 and pairs <= _ENUMERABLE):
+            held = [p for p in self._pairs() if self.is_heldout(*p)]
             order = rng.permutation(len(held))
             return [self.problem(*held[i]) for i in order[:n]]
-        while len(out) < n:
-            a, b = (int(x) for x in rng.integers(0, hi, size=2))
-            if (a, b) not in seen and self.is_heldout(a, b):
-                seen.add((a, b))
-                out.append(self.problem(a, b))
+        if n > self.heldout_fraction * pairs / 2:
+            raise ParameterError(
+                f"eval_size: expected at most half of the about {self.heldout_fraction * pairs:.0f} held-out "
+                f"{self.digits}-digit pairs, got {n}; lower eval_size or raise heldout_fraction",
+                argument="eval_size",
+            )
+        seen: set[tuple[int, int]] = set()
+        out: list[Problem] = []
+        for pair in self._draw(rng, 4 * n, heldout=True):  # distinct: about 1.4·n draws at most half
+            if pair not in seen:
+                seen.add(pair)
+                out.append(self.problem(*pair))
+                if len(out) == n:
+                    break
         return out
 
     def score(self, problem: Problem, response: str, finished: bool) -> float:
