@@ -287,6 +287,30 @@ def test_compare_from_init_from_starts_every_run_there_and_warms_up_nothing(tmp_
     assert list(table) == ["grpo", "tac_fixed"] and table["grpo"]["seeds"] == "2"
 
 
+def test_compare_refuses_a_setting_bad_for_one_arm_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--critic-warmup is invalid for grpo alone: refused up front naming the flag, nothing trained."""
+    out = tmp_path / "cmp"
+    argv = ["compare", "--arms", "comppo,grpo", *TINY, "--critic-warmup", "1", "--out", str(out)]
+    assert cli.main(argv) == 2
+    assert "--critic-warmup: expected 0 for the grpo arm" in capsys.readouterr().err
+    assert not (out / "comppo").exists()
+
+
+def test_compare_names_the_flag_of_a_bad_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["compare", "--arms", "grpo", *TINY, "--init-from", str(tmp_path / "nowhere"), "--out", str(tmp_path / "c")]
+    assert cli.main(argv) == 2
+    assert re.search(r"--init-from: ", capsys.readouterr().err)
+
+
+def test_resume_of_a_corrupt_config_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "config.json").write_text('{"nope": 1}')
+    assert cli.main(["train", "--out", str(tmp_path), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume: {tmp_path / 'config.json'}: nope: expected a TrainConfig field" in err
+
+
 # ---------------------------------------------------------------------------------------------------------
 # bad input, help
 

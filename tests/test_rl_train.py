@@ -210,7 +210,9 @@ def test_every_field_is_a_cli_flag() -> None:
         ({"kl_kind": "k9"}, "kl_kind"),
         ({"kl_mode": "both"}, "kl_mode"),
         ({"dual_clip": 1.0}, "dual_clip"),
-        ({"gate_low": 0.95, "gate_high": 0.9}, "low"),
+        ({"gate_low": 0.95, "gate_high": 0.9}, "gate_low"),  # GateParams' check, named as the field
+        ({"gate_sharpness": float("nan")}, "gate_sharpness"),
+        ({"arm": "grpo", "critic_warmup": 1}, "critic_warmup"),
         ({"temperature": 0.0}, "temperature"),
         ({"num_minibatches": 1000}, "num_minibatches"),
         ({"resume": True}, "resume"),

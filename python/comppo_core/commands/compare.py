@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ParameterError
 from .train import _Default, add_config_arguments, add_lazy_parser, config_from_args, usage_error
 
 if TYPE_CHECKING:
@@ -324,7 +325,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for name, instead in _OWN_FLAGS.items():
         if not isinstance(getattr(args, name), _Default):
             cmd.error(f"--{name}: not a compare flag ({instead})")
-    if isinstance(args.out, _Default):
+    if not isinstance(args.out, str):
         cmd.error("--out: expected the output directory DIR, got none")
     arms = _arms(args.arms, cmd)
     n_seeds = _seeds(args.seeds, cmd)
@@ -336,11 +337,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for seed in range(n_seeds):
             try:
                 configs[arm, seed] = base.replace(arm=arm, seed=seed)
-            except Exception as exc:  # a setting invalid for one arm
+            except ParameterError as exc:  # a setting invalid for one arm
                 usage_error(cmd, exc)
-    out = Path(base.out or ".")
+    assert base.out is not None
+    out = Path(base.out)
     out.mkdir(parents=True, exist_ok=True)
-    warm_needed = base.init_from is None and getattr(base, "model", None) is None
+    warm_needed = base.init_from is None and base.model is None
 
     t_start = time.perf_counter()
     summaries: dict[tuple[str, int], dict[str, Any]] = {}
@@ -357,7 +359,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if warm_needed:
             t0 = time.perf_counter()
             ws = out / "warmstart" / f"seed{seed}"
-            init_from, made = _warm_start(base.replace(arm=arms[0]), seed, ws)
+            try:  # a bad path (the task file, say) is found here: a usage error naming its flag
+                init_from, made = _warm_start(base, seed, ws)
+            except ParameterError as exc:
+                usage_error(cmd, exc)
             key = f"warmstart/seed{seed}"
             keys.append(key)
             if made:
@@ -376,7 +381,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             status = "reused"
             if summary is None:
                 (run_out / "summary.json").unlink(missing_ok=True)
-                summary = train(config)
+                try:
+                    summary = train(config)
+                except ParameterError as exc:  # a bad --init-from, --model or --task
+                    usage_error(cmd, exc)
                 timings[key] = time.perf_counter() - t0
                 timings_path.write_text(json.dumps(timings, indent=1, sort_keys=True))
                 status = f"{timings[key]:.0f} s"

@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from ..rl.config import TrainConfig
@@ -134,17 +134,13 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k in names and not isinstance(v, _Default)}
 
 
-def usage_error(parser: argparse.ArgumentParser, exc: Exception) -> None:
+def usage_error(parser: argparse.ArgumentParser, exc: Exception) -> NoReturn:
     """Exit with status 2 and ``exc``'s message, naming the flag of its ``argument`` (a
-    GateParams argument such as ``low`` is the flag ``--gate-low``)."""
-    from ..rl.config import TrainConfig
-
+    TrainConfig field: ``gate_low`` is ``--gate-low``)."""
     argument = getattr(exc, "argument", None)
     message = str(exc)
     if argument:
-        names = {f.name for f in dataclasses.fields(TrainConfig)}
-        field = f"gate_{argument}" if argument not in names and f"gate_{argument}" in names else argument
-        message = f"--{field.replace('_', '-')}: {message.removeprefix(f'{argument}: ')}"
+        message = f"--{argument.replace('_', '-')}: {message.removeprefix(f'{argument}: ')}"
     parser.error(message)
 
 
@@ -158,7 +154,6 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser, 
         return TrainConfig.from_preset(args.preset or "default", **{**config_fields(args), **fixed})
     except ParameterError as exc:
         usage_error(parser, exc)
-        raise  # unreachable: parser.error exits
 
 
 def _populate(cmd: argparse.ArgumentParser) -> None:
@@ -196,10 +191,12 @@ def _resumed_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         parser.error(f"--resume: expected a run in {args.out} (no {path} found)")
     try:
         saved = TrainConfig.from_json(path.read_text())
+    except ParameterError as exc:  # a file, not a flag, is at fault
+        parser.error(f"--resume: {path}: {exc}")
+    try:
         return saved.replace(**{**config_fields(args), "resume": True})
     except ParameterError as exc:
         usage_error(parser, exc)
-        raise
 
 
 def _percent(x: float | None) -> str:

@@ -292,7 +292,16 @@ class TrainConfig:
                 f"{self.init_from!r}",
                 argument="init_from",
             )
-        _ = self.gate_params  # validates low <= high etc.
+        if ARMS[self.arm].critic is None and self.critic_warmup:
+            raise ParameterError(
+                f"critic_warmup: expected 0 for the {self.arm} arm, which has no critic, got {self.critic_warmup}",
+                argument="critic_warmup",
+            )
+        try:  # low <= high etc., named as this config's fields
+            _ = self.gate_params
+        except ParameterError as exc:
+            field = f"gate_{exc.argument}"
+            raise ParameterError(f"{field}: {str(exc).removeprefix(f'{exc.argument}: ')}", argument=field) from None
 
     # ---- derived values
 

@@ -345,11 +345,6 @@ class Trainer:
             raise ParameterError(f"config: expected a TrainConfig, got {type(config).__name__}", argument="config")
         self.config = config
         self.arm: Arm = get_arm(config.arm)
-        if self.arm.critic is None and config.critic_warmup:
-            raise ParameterError(
-                f"critic_warmup: expected 0 for the {config.arm} arm, which has no critic, got {config.critic_warmup}",
-                argument="critic_warmup",
-            )
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.dist = Dist.setup(config.device)
