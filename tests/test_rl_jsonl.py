@@ -326,3 +326,29 @@ def test_compare_on_a_local_model_and_task_file(model_dir: Path, tmp_path: Path)
     assert set(results["arms"]) == {"grpo", "comppo"}
     text = (out / "results.md").read_text()
     assert re.search(r"^\| grpo \| 2 \|", text, re.MULTILINE) and re.search(r"^\| comppo \| 2 \|", text, re.MULTILINE)
+
+
+def test_a_saved_generation_config_does_not_change_the_sampled_distribution(tmp_path: Path) -> None:
+    """A model's generation_config.json (here a repetition penalty) would be applied by
+    ``generate`` before the sampler: ``load_policy`` drops it, so the sampler sees the raw logits."""
+    from transformers import GenerationConfig, LogitsProcessor
+
+    from comppo_core.rl.pretrained import load_policy
+
+    save_model(tmp_path, 4 + len(CHARS))
+    GenerationConfig(repetition_penalty=1.5, bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(tmp_path)
+    model = load_policy(tmp_path)
+
+    class Spy(LogitsProcessor):
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            self.scores = scores.clone()
+            return scores
+
+    ids = torch.tensor([[1, 5, 6, 5, 6, 5]])
+    spy = Spy()
+    config = GenerationConfig(do_sample=False, max_new_tokens=1, pad_token_id=0, eos_token_id=2, bos_token_id=1)
+    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config, logits_processor=[spy])
+    with torch.no_grad():
+        raw = model(input_ids=ids).logits[:, -1]
+    assert float((spy.scores - raw).abs().max()) < 1e-5
+    assert model.generation_config.repetition_penalty in (None, 1.0)

@@ -18,7 +18,8 @@ marks the real tokens, and a response ends at its first EOS).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,20 +107,42 @@ def load_tokenizer(path: str | Path, *, chat_template: bool = False) -> HFTokeni
     return HFTokenizer(tok, chat_template=chat_template, where=str(p))
 
 
-def load_policy(path: str | Path) -> Any:
-    """``AutoModelForCausalLM`` from the local directory ``path``, float32, in eval mode."""
-    import torch
-    from transformers import AutoModelForCausalLM
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' own progress bars ("Writing model shards", "Loading weights") off while
+    saving and loading checkpoints, then back as they were."""
     from transformers.utils import logging as hf_logging
 
-    p = _directory(path)
     was = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32, local_files_only=True)
-    except Exception as exc:  # OSError for missing weights, ValueError for an unknown architecture, ...
-        raise ParameterError(f"model: could not load a causal LM from {str(p)!r}: {exc}", argument="model") from exc
+        yield
     finally:
         if was:
             hf_logging.enable_progress_bar()
+
+
+def load_policy(path: str | Path, *, argument: str = "model") -> Any:
+    """``AutoModelForCausalLM`` from the local directory ``path``, float32, in eval mode.
+
+    The model's saved ``generation_config`` is replaced by a blank one: ``generate`` would
+    otherwise apply its repetition penalty, banned or suppressed tokens and the like before
+    the trainer's sampler, so rollouts would not be drawn from ``softmax(logits / T)``,
+    the distribution the PPO ratio scores. ``argument`` names the setting in errors.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    p = Path(path)
+    if not p.is_dir():
+        what = "a local Hugging Face model directory" if argument == "model" else "a save_pretrained directory"
+        raise ParameterError(f"{argument}: expected {what}, got {str(path)!r}", argument=argument)
+    try:
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32, local_files_only=True)
+    except Exception as exc:  # OSError for missing weights, ValueError for an unknown architecture, ...
+        raise ParameterError(
+            f"{argument}: could not load a causal LM from {str(p)!r}: {exc}", argument=argument
+        ) from exc
+    model.generation_config = GenerationConfig()
     return model.eval()

@@ -82,7 +82,7 @@ from .critic_inputs import CriticInputs
 from .distributed import Dist, shard_bounds
 from .forward import GatesFromConcentration, forward
 from .jsonl_task import JsonlTask
-from .pretrained import load_policy, load_tokenizer
+from .pretrained import load_policy, load_tokenizer, quiet_transformers
 from .sampling import row_keys, sampling_processors
 from .standard_critic import StandardCritic
 from .tac import TransportAlignedCritic
@@ -277,21 +277,6 @@ def _finite_or_none(x: Any) -> Any:
     return x
 
 
-@contextlib.contextmanager
-def _quiet_transformers() -> Any:
-    """transformers' own progress bars ("Writing model shards", "Loading weights") off while
-    saving and loading checkpoints, then back as they were."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
-
-
 class _Timer:
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -412,7 +397,7 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.json").write_text(cfg.to_json())
             if cfg.model is None:
-                with _quiet_transformers():
+                with quiet_transformers():
                     actor.save_pretrained(self.out / "warmstart")
                 (self.out / "warmstart" / "task.json").write_text(
                     json.dumps({**self.task.to_dict(), "tokenizer": self.tokenizer.to_dict()})
@@ -440,15 +425,7 @@ class Trainer:
         self.rng = np.random.default_rng([cfg.seed, 2])
 
     def _load_actor(self, path: Any) -> Any:
-        from transformers import AutoModelForCausalLM
-
-        if not Path(path).is_dir():
-            raise ParameterError(
-                f"init_from: expected a save_pretrained directory, got {str(path)!r}", argument="init_from"
-            )
-        with _quiet_transformers():
-            model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        return model.to(self.device)
+        return load_policy(path, argument="init_from").to(self.device)
 
     def _initial_policy(self) -> Any:
         """The policy the run started from (the base of an adapter, the KL reference)."""
@@ -502,7 +479,7 @@ class Trainer:
             return
         final, tmp, old = self.out / "checkpoint", self.out / "checkpoint.tmp", self.out / "checkpoint.old"
         shutil.rmtree(tmp, ignore_errors=True)
-        with _quiet_transformers():
+        with quiet_transformers():
             (self.actor if self.lora_model is None else self.lora_model).save_pretrained(tmp / "actor")
         state: dict[str, Any] = {
             "next_step": next_step,
