@@ -313,7 +313,7 @@ def test_each_arm_gets_its_gates() -> None:
     r = trainer.rollout()
     m = r.response_mask
     base = trainer.score(r, 0)
-    conc = trainer._gates
+    conc = base.gates
     assert conc is not None and base.critic_gates is None
     assert torch.all(conc[~m] == 1.0)
     for arm in ("comppo_shuffle", "comppo_position", "tac_fixed"):
@@ -321,7 +321,7 @@ def test_each_arm_gets_its_gates() -> None:
         batch = trainer.score(r, 0)
         g = batch.critic_gates  # the critic reads the control
         assert g is not None and torch.all(g[~m] == 1.0)
-        assert torch.equal(trainer._gates, g)  # and so does Comp-GAE
+        assert torch.equal(batch.gates, g)  # and so does Comp-GAE
         if arm == "comppo_shuffle":
             for b in range(m.shape[0]):
                 assert torch.equal(torch.sort(g[b][m[b]]).values, torch.sort(conc[b][m[b]]).values)

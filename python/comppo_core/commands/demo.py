@@ -183,10 +183,11 @@ def credit(trainer: Trainer, problems: Sequence[Problem]) -> Credit:
 
     from .. import gae
     from ..rl import forward
+    from ..rl.trainer import terminal_rewards
 
     cfg = trainer.config
     r = trainer.answer(problems)
-    ids, response_mask, scores, device = r.input_ids, r.response_mask, r.scores, r.input_ids.device
+    ids, response_mask, scores = r.input_ids, r.response_mask, r.scores
     out = forward(
         trainer.actor,
         ids,
@@ -197,9 +198,7 @@ def credit(trainer: Trainer, problems: Sequence[Problem]) -> Credit:
         gate_params=cfg.gate_params,
     )
     assert out.values is not None  # the comppo arm has a critic
-    last = (response_mask.long() * torch.arange(response_mask.shape[1], device=device)).argmax(-1)
-    rewards = torch.zeros(response_mask.shape, dtype=torch.float32, device=device)
-    rewards[torch.arange(ids.shape[0], device=device), last] = scores
+    rewards = terminal_rewards(response_mask, scores)
     values = torch.where(response_mask, out.values, 0.0)
     plain = gae(rewards, values, mask=response_mask, gamma=cfg.gamma, lam=cfg.lam)
     comp = gae(rewards, values, mask=response_mask, gates=out.gates, gamma=cfg.gamma, lam=cfg.lam)

@@ -169,6 +169,8 @@ class Batch:
     ref_logprobs: torch.Tensor | None = None
     #: gates the critic reads in the update (a constant or a control); None: the forward's own
     critic_gates: torch.Tensor | None = None
+    #: Comp-GAE's gates (1 outside the response); None for the arms without gates
+    gates: torch.Tensor | None = None
 
     def select(self, index: torch.Tensor) -> Batch:
         """The rows ``index`` (a minibatch)."""
@@ -253,6 +255,23 @@ def sft_warm_start(
         out.append(float(loss.detach()))
     model.eval()
     return out
+
+
+def terminal_rewards(response_mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``[B, T−1]`` float32 rewards: ``scores[b]`` at row b's last response column, 0 elsewhere
+    (a row without a response column gets its score at column 0, which no mask selects)."""
+    m = response_mask
+    last = (m.long() * torch.arange(m.shape[1], device=m.device)).argmax(-1)
+    rewards = torch.zeros(m.shape, dtype=torch.float32, device=m.device)
+    rewards[torch.arange(m.shape[0], device=m.device), last] = scores.to(device=m.device, dtype=torch.float32)
+    return rewards
+
+
+def _logprobs(model: Any, ids: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``[B, T−1]`` log-probs at ``temperature`` of a plain forward, 0 outside the scored columns."""
+    logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=default_position_ids(mask), use_cache=False)
+    lp = token_logprobs(logits.logits[:, :-1], ids[:, 1:], temperature=temperature)
+    return torch.where(mask[:, :-1] & mask[:, 1:], lp, torch.zeros_like(lp))
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -688,15 +707,12 @@ class Trainer:
                 temperature=cfg.temperature,
             )
             return out.logprobs, out.values, out.gates, out.concentration
-        pos = default_position_ids(mask)
         with contextlib.nullcontext() if grad else torch.no_grad():
-            logits = self.actor(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False).logits
-            lp = token_logprobs(logits[:, :-1], ids[:, 1:], temperature=cfg.temperature)
-            del logits
-            columns = mask[:, :-1] & mask[:, 1:]
-            lp = torch.where(columns, lp, torch.zeros_like(lp))
+            lp = _logprobs(self.actor, ids, mask, cfg.temperature)
             values = None
-            if self.critic is not None:
+            if self.critic is not None:  # a StandardCritic: its own forward on the ids
+                columns = mask[:, :-1] & mask[:, 1:]
+                pos = default_position_ids(mask)
                 inputs = CriticInputs(ids, mask, pos, columns, response_mask, {}, None, torch.ones_like(lp))
                 values = self.critic(inputs)
         return lp, values, None, None
@@ -712,11 +728,7 @@ class Trainer:
         model = self.actor if self.reference is None else self.reference
         context = lora.adapter_disabled(self.lora_model) if self.reference is None else contextlib.nullcontext()
         with context:
-            logits = model(
-                input_ids=ids, attention_mask=mask.long(), position_ids=default_position_ids(mask), use_cache=False
-            ).logits
-        lp = token_logprobs(logits[:, :-1], ids[:, 1:], temperature=self.config.temperature)
-        return torch.where(mask[:, :-1] & mask[:, 1:], lp, torch.zeros_like(lp))
+            return _logprobs(model, ids, mask, self.config.temperature)
 
     def _batch_gates(
         self, gates: torch.Tensor, concentration: torch.Tensor, response_mask: torch.Tensor
@@ -725,7 +737,7 @@ class Trainer:
         ``gate_normalize="batch"`` the z-score is over every rank's rows (recomputed from the
         gathered concentration); otherwise each row's own (``gates`` as they are)."""
         cfg = self.config
-        if cfg.gate_normalize != "batch":
+        if cfg.gate_normalize != "batch" or not self.dist.distributed:  # one process: the batch is its rows
             return gates
         conc = self.dist.gather_rows(concentration)
         resp = self.dist.gather_rows(response_mask)
@@ -776,8 +788,8 @@ class Trainer:
             ref_logprobs=ref,
             # the replacing gates as the scoring pass used them (1 outside the response)
             critic_gates=None if override is None else gates,
+            gates=None if self.arm.gates == "none" else gates,
         )
-        self._gates = None if self.arm.gates == "none" else gates
         return batch
 
     # ---- phase 3: advantages
@@ -789,10 +801,7 @@ class Trainer:
         of every rank)."""
         cfg, dist = self.config, self.dist
         m = batch.response_mask
-        rows = torch.arange(m.shape[0], device=m.device)
-        last = (m.long() * torch.arange(m.shape[1], device=m.device)).argmax(-1)
-        rewards = torch.zeros(m.shape, dtype=torch.float32, device=m.device)
-        rewards[rows, last] = r.scores
+        rewards = terminal_rewards(m, r.scores)
         kl = None
         if batch.ref_logprobs is not None:
             kl = torch.where(m, losses.kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.kl_kind), 0.0)
@@ -806,7 +815,7 @@ class Trainer:
                 rewards,
                 batch.old_values,
                 mask=m,
-                gates=self._gates,
+                gates=batch.gates,
                 gamma=cfg.gamma,
                 lam=cfg.lam,
                 lam_critic=cfg.lam_critic,
@@ -837,8 +846,8 @@ class Trainer:
             "value_explained_var": explained,
         }
         stats.update(gate_mean=None, gate_min=None, gate_max=None)
-        if self._gates is not None:
-            gv = dist.gather_rows(self._gates)[all_m]
+        if batch.gates is not None:
+            gv = dist.gather_rows(batch.gates)[all_m]
             stats.update(gate_mean=float(gv.double().mean()), gate_min=float(gv.min()), gate_max=float(gv.max()))
         return stats
 
