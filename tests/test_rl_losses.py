@@ -283,6 +283,28 @@ def test_aggregate_normalizer_is_verls_global_argument(mode: str) -> None:
         assert_same(got_grad, want_grad)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_policy_and_value_losses_pass_the_normalizer_to_the_aggregation(mode: str) -> None:
+    g = _gen(11)
+    lp, old, adv, v, v_old, ret = (torch.randn(B, T, generator=g, dtype=torch.float64) for _ in range(6))
+    mask = make_mask(12)
+    for normalizer in (None, 4, 64.0):
+        ratio = torch.exp(torch.clamp(lp - old, -20, 20))
+        a = torch.where(mask.bool(), adv, 0.0)
+        l1 = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 0.8, 1.2))
+        pg = torch.where(a < 0, torch.minimum(-a * 3.0, l1), l1)
+        want = aggregate(pg, mask, mode, normalizer=normalizer)
+        assert_same(policy_loss(lp, old, adv, mask, agg=mode, normalizer=normalizer)[0], want)
+        clipped = torch.max(torch.min(v, v_old + 0.5), v_old - 0.5)
+        vf = torch.maximum((v - ret) ** 2, (clipped - ret) ** 2)
+        want_v = 0.5 * aggregate(vf, mask, mode, normalizer=normalizer)
+        assert_same(value_loss(v, v_old, ret, mask, agg=mode, normalizer=normalizer)[0], want_v)
+    with pytest.raises(ParameterError, match="normalizer: expected a positive finite number"):
+        policy_loss(lp, old, adv, mask, normalizer=0)
+    with pytest.raises(ParameterError, match="normalizer: expected a positive finite number"):
+        value_loss(v, v_old, ret, mask, normalizer=-1.0)
+
+
 def test_aggregate_by_hand() -> None:
     loss_mat = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0], [7.0, 7.0, 7.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])

@@ -377,6 +377,25 @@ def test_every_logprob_is_of_the_sampling_distribution(arm: str) -> None:
     assert (new.detach().double() - expected)[m].abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize(("agg", "expected"), [("seq-mean-token-sum-norm", "budget"), ("token-mean", None)])
+def test_seq_mean_token_sum_norm_divides_by_the_response_budget(agg: str, expected: Any, monkeypatch: Any) -> None:
+    """verl divides by its response length; the [B, T−1] columns also hold the prompt and vary
+    with the batch, so the trainer passes the fixed budget max_new_tokens to every loss."""
+    seen: list[Any] = []
+    for name in ("policy_loss", "value_loss", "aggregate"):
+        real = getattr(losses, name)
+
+        def spy(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            seen.append(kwargs.get("normalizer"))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(losses, name, spy)
+    trainer = Trainer(tiny(arm="ppo", loss_agg=agg, kl_coef=0.1, kl_mode="loss", steps=1, eval_every=0))
+    trainer.step(0)
+    want = float(trainer.max_new_tokens) if expected == "budget" else None
+    assert len(seen) >= 3 and set(seen) == {want}
+
+
 def test_grpo_advantages_are_group_relative_and_broadcast() -> None:
     trainer = Trainer(tiny(arm="grpo", group_size=4))
     r = trainer.rollout()

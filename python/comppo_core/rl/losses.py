@@ -207,11 +207,16 @@ def aggregate(
     (loss_mat,) = _grid({"loss_mat": loss_mat})
     valid = _mask(mask, loss_mat, "loss_mat")
     mode = _choice("mode", mode, AGG_MODES)
-    if normalizer is not None:
-        x = _number("normalizer", normalizer, "a positive finite number")
-        if not (x > 0.0 and math.isfinite(x)):
-            raise ParameterError(f"normalizer: expected a positive finite number, got {x}", argument="normalizer")
-    return _aggregate(loss_mat, valid, mode, normalizer)
+    return _aggregate(loss_mat, valid, mode, _normalizer(normalizer))
+
+
+def _normalizer(normalizer: Any) -> float | None:
+    if normalizer is None:
+        return None
+    x = _number("normalizer", normalizer, "a positive finite number")
+    if not (x > 0.0 and math.isfinite(x)):
+        raise ParameterError(f"normalizer: expected a positive finite number, got {x}", argument="normalizer")
+    return x
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -228,6 +233,7 @@ def policy_loss(
     clip_high: float | None = None,
     dual_clip: float | None = 3.0,
     agg: str = "token-mean",
+    normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate loss with asymmetric and dual clipping, as verl's
     ``core_algos.compute_policy_loss_vanilla`` (equivalently the older ``compute_policy_loss``).
@@ -253,6 +259,7 @@ def policy_loss(
       dual_clip: c > 1 (verl's ``clip_ratio_c``, whose assertion requires c > 1); None turns dual clipping
         off, which verl cannot do: then ``ℓ = ℓ₁`` everywhere and ``clipfrac_lower`` is 0.
       agg: aggregation mode, see :func:`aggregate` (verl's ``loss_agg_mode``).
+      normalizer: the aggregation's denominator instead of the mode's own, see :func:`aggregate`.
 
     Returns:
       ``(loss, stats)``: the 0-dim loss (see :func:`aggregate` for its dtype) and a dict of Python floats,
@@ -283,6 +290,7 @@ def policy_loss(
                 argument="dual_clip",
             )
     agg = _choice("agg", agg, AGG_MODES)
+    norm = _normalizer(normalizer)
 
     log_prob = torch.where(valid, logprobs, 0.0)
     old_log_prob = torch.where(valid, old_logprobs, 0.0)
@@ -299,7 +307,7 @@ def policy_loss(
         pg_losses3 = -adv * clip_ratio_c
         clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)
         pg_losses = torch.where(adv < 0, clip_pg_losses2, clip_pg_losses1)
-    loss = _aggregate(pg_losses, valid, agg, None)
+    loss = _aggregate(pg_losses, valid, agg, norm)
 
     with torch.no_grad():
         ppo_kl = _masked_mean(-negative_approx_kl, valid)
@@ -323,6 +331,7 @@ def value_loss(
     *,
     clip: float | None = 0.5,
     agg: str = "token-mean",
+    normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped value loss, as verl's ``core_algos.compute_value_loss``.
 
@@ -343,6 +352,7 @@ def value_loss(
       mask: ``[B, T]`` bool, integer or float; nonzero marks a valid token (verl's ``response_mask``).
       clip: ε ≥ 0 (verl's ``cliprange_value``), or None for no clipping.
       agg: aggregation mode, see :func:`aggregate`.
+      normalizer: the aggregation's denominator instead of the mode's own, see :func:`aggregate`.
 
     Returns:
       ``(loss, stats)``: the 0-dim loss and a dict of Python floats: ``vf_loss`` (``loss`` as a float) and
@@ -358,6 +368,7 @@ def value_loss(
     valid = _mask(mask, vpreds, "values")
     cliprange_value = None if clip is None else _nonnegative("clip", clip)
     agg = _choice("agg", agg, AGG_MODES)
+    norm = _normalizer(normalizer)
 
     vpreds = torch.where(valid, vpreds, 0.0)
     old = torch.where(valid, old, 0.0)
@@ -370,7 +381,7 @@ def value_loss(
         vpredclipped = torch.max(torch.min(vpreds, old + cliprange_value), old - cliprange_value)
         vf_losses2 = (vpredclipped - rets) ** 2
         clipped_vf_losses = torch.max(vf_losses1, vf_losses2)
-    loss = 0.5 * _aggregate(clipped_vf_losses, valid, agg, None)
+    loss = 0.5 * _aggregate(clipped_vf_losses, valid, agg, norm)
 
     with torch.no_grad():
         if cliprange_value is None:

@@ -857,7 +857,7 @@ class Trainer:
         """``(loss share, token share)`` of this rank in a minibatch of global rows ``index``
         (this rank's: ``mine``): its part of the minibatch's denominator (tokens for
         token-mean, non-empty rows for the seq-mean modes, 1 for seq-mean-token-sum-norm,
-        whose denominator is the width) and of its tokens. Both 1 on one process."""
+        whose denominator is the fixed response budget) and of its tokens. Both 1 on one process."""
         t_all, t_mine = tokens[index], tokens[mine]
         n_all, n_mine = int(t_all.sum()), int(t_mine.sum())
         token_share = n_mine / n_all if n_all else 0.0
@@ -892,6 +892,9 @@ class Trainer:
         tokens = dist.gather_rows(batch.response_mask.sum(-1)).cpu()  # response tokens of every global row
         n = tokens.shape[0]
         params = self.actor_params + self.critic_params
+        # seq-mean-token-sum-norm divides by verl's response length, the fixed response budget
+        # (the [B, T−1] width would also count the prompt columns and vary with the batch)
+        loss_normalizer = float(self.max_new_tokens) if cfg.loss_agg == "seq-mean-token-sum-norm" else None
         for epoch in range(cfg.ppo_epochs):
             for k, index in enumerate(torch.tensor_split(torch.randperm(n), cfg.num_minibatches)):
                 mine = index[(index >= lo) & (index < lo + n_local)]
@@ -916,6 +919,7 @@ class Trainer:
                         clip_high=cfg.clip_high,
                         dual_clip=cfg.dual_clip,
                         agg=cfg.loss_agg,
+                        normalizer=loss_normalizer,
                     )
                     entries.update(
                         pg_loss=pg["pg_loss"] * share,
@@ -927,14 +931,23 @@ class Trainer:
                     if kl_loss_on:
                         assert mb.ref_logprobs is not None and loss is not None
                         kl_loss = losses.aggregate(
-                            losses.kl_penalty(lp, mb.ref_logprobs, cfg.kl_kind), mb.response_mask, cfg.loss_agg
+                            losses.kl_penalty(lp, mb.ref_logprobs, cfg.kl_kind),
+                            mb.response_mask,
+                            cfg.loss_agg,
+                            normalizer=loss_normalizer,
                         )
                         loss = loss + cfg.kl_coef * (kl_loss * share)
                         entries["kl_loss"] = float(kl_loss.detach()) * share
                     if self.critic is not None:
                         assert values is not None and mb.old_values is not None and mb.returns is not None
                         vf_loss, vf = losses.value_loss(
-                            values, mb.old_values, mb.returns, mb.response_mask, clip=cfg.value_clip, agg=cfg.loss_agg
+                            values,
+                            mb.old_values,
+                            mb.returns,
+                            mb.response_mask,
+                            clip=cfg.value_clip,
+                            agg=cfg.loss_agg,
+                            normalizer=loss_normalizer,
                         )
                         term = cfg.vf_coef * (vf_loss * share)
                         loss = term if loss is None else loss + term
