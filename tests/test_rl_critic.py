@@ -296,6 +296,18 @@ def test_trunk_grad_lets_that_fraction_into_the_trunk() -> None:
         torch.testing.assert_close(grads[0.25][n], 0.25 * g, rtol=1e-4, atol=1e-7)
 
 
+def test_trunk_grad_leaves_the_values_bit_for_bit() -> None:
+    """``trunk_grad`` changes the gradient only: the values equal the detached critic's exactly."""
+    model = build()
+    ids, am, resp = batch("left")
+    values = {}
+    for frac in (0.0, 0.3, 0.7, 1.0):
+        critic = tac(model, trunk_grad=frac)
+        values[frac] = rl.forward(model, ids, am, critic=critic, response_mask=resp, grad=True).values.detach()
+    for frac in (0.3, 0.7, 1.0):
+        assert torch.equal(values[frac], values[0.0]), frac
+
+
 def test_grad_forward_logprobs_carry_the_policy_gradient() -> None:
     model = build()
     ids, am, resp = batch("left")

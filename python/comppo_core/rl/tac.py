@@ -21,7 +21,7 @@ place of the whole-row z-score. Everything V_j reads is a function of tokens ≤
 stays a baseline: a critic that saw later tokens would bias the policy gradient.
 
 The actor's hidden states enter detached unless ``trunk_grad > 0``, which lets that
-fraction of the value gradient into the trunk (``h·α + sg(h)·(1 − α)``: the same value,
+fraction of the value gradient into the trunk (``sg(h) + α·(h − sg(h))``: the same value,
 ``α`` times the gradient). Gates and concentration are never differentiated.
 """
 
@@ -244,7 +244,8 @@ class TransportAlignedCritic(nn.Module):
             return h.detach()
         if self.trunk_grad == 1.0:
             return h
-        return h * self.trunk_grad + h.detach() * (1.0 - self.trunk_grad)
+        base = h.detach()
+        return base + self.trunk_grad * (h - base)  # exactly h (h − base = 0), gradient trunk_grad
 
     def routing_features(self, inputs: CriticInputs) -> torch.Tensor:
         """``[B, T−1, L + 3]``: per-layer concentration, gate, running log-gate, in-response flag."""

@@ -109,11 +109,3 @@ class TapRecorder:
         for h in self._handles:
             h.remove()
         self._handles = []
-
-    def get(self, layer: int) -> torch.Tensor:
-        """The recorded output of ``layer``; a clear error if the forward did not reach it."""
-        if layer not in self.hidden:
-            raise UnsupportedModelError(
-                f"taps: decoder layer {layer} did not run during the forward pass", argument="taps"
-            )
-        return self.hidden[layer]
