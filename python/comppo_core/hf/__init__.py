@@ -5,27 +5,26 @@ not import torch.
 
 * :class:`ConcentrationProbe`: a context manager that records the policy's attention
   concentration ``[B, T]`` during any forward pass run with gradients disabled.
-* :func:`logprobs_and_concentration`: ``[B, T−1]`` token log-probs and concentration
-  from one forward pass; column j scores token j+1 from query position j.
+* :func:`score`: the one scoring forward, ``(model, input_ids, attention_mask)`` →
+  ``[B, T−1]`` token log-probs (at a temperature, with or without gradients) and, on
+  request, the concentration; column j scores token j+1 from query position j.
+  :func:`logprobs_and_concentration` is its no-grad form with the probe.
 * :func:`comp_gae_batch`: forward with the probe → response log-probs and concentration
   → gates → Comp-GAE (and plain GAE) advantages and returns, with the paper's controls.
 """
 
 from __future__ import annotations
 
+from .lm import LOGPROB_CHUNK_ELEMENTS, default_position_ids, token_logprobs
 from .pipeline import CONTROLS, CompPOBatch, comp_gae_batch
-from .probe import (
-    IMPLEMENTATION,
-    LOGPROB_CHUNK_ELEMENTS,
-    ConcentrationProbe,
+from .probe import IMPLEMENTATION, ConcentrationProbe, ProbeError, UnsupportedModelError
+from .scoring import (
     LogprobsAndConcentration,
     LogprobsAndConcentrationPerLayer,
-    ProbeError,
-    UnsupportedModelError,
-    default_position_ids,
+    Scores,
     logprobs_and_concentration,
     logprobs_and_concentration_per_layer,
-    token_logprobs,
+    score,
 )
 from .statistics import DEFAULT_QUERY_CHUNK, METHODS, STATISTICS, head_mean_concentration
 
@@ -41,11 +40,13 @@ __all__ = [
     "LogprobsAndConcentration",
     "LogprobsAndConcentrationPerLayer",
     "ProbeError",
+    "Scores",
     "UnsupportedModelError",
     "comp_gae_batch",
     "default_position_ids",
     "head_mean_concentration",
     "logprobs_and_concentration",
     "logprobs_and_concentration_per_layer",
+    "score",
     "token_logprobs",
 ]

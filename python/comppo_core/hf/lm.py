@@ -1,0 +1,141 @@
+"""Language-model helpers: token log-probs, id checks and positions (docs/design.md §7, §10).
+
+The pieces every forward over ``(model, input_ids, attention_mask)`` shares, with no
+probe and no critic: :func:`comppo_core.hf.score` (the one scoring forward), the probe's
+:func:`~comppo_core.hf.logprobs_and_concentration`, :func:`comppo_core.rl.forward` and
+the trainer's rollouts all use them.
+
+Columns: a ``[B, T]`` batch gives ``[B, T−1]`` per-token values; column j scores token
+``input_ids[:, j+1]`` from query position j.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..errors import ParameterError, ShapeError
+
+__all__ = ["LOGPROB_CHUNK_ELEMENTS", "check_ids", "default_position_ids", "scored_columns", "token_logprobs"]
+
+#: Most logits elements :func:`token_logprobs` converts to float32 at once (2^26: 256 MiB;
+#: one position's whole vocabulary row if that is larger).
+LOGPROB_CHUNK_ELEMENTS = 1 << 26
+
+
+def token_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_elements: int = LOGPROB_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """``log softmax(logits / τ)[b, i, targets[b, i]]`` in float32: ``[B, L]`` from ``[B, L, V]``.
+
+    ::
+
+        z[b, i, v] = float32(logits[b, i, v]) / τ                      τ = temperature
+        out[b, i]  = z[b, i, y] − log Σ_v exp(z[b, i, v]),              y = targets[b, i]
+
+    With ``τ`` the sampling temperature these are the log-probs of the distribution the
+    tokens were drawn from, as verl (``logits.div_(temperature)``) and TRL
+    (``logits /= temperature``) score rollouts; ``τ = 1`` divides by nothing.
+
+    computed on float32 copies of blocks of at most ``max(chunk_elements, V)`` logits
+    (``P = max(1, chunk_elements // V)`` positions of one row, or whole rows when
+    ``P ≥ L``), so the transient memory is bounded whatever B and L: with the default cap
+    2^26, 256 MiB (+ logsumexp's temporary of the same size), where a float32 copy of
+    all B = 8, L = 4096, V = 151936 logits would be 18.5 GiB. On CPU a position's value does
+    not depend on the block it falls in (bit for bit); on CUDA, ``logsumexp``'s reduction
+    order may depend on the block shape (last-bit differences).
+
+    Args:
+      logits: ``[B, L, V]`` logits, any float dtype.
+      targets: ``[B, L]`` integer token ids in ``[0, V)``.
+      temperature: ``τ``, a finite float > 0.
+      chunk_elements: the cap on logits elements per block (integer ≥ 1).
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or not logits.is_floating_point():
+        got = f"{logits.dtype} {tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ShapeError(f"logits: expected a 3-D float tensor [B, L, V], got {got}", argument="logits")
+    b, length, vocab = logits.shape
+    if (
+        not isinstance(targets, torch.Tensor)
+        or tuple(targets.shape) != (b, length)
+        or targets.dtype not in (torch.int64, torch.int32)
+    ):
+        got = f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, torch.Tensor) else type(targets).__name__
+        raise ShapeError(f"targets: expected an integer tensor [B, L] = [{b}, {length}], got {got}", argument="targets")
+    if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int) or chunk_elements < 1:
+        raise ParameterError(
+            f"chunk_elements: expected an integer >= 1, got {chunk_elements!r}", argument="chunk_elements"
+        )
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature <= 0
+    ):
+        raise ParameterError(f"temperature: expected a finite float > 0, got {temperature!r}", argument="temperature")
+    out = torch.empty(b, length, dtype=torch.float32, device=logits.device)
+    positions = max(1, min(length, chunk_elements // max(1, vocab)))
+    rows = max(1, min(b, chunk_elements // max(1, length * vocab))) if positions == length else 1
+    targets = targets.to(device=logits.device, dtype=torch.int64)
+    for b0 in range(0, b, rows):
+        for i in range(0, length, positions):
+            chunk = logits[b0 : b0 + rows, i : i + positions].float()
+            if temperature != 1.0:
+                chunk = chunk / float(temperature)
+            y = targets[b0 : b0 + rows, i : i + positions].unsqueeze(-1)
+            out[b0 : b0 + rows, i : i + positions] = chunk.gather(-1, y).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
+            del chunk
+    return out
+
+
+def check_ids(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``input_ids`` ``[B, T]`` (integer, ``T >= 2``) and ``attention_mask`` as a bool tensor
+    on the ids' device (or None), or a :class:`~comppo_core.errors.ShapeError` naming the argument."""
+    if (
+        not isinstance(input_ids, torch.Tensor)
+        or input_ids.dim() != 2
+        or input_ids.dtype not in (torch.int64, torch.int32)
+    ):
+        got = (
+            f"{input_ids.dtype} {tuple(input_ids.shape)}"
+            if isinstance(input_ids, torch.Tensor)
+            else type(input_ids).__name__
+        )
+        raise ShapeError(f"input_ids: expected a 2-D integer tensor [B, T], got {got}", argument="input_ids")
+    if input_ids.shape[1] < 2:
+        raise ShapeError(
+            f"input_ids: expected T >= 2 tokens per row (log-probs score tokens 1..T-1), got T={input_ids.shape[1]}",
+            argument="input_ids",
+        )
+    if attention_mask is None:
+        return input_ids, None
+    if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
+        got_mask = (
+            str(tuple(attention_mask.shape))
+            if isinstance(attention_mask, torch.Tensor)
+            else type(attention_mask).__name__
+        )
+        raise ShapeError(
+            f"attention_mask: expected a tensor shaped like input_ids {tuple(input_ids.shape)}, got {got_mask}",
+            argument="attention_mask",
+        )
+    return input_ids, attention_mask.to(device=input_ids.device) != 0
+
+
+def default_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only, as ``generate`` does: ``cumsum(mask) − 1``,
+    clamped at 0 (so a left-padded row's first real token has position 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
+
+
+def scored_columns(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T−1]`` bool: the columns whose query token ``j`` and target token ``j+1`` are
+    both real (``mask[:, :-1] & mask[:, 1:]``); per-token values are 0 outside them."""
+    m = attention_mask.to(torch.bool)
+    return m[:, :-1] & m[:, 1:]
