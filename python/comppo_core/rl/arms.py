@@ -1,7 +1,10 @@
 """The paper's arms: which critic a run trains and which gates its advantages use.
 
-Every arm runs the same step (:mod:`comppo_core.rl.trainer`); an arm only picks the
-critic and the gates:
+Every arm runs the same step (:mod:`comppo_core.rl.step`); an arm is data, two fields:
+its ``critic`` (none, ``"standard"`` or ``"tac"``) and the source of its transport
+``gates``; the step reads them through the properties of :class:`Arm` and decides a
+step's gates once (:func:`comppo_core.rl.step.step_gates`). This table is the one list of
+the arms; the docs link here.
 
 ================  ================  ==========================================================
 arm               critic            advantages
@@ -34,15 +37,22 @@ import dataclasses
 
 from ..errors import ParameterError
 
-__all__ = ["ARMS", "CONTROLS", "Arm", "get_arm"]
+__all__ = ["ARMS", "CONTROLS", "CRITICS", "GATE_SOURCES", "Arm", "get_arm"]
 
 #: The gate sources that are controls of the concentration gates (``cc.controls``).
 CONTROLS = ("constant", "shuffle", "by_position")
 
 
+#: The critics an arm may train (None: no critic).
+CRITICS = ("standard", "tac")
+#: Where an arm's transport gates come from.
+GATE_SOURCES = ("none", "concentration", *CONTROLS)
+
+
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """One arm: its critic (``None``, ``"standard"`` or ``"tac"``) and its gates."""
+    """One arm: its critic (``None``, ``"standard"`` or ``"tac"``) and its gate source
+    (:data:`GATE_SOURCES`)."""
 
     name: str
     critic: str | None
@@ -56,8 +66,14 @@ class Arm:
 
     @property
     def reads_routing(self) -> bool:
-        """Whether a step needs the probe: concentration gates or a TAC's routing features."""
+        """Whether the scoring pass needs the probe: concentration gates or a TAC's routing features."""
         return self.gates != "none" or self.critic == "tac"
+
+    @property
+    def critic_reads_routing(self) -> bool:
+        """Whether the critic reads the actor's taps and routing (TAC), so that the update's
+        forward needs the probe too."""
+        return self.critic == "tac"
 
     @property
     def control(self) -> bool:
@@ -65,6 +81,7 @@ class Arm:
         return self.gates in CONTROLS
 
 
+#: Every arm by name (the ``arm`` setting of :class:`~comppo_core.rl.TrainConfig`).
 ARMS: dict[str, Arm] = {
     a.name: a
     for a in (

@@ -36,9 +36,10 @@ import torch
 from torch import nn
 
 from .. import gating
-from ..errors import OutOfRangeError, ShapeError
+from ..errors import OutOfRangeError, ParameterError, ShapeError
 from ..gate_params import GateParams
-from ..hf.probe import ConcentrationProbe, _check_ids, default_position_ids, token_logprobs
+from ..hf.lm import check_ids, default_position_ids, scored_columns
+from ..hf.scoring import score
 from ..hf.statistics import DEFAULT_QUERY_CHUNK
 from .critic_inputs import CriticInputs
 from .tac import causal_gates
@@ -54,9 +55,10 @@ class ForwardOutput(NamedTuple):
     """What :func:`forward` returns; every per-token field ``[B, T−1]``, float32."""
 
     logprobs: torch.Tensor
-    concentration: torch.Tensor
-    per_layer: torch.Tensor
-    gates: torch.Tensor
+    #: None with ``routing=False`` (no probe ran), as ``per_layer`` and ``gates``
+    concentration: torch.Tensor | None
+    per_layer: torch.Tensor | None
+    gates: torch.Tensor | None
     values: torch.Tensor | None
     #: the gates the critic read (causal unless ``gates`` was given); None without a critic
     critic_gates: torch.Tensor | None
@@ -118,6 +120,7 @@ def forward(
     position_ids: torch.Tensor | None = None,
     method: str = "auto",
     query_chunk: int = DEFAULT_QUERY_CHUNK,
+    routing: bool = True,
 ) -> ForwardOutput:
     """Run the actor once; return log-probs, concentration, gates and values (module docstring).
 
@@ -143,45 +146,61 @@ def forward(
       temperature: ``τ`` of the log-probs (the rollout's sampling temperature; the
         concentration reads attention, which ``τ`` does not touch).
       position_ids: optional ``[B, T]``; default ``cumsum(attention_mask) − 1`` clamped at 0.
+      routing: run the probe (concentration, per-layer statistics, gates). ``False``
+        scores without it, for a step that needs none (no gates and a critic that reads
+        no routing: a :class:`~comppo_core.rl.StandardCritic` or none); ``gates`` is then
+        ignored, and a critic reads gates of 1 and no per-layer features.
 
     Returns:
       :class:`ForwardOutput`; values outside the scored columns are 0.
     """
-    ids, mask = _check_ids(input_ids, attention_mask)
+    ids, mask = check_ids(input_ids, attention_mask)
     if mask is None:
         mask = torch.ones_like(ids, dtype=torch.bool)
     pos = default_position_ids(mask) if position_ids is None else position_ids
-    columns = mask[:, :-1] & mask[:, 1:]
+    columns = scored_columns(mask)
     shape = (ids.shape[0], ids.shape[1] - 1)
     resp = columns if response_mask is None else _column_mask("response_mask", response_mask, shape, columns)
     given = None if gates is None or callable(gates) else _given_gates(gates, shape, ids.device)
     params = GateParams() if gate_params is None else gate_params
     taps: tuple[int, ...] = tuple(getattr(critic, "taps", ())) if critic is not None else ()
+    if taps and not routing:
+        raise ParameterError(
+            f"routing: expected True for a critic that reads the actor's routing ({type(critic).__name__}), got False",
+            argument="routing",
+        )
 
-    grad_mode = torch.enable_grad() if grad else torch.no_grad()
-    probe = ConcentrationProbe(
-        model, statistic, layers, per_layer=True, record_with_grad=grad, method=method, query_chunk=query_chunk
-    )
     recorder = TapRecorder(model, taps)
-    with grad_mode, probe, recorder if taps else contextlib.nullcontext():
-        out = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False)
-        logits = out.logits if hasattr(out, "logits") else out[0]
-        lp = token_logprobs(logits[:, :-1], ids[:, 1:], temperature=temperature)
-        del out, logits
-    conc = torch.where(columns, probe.concentration[:, :-1], 0.0)
-    per = probe.per_layer[:, :-1].masked_fill(~columns.unsqueeze(-1), 0.0)
-    lp = torch.where(columns, lp, torch.zeros_like(lp))
+    with recorder if taps else contextlib.nullcontext():
+        scored = score(
+            model,
+            ids,
+            mask,
+            temperature=temperature,
+            per_layer=routing,
+            statistic=statistic,
+            layers=layers,
+            method=method,
+            query_chunk=query_chunk,
+            grad=grad,
+            position_ids=pos,
+        )
+    lp, conc, per = scored.logprobs, scored.concentration, scored.per_layer
 
-    critic_gates: torch.Tensor | None
-    if callable(gates):
-        own = gating.gates_from_concentration(conc, mask=resp, **params.as_kwargs())
-        given = _given_gates(gates(torch.as_tensor(own, dtype=torch.float32), conc, resp), shape, ids.device)
-    if given is not None:
-        comp_gates = critic_gates = torch.where(resp, given, 1.0)
+    comp_gates: torch.Tensor | None = None
+    critic_gates: torch.Tensor | None = None
+    if conc is None:  # no probe: no routing features; a critic reads gates of 1
+        critic_gates = torch.ones_like(lp)
     else:
-        gates_np_or_tensor = gating.gates_from_concentration(conc, mask=resp, **params.as_kwargs())
-        comp_gates = torch.as_tensor(gates_np_or_tensor, dtype=torch.float32)  # a tensor in gives a tensor out
-        critic_gates = causal_gates(conc, resp, params) if critic is not None else None
+        if callable(gates):
+            own = gating.gates_from_concentration(conc, mask=resp, params=params)
+            given = _given_gates(gates(torch.as_tensor(own, dtype=torch.float32), conc, resp), shape, ids.device)
+        if given is not None:
+            comp_gates = critic_gates = torch.where(resp, given, 1.0)
+        else:
+            gates_np_or_tensor = gating.gates_from_concentration(conc, mask=resp, params=params)
+            comp_gates = torch.as_tensor(gates_np_or_tensor, dtype=torch.float32)  # a tensor in gives a tensor out
+            critic_gates = causal_gates(conc, resp, params) if critic is not None else None
 
     values = None
     if critic is not None:
@@ -192,7 +211,7 @@ def forward(
             position_ids=pos,
             columns=columns,
             response_mask=resp,
-            taps=dict(recorder.hidden),
+            taps=dict(recorder.hidden) if taps else {},
             per_layer=per,
             gates=critic_gates,
         )

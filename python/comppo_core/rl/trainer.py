@@ -1,5 +1,10 @@
 """``train(config)``: PPO for a causal LM with the paper's arms, on one process or under ``torchrun``.
 
+The orchestration of a run: building or resuming it, the rollout, the loop over steps
+and minibatches with the optimisers, evaluation and logging. The maths of a step lives
+in :mod:`comppo_core.rl.step`, what a run is built from in :mod:`comppo_core.rl.build`,
+and checkpoints in :mod:`comppo_core.rl.checkpoint`.
+
 One step, in the shape of TRL's PPO step (names as verl and TRL use them)::
 
     1. rollout      G = group_size samples per prompt with model.generate (temperature, top_p,
@@ -7,16 +12,16 @@ One step, in the shape of TRL's PPO step (names as verl and TRL use them)::
                     draws are uniforms keyed by (seed, step, prompt, sample)
                     (:mod:`comppo_core.rl.sampling`); the task's verifier scores each
                     response; score → rewards at its last token
-    2. score        rl.forward: old log-probs, concentration → gates (a control arm's
-                    control of them), old values: one actor forward;
+    2. score        step.score: old log-probs, concentration → gates (step.step_gates: a
+                    control arm's control of them), old values: one actor forward;
                     the frozen reference's log-probs when a KL is used or logged; every
                     log-prob (old, new, reference) is of logits / temperature, the
                     distribution sampled from, as verl and TRL score
-    3. advantages   KL in the rewards (kl_mode="reward": r_t −= kl_coef·KL_t, TRL);
+    3. advantages   step.rewards_with_kl: KL in the rewards (kl_mode="reward": r_t −= kl_coef·KL_t, TRL);
                     critic arms: cc.gae(rewards, values, gates, γ, λ, λ_critic) → advantages and
                     returns, then cc.masked_whiten; grpo: cc.group_advantages(Σ_t r_t) and
                     cc.broadcast; gates from the arm (concentration, cc.controls, or none)
-    4. update       ppo_epochs × num_minibatches of
+    4. update       ppo_epochs × num_minibatches of step.minibatch_loss:
                        loss = policy_loss + vf_coef·value_loss (+ kl_coef·KL loss, kl_mode="loss")
                     each optimiser clipping its own gradient (max_grad_norm), AdamW with actor_lr
                     and critic_lr; the first critic_warmup steps train the critic alone
@@ -53,12 +58,9 @@ last good checkpoint is left as it was.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import json
 import math
-import os
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,27 +70,29 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import controls, gating
-from ..advantages import gae
-from ..diagnostics import credit_stats
 from ..errors import NonFiniteError, ParameterError
-from ..hf.probe import default_position_ids, token_logprobs
-from ..outcomes import broadcast, group_advantages
-from ..whitening import masked_whiten
-from . import lora, losses
+from ..hf.scoring import score as score_tokens
+from . import checkpoint, lora, step
 from .arms import Arm, get_arm
-from .config import TASKS, TrainConfig
-from .critic_inputs import CriticInputs
+from .build import build_policy, make_critic, make_reference, make_task, sft_warm_start
+from .config import TrainConfig
 from .distributed import Dist, shard_bounds
-from .forward import GatesFromConcentration, forward
-from .jsonl_task import JsonlTask
-from .pretrained import load_policy, load_tokenizer, quiet_transformers
+from .pretrained import load_policy, quiet_transformers
 from .sampling import row_keys, sampling_processors
-from .standard_critic import StandardCritic
-from .tac import TransportAlignedCritic
-from .tasks import AdditionTask, Problem
+from .step import Batch, terminal_rewards
+from .tasks import Problem
 
-__all__ = ["METRIC_KEYS", "Batch", "Rollout", "Trainer", "make_task", "sft_warm_start", "train"]
+__all__ = [
+    "METRIC_KEYS",
+    "Batch",
+    "Rollout",
+    "Trainer",
+    "build_policy",
+    "make_task",
+    "sft_warm_start",
+    "terminal_rewards",
+    "train",
+]
 
 #: The keys of each ``metrics.jsonl`` row (None where a quantity does not apply to the arm or step).
 METRIC_KEYS = (
@@ -123,13 +127,6 @@ METRIC_KEYS = (
     "time_eval_s",
 )
 
-#: Config fields a resumed run may change.
-RESUMABLE_CHANGES = ("steps", "resume", "progress", "save_every", "eval_every", "num_threads", "device")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# data of one step
-
 
 @dataclasses.dataclass
 class Rollout:
@@ -155,36 +152,6 @@ class Rollout:
     responses: list[str]
 
 
-@dataclasses.dataclass
-class Batch:
-    """Phases 2–3: what the PPO update reads, ``[B, T−1]`` per token."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    response_mask: torch.Tensor
-    old_logprobs: torch.Tensor
-    advantages: torch.Tensor
-    old_values: torch.Tensor | None = None
-    returns: torch.Tensor | None = None
-    ref_logprobs: torch.Tensor | None = None
-    #: gates the critic reads in the update (a constant or a control); None: the forward's own
-    critic_gates: torch.Tensor | None = None
-    #: Comp-GAE's gates (1 outside the response); None for the arms without gates
-    gates: torch.Tensor | None = None
-
-    def select(self, index: torch.Tensor) -> Batch:
-        """The rows ``index`` (a minibatch)."""
-        rows: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            rows[f.name] = None if v is None else v[index]
-        return Batch(**rows)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# building blocks
-
-
 def _left_pad(rows: Sequence[Sequence[int]], pad: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, width]`` ids and mask, each row right-aligned (``width``: default the longest row)."""
     width = max(len(r) for r in rows) if width is None else width
@@ -194,100 +161,6 @@ def _left_pad(rows: Sequence[Sequence[int]], pad: int, width: int | None = None)
         ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
         mask[i, width - len(r) :] = True
     return ids, mask
-
-
-def build_policy(config: TrainConfig, vocab_size: int) -> Any:
-    """The built-in policy: a randomly initialised Llama (from torch's global RNG)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=config.model_hidden,
-        intermediate_size=config.model_intermediate,
-        num_hidden_layers=config.model_layers,
-        num_attention_heads=config.model_heads,
-        num_key_value_heads=config.model_kv_heads,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    return LlamaForCausalLM(cfg)
-
-
-def sft_warm_start(
-    model: nn.Module, task: AdditionTask, *, steps: int, batch_size: int, lr: float, rng: np.random.Generator
-) -> list[float]:
-    """Supervised warm start on the task's worked solutions; returns the loss per step.
-
-    Cross-entropy on the response tokens (EOS included) of ``bos + prompt + solution +
-    eos``, right-padded; AdamW (no weight decay), linear warm-up over 50 steps then
-    linear decay to 0, gradients clipped at norm 1. Training problems only."""
-    tok = task.tokenizer
-    device = next(model.parameters()).device
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * max(0.0, 1.0 - s / max(steps, 1)))
-    model.train()
-    out: list[float] = []
-    for _ in range(steps):
-        seqs = [
-            (tok.encode(p.prompt, add_bos=True), tok.encode(p.solution, add_eos=True))
-            for p in task.sample(rng, batch_size)
-        ]
-        width = max(len(a) + len(b) for a, b in seqs)
-        ids = torch.full((batch_size, width), tok.pad_token_id, dtype=torch.long)
-        labels = torch.full((batch_size, width), -100, dtype=torch.long)
-        mask = torch.zeros((batch_size, width), dtype=torch.long)
-        for i, (a, b) in enumerate(seqs):
-            ids[i, : len(a) + len(b)] = torch.tensor(a + b)
-            labels[i, len(a) : len(a) + len(b)] = torch.tensor(b)
-            mask[i, : len(a) + len(b)] = 1
-        loss = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device)).loss
-        if not torch.isfinite(loss):
-            raise NonFiniteError(
-                f"loss: expected a finite SFT loss, got {loss.item()} at warm-start step {len(out)}", argument="loss"
-            )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        out.append(float(loss.detach()))
-    model.eval()
-    return out
-
-
-def terminal_rewards(response_mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-    """``[B, T−1]`` float32 rewards: ``scores[b]`` at row b's last response column, 0 elsewhere
-    (a row without a response column gets its score at column 0, which no mask selects)."""
-    m = response_mask
-    last = (m.long() * torch.arange(m.shape[1], device=m.device)).argmax(-1)
-    rewards = torch.zeros(m.shape, dtype=torch.float32, device=m.device)
-    rewards[torch.arange(m.shape[0], device=m.device), last] = scores.to(device=m.device, dtype=torch.float32)
-    return rewards
-
-
-def _logprobs(model: Any, ids: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``[B, T−1]`` log-probs at ``temperature`` of a plain forward, 0 outside the scored columns."""
-    logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=default_position_ids(mask), use_cache=False)
-    lp = token_logprobs(logits.logits[:, :-1], ids[:, 1:], temperature=temperature)
-    return torch.where(mask[:, :-1] & mask[:, 1:], lp, torch.zeros_like(lp))
-
-
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    m = mask.to(torch.bool)
-    return float(x[m].double().mean()) if bool(m.any()) else math.nan
-
-
-def _explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float | None:
-    """``1 − Var(R − V)/Var(R)`` over the response tokens (population variances); None when
-    Var(R) <= 1e-10 (e.g. a batch without reward, whose returns are 0 up to rounding)."""
-    m = mask.to(torch.bool)
-    r, v = returns[m].double(), values[m].double()
-    var_r = float(r.var(unbiased=False)) if r.numel() else 0.0
-    if var_r <= 1e-10:
-        return None
-    return 1.0 - float((r - v).var(unbiased=False)) / var_r
 
 
 def _finite_or_none(x: Any) -> Any:
@@ -306,26 +179,6 @@ class _Timer:
 
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.perf_counter() - self._t
-
-
-def make_task(config: TrainConfig) -> tuple[Any, Any]:
-    """The run's task and tokenizer: the built-in addition task with its character tokenizer,
-    or (with ``config.model``) the model's tokenizer; a JSONL file with the model's tokenizer."""
-    tokenizer = None if config.model is None else load_tokenizer(config.model, chat_template=config.chat_template)
-    if config.task in TASKS:
-        task: Any = AdditionTask(config.digits, split_seed=config.split_seed, heldout_fraction=config.heldout_fraction)
-        return task, task.tokenizer if tokenizer is None else tokenizer
-    task = JsonlTask(
-        config.task,
-        split_seed=config.split_seed,
-        heldout_fraction=config.heldout_fraction,
-        max_new_tokens=config.max_new_tokens,
-    )
-    return task, tokenizer
-
-
-# ---------------------------------------------------------------------------------------------------------
-# the trainer
 
 
 class Trainer:
@@ -377,6 +230,11 @@ class Trainer:
         local = config.batch_size // self.dist.world_size
         #: this rank's rows of the global batch
         self.rows = slice(self.dist.rank * local, (self.dist.rank + 1) * local)
+        #: the same, with how to gather every rank's rows (the step's batch-wide statistics)
+        self.batch_rows = step.Rows(self.dist.gather_rows, self.rows, self.dist.distributed)
+        self.scoring = step.ScoringSettings.from_config(config)
+        self.advantage_settings = step.AdvantageSettings.from_config(config)
+        self.loss_settings = step.LossSettings.from_config(config, self.max_new_tokens)
         # the run's own torch RNG stream (the update's permutations): swapped in for each step
         # and out after it, so runs in one process do not disturb each other or the caller's RNG
         with torch.random.fork_rng(devices=[]):
@@ -427,19 +285,9 @@ class Trainer:
         # the critic and the RL stream get their own seeds, so every arm of a seed starts
         # its rollouts from the same RNG state (paired comparisons)
         torch.manual_seed(cfg.seed * 1000 + 1)
-        self.critic = self._make_critic(actor)
+        self.critic = make_critic(self.arm, actor, cfg)
         self.dist.broadcast_module(self.critic)
-        self.actor = actor
-        if cfg.lora_rank:
-            self.lora_model = lora.add_adapter(
-                actor,
-                rank=cfg.lora_rank,
-                alpha=cfg.lora_alpha,
-                modules=cfg.lora_target_modules,
-                seed=cfg.seed * 1000 + 4,
-            )
-            self.actor = self.lora_model.get_base_model()
-        self._make_optimizers()
+        self._attach_actor(actor, None)
         torch.manual_seed(cfg.seed * 1000 + 2)
         self.rng = np.random.default_rng([cfg.seed, 2])
 
@@ -453,29 +301,34 @@ class Trainer:
         assert self.out is not None
         return self._load_actor(self.out / "warmstart")
 
+    def _make_reference_needed(self) -> bool:
+        """A frozen copy is kept when a KL is used or logged, except with LoRA (the reference
+        is then the actor with its adapter disabled)."""
+        return self.uses_reference and not self.config.lora_rank
+
     def _make_reference(self, actor: Any) -> Any:
-        if not self.uses_reference or self.config.lora_rank:
-            return None
-        ref = copy.deepcopy(actor).eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
-        return ref
+        return make_reference(actor) if self._make_reference_needed() else None
 
-    def _make_critic(self, actor: Any) -> nn.Module | None:
-        """The arm's critic, sized for (a standard critic: copied from) ``actor`` without an adapter."""
+    def _attach_actor(self, actor: Any, adapter: Path | None) -> None:
+        """Make ``actor`` the policy (with LoRA: inject a new adapter, or load ``adapter``)
+        and build the optimisers: AdamW over the actor's trainable weights (every weight,
+        or the adapter's) and over the critic's."""
         cfg = self.config
-        if self.arm.critic == "tac":
-            return TransportAlignedCritic.for_model(
-                actor, width=cfg.tac_width, temporal=cfg.tac_temporal, trunk_grad=cfg.trunk_grad
+        self.actor = actor
+        if cfg.lora_rank:
+            self.lora_model = (
+                lora.add_adapter(
+                    actor,
+                    rank=cfg.lora_rank,
+                    alpha=cfg.lora_alpha,
+                    modules=cfg.lora_target_modules,
+                    seed=cfg.seed * 1000 + 4,
+                )
+                if adapter is None
+                else lora.load_adapter(actor, adapter)
             )
-        if self.arm.critic == "standard":
-            return StandardCritic.from_actor(actor, generator=torch.Generator().manual_seed(cfg.seed * 1000 + 3))
-        return None
-
-    def _make_optimizers(self) -> None:
-        cfg = self.config
+            self.actor = self.lora_model.get_base_model()
         owner = self.actor if self.lora_model is None else self.lora_model
-        #: what the actor's optimiser trains: every weight, or the adapter's
         self.actor_params = [p for p in owner.parameters() if p.requires_grad]
         self.critic_params = [] if self.critic is None else [p for p in self.critic.parameters() if p.requires_grad]
         self.actor_opt = torch.optim.AdamW(self.actor_params, lr=cfg.actor_lr, weight_decay=cfg.weight_decay)
@@ -493,83 +346,42 @@ class Trainer:
 
     def save_checkpoint(self, next_step: int) -> None:
         """Write ``OUT/checkpoint`` for a run that continues at ``next_step`` (rank 0;
-        atomically: the new one is written beside the old one, then swapped in)."""
+        :func:`comppo_core.rl.checkpoint.save_checkpoint`)."""
         if self.out is None or not self.dist.is_main:
             return
-        final, tmp, old = self.out / "checkpoint", self.out / "checkpoint.tmp", self.out / "checkpoint.old"
-        shutil.rmtree(tmp, ignore_errors=True)
-        with quiet_transformers():
-            (self.actor if self.lora_model is None else self.lora_model).save_pretrained(tmp / "actor")
-        state: dict[str, Any] = {
-            "next_step": next_step,
-            "torch_rng": self.torch_rng,
-            "actor_opt": self.actor_opt.state_dict(),
-        }
-        if self.critic is not None:
-            assert self.critic_opt is not None
-            state["critic"] = self.critic.state_dict()
-            state["critic_opt"] = self.critic_opt.state_dict()
-        torch.save(state, tmp / "state.pt")
-        (tmp / "rng.json").write_text(json.dumps(self.rng.bit_generator.state))
-        (tmp / "config.json").write_text(self.config.to_json())
-        (tmp / "warm_start.json").write_text(json.dumps(self.warm_start))
-        if final.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        checkpoint.save_checkpoint(
+            self.out,
+            next_step=next_step,
+            actor=self.actor if self.lora_model is None else self.lora_model,
+            actor_opt=self.actor_opt,
+            critic=self.critic,
+            critic_opt=self.critic_opt,
+            torch_rng=self.torch_rng,
+            rng=self.rng,
+            config=self.config,
+            warm_start=self.warm_start,
+        )
 
     def _resume(self) -> None:
         assert self.out is not None
         cfg = self.config
-        ckpt = self.out / "checkpoint"
-        if not ckpt.is_dir() and (self.out / "checkpoint.old").is_dir():
-            ckpt = self.out / "checkpoint.old"  # a crash between the two renames of save_checkpoint
-        if not (ckpt / "state.pt").is_file():
-            raise ParameterError(
-                f"resume: expected a checkpoint in {str(self.out / 'checkpoint')!r}, found none", argument="resume"
-            )
-        saved = TrainConfig.from_json((ckpt / "config.json").read_text())
-        diff = [
-            f.name
-            for f in dataclasses.fields(TrainConfig)
-            if f.name not in RESUMABLE_CHANGES and getattr(saved, f.name) != getattr(cfg, f.name)
-        ]
-        if diff:
-            name = diff[0]
-            raise ParameterError(
-                f"{name}: a resumed run must keep the checkpoint's settings (only {', '.join(RESUMABLE_CHANGES)} may "
-                f"change); the checkpoint has {getattr(saved, name)!r}, got {getattr(cfg, name)!r}",
-                argument=name,
-            )
-        self.warm_start = json.loads((ckpt / "warm_start.json").read_text())
+        ckpt = checkpoint.find_checkpoint(self.out)
+        checkpoint.check_resumable(ckpt, cfg)
         base = self._initial_policy().eval() if cfg.lora_rank else self._load_actor(ckpt / "actor").eval()
-        self.reference = (
-            self._make_reference(self._initial_policy()) if self.uses_reference and not cfg.lora_rank else None
-        )
-        self.critic = self._make_critic(base)
-        self.actor = base
-        if cfg.lora_rank:
-            self.lora_model = lora.load_adapter(base, ckpt / "actor")
-            self.actor = self.lora_model.get_base_model()
-        state = torch.load(ckpt / "state.pt", weights_only=True, map_location="cpu")
+        self.reference = self._make_reference(self._initial_policy()) if self._make_reference_needed() else None
+        self.critic = make_critic(self.arm, base, cfg)
+        state, self.rng, self.warm_start = checkpoint.load_state(ckpt)
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
-        self._make_optimizers()
+        self._attach_actor(base, ckpt / "actor" if cfg.lora_rank else None)
         self.actor_opt.load_state_dict(state["actor_opt"])
         if self.critic_opt is not None:
             self.critic_opt.load_state_dict(state["critic_opt"])
-        self.rng = np.random.default_rng()
-        self.rng.bit_generator.state = json.loads((ckpt / "rng.json").read_text())
         torch.set_rng_state(state["torch_rng"])
         self.start_step = int(state["next_step"])
         self.dist.barrier()  # every rank has read the checkpoint before rank 0 rewrites the outputs
         if self.dist.is_main:
-            # metrics.jsonl keeps the rows of the steps before the checkpoint
-            path = self.out / "metrics.jsonl"
-            rows = [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
-            kept = [ln for ln in rows if json.loads(ln)["step"] < self.start_step]
-            path.write_text("".join(ln + "\n" for ln in kept))
+            checkpoint.keep_metrics_before(self.out, self.start_step)  # the rows of the steps before it
             (self.out / "config.json").write_text(cfg.to_json())
 
     # ---- phase 1: rollout
@@ -675,47 +487,7 @@ class Trainer:
         groups = torch.arange(len(problems), device=self.device)
         return self._scored(problems, self.generate(problems, sample=False), groups)
 
-    # ---- phase 2: the scoring pass
-
-    def _policy_forward(
-        self,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        response_mask: torch.Tensor,
-        *,
-        grad: bool,
-        gates: torch.Tensor | GatesFromConcentration | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-        """``(logprobs, values, gates, concentration)`` of the actor (and critic) on a batch.
-
-        Arms that read routing (concentration gates or TAC) run :func:`rl.forward`; the
-        others need neither the probe nor the taps and run a plain forward (their cost is
-        the baseline's own)."""
-        cfg = self.config
-        needs_probe = self.arm.critic == "tac" or (not grad and self.arm.gates != "none")
-        if needs_probe:
-            out = forward(
-                self.actor,
-                ids,
-                mask,
-                critic=self.critic,
-                response_mask=response_mask,
-                statistic=cfg.statistic,
-                gate_params=cfg.gate_params,
-                gates=gates,
-                grad=grad,
-                temperature=cfg.temperature,
-            )
-            return out.logprobs, out.values, out.gates, out.concentration
-        with contextlib.nullcontext() if grad else torch.no_grad():
-            lp = _logprobs(self.actor, ids, mask, cfg.temperature)
-            values = None
-            if self.critic is not None:  # a StandardCritic: its own forward on the ids
-                columns = mask[:, :-1] & mask[:, 1:]
-                pos = default_position_ids(mask)
-                inputs = CriticInputs(ids, mask, pos, columns, response_mask, {}, None, torch.ones_like(lp))
-                values = self.critic(inputs)
-        return lp, values, None, None
+    # ---- phases 2 and 3: scoring and advantages (the maths: comppo_core.rl.step)
 
     @torch.no_grad()
     def reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -728,161 +500,78 @@ class Trainer:
         model = self.actor if self.reference is None else self.reference
         context = lora.adapter_disabled(self.lora_model) if self.reference is None else contextlib.nullcontext()
         with context:
-            return _logprobs(model, ids, mask, self.config.temperature)
+            return score_tokens(model, ids, mask, temperature=self.config.temperature).logprobs
 
-    def _batch_gates(
-        self, gates: torch.Tensor, concentration: torch.Tensor, response_mask: torch.Tensor
-    ) -> torch.Tensor:
-        """The concentration gates as the global batch defines them: with
-        ``gate_normalize="batch"`` the z-score is over every rank's rows (recomputed from the
-        gathered concentration); otherwise each row's own (``gates`` as they are)."""
-        cfg = self.config
-        if cfg.gate_normalize != "batch" or not self.dist.distributed:  # one process: the batch is its rows
-            return gates
-        conc = self.dist.gather_rows(concentration)
-        resp = self.dist.gather_rows(response_mask)
-        g = gating.gates_from_concentration(conc, mask=resp, **cfg.gate_params.as_kwargs())
-        return torch.as_tensor(g).to(torch.float32)[self.rows]
-
-    def _arm_gates(self, r: Rollout, step: int) -> torch.Tensor | GatesFromConcentration | None:
-        """What replaces the concentration gates: None (the arm uses them), a constant gate
-        tensor (``fixed_gate``), or the arm's control as a function of the scoring pass's own
-        concentration gates (:func:`rl.forward` calls it between the actor and the critic,
-        so a control costs no second actor forward), computed over the global batch."""
-        cfg, arm = self.config, self.arm
-        if not arm.control:
-            return None
-        if arm.gates == "constant" and cfg.fixed_gate is not None:
-            return torch.full(r.response_mask.shape, float(cfg.fixed_gate), device=self.device)
-
-        def control(own: torch.Tensor, concentration: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-            g = self.dist.gather_rows(self._batch_gates(own, concentration, response_mask))
-            m = self.dist.gather_rows(response_mask)
-            # the array kernels return tensors for tensors (as_tensor only tells the type checker)
-            if arm.gates == "constant":
-                c = torch.as_tensor(controls.constant(g, mask=m))
-            elif arm.gates == "shuffle":
-                c = torch.as_tensor(controls.shuffle(g, mask=m, seed=cfg.seed * 1_000_003 + step))
-            else:
-                c = torch.as_tensor(controls.by_position(g, mask=m))
-            return c[self.rows]
-
-        return control
-
-    def score(self, r: Rollout, step: int) -> Batch:
+    def score(self, r: Rollout, step_index: int) -> Batch:
         """Phase 2: old log-probs, values and gates (advantages filled in by phase 3)."""
-        override = self._arm_gates(r, step)
-        lp, values, gates, conc = self._policy_forward(
-            r.input_ids, r.attention_mask, r.response_mask, grad=False, gates=override
+        gates = step.step_gates(
+            self.arm,
+            self.scoring,
+            step=step_index,
+            seed=self.config.seed,
+            shape=tuple(r.response_mask.shape),
+            device=self.device,
+            rows=self.batch_rows,
         )
-        if override is None and gates is not None and conc is not None:
-            gates = self._batch_gates(gates, conc, r.response_mask)
-        ref = self.reference_logprobs(r.input_ids, r.attention_mask) if self.uses_reference else None
-        batch = Batch(
+        s = step.score(
+            self.actor,
+            self.critic,
             r.input_ids,
             r.attention_mask,
             r.response_mask,
-            lp,
-            torch.zeros_like(lp),
-            old_values=values,
-            ref_logprobs=ref,
-            # the replacing gates as the scoring pass used them (1 outside the response)
-            critic_gates=None if override is None else gates,
-            gates=None if self.arm.gates == "none" else gates,
+            arm=self.arm,
+            settings=self.scoring,
+            gates=gates,
+            rows=self.batch_rows,
         )
-        return batch
-
-    # ---- phase 3: advantages
+        ref = self.reference_logprobs(r.input_ids, r.attention_mask) if self.uses_reference else None
+        return Batch(
+            r.input_ids,
+            r.attention_mask,
+            r.response_mask,
+            s.logprobs,
+            torch.zeros_like(s.logprobs),
+            old_values=s.values,
+            ref_logprobs=ref,
+            critic_gates=s.critic_gates,
+            gates=s.gates,
+        )
 
     def compute_advantages(self, r: Rollout, batch: Batch) -> dict[str, Any]:
         """Phase 3: rewards (score at the last response token, KL penalty), then the arm's
         advantages (and returns); fills ``batch`` and returns its statistics, all over the
-        global batch (per-row work on this rank's rows, batch-wide statistics on the rows
-        of every rank)."""
-        cfg, dist = self.config, self.dist
-        m = batch.response_mask
-        rewards = terminal_rewards(m, r.scores)
-        kl = None
-        if batch.ref_logprobs is not None:
-            kl = torch.where(m, losses.kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.kl_kind), 0.0)
-            if cfg.kl_mode == "reward" and cfg.kl_coef > 0.0:
-                rewards = rewards - cfg.kl_coef * kl
-        all_m = dist.gather_rows(m)
-        if self.arm.uses_gae:
-            assert batch.old_values is not None
-            # GAE is a recursion along each row: this rank's rows alone
-            result = gae(
-                rewards,
-                batch.old_values,
-                mask=m,
-                gates=batch.gates,
-                gamma=cfg.gamma,
-                lam=cfg.lam,
-                lam_critic=cfg.lam_critic,
-            )
-            adv = torch.as_tensor(result.advantages)  # tensors in, tensors out (as_tensor: for the type checker)
-            all_adv = dist.gather_rows(adv)
-            if cfg.whiten_advantages:
-                all_adv = torch.as_tensor(masked_whiten(all_adv, mask=all_m))
-                adv = all_adv[self.rows]
-            batch.returns = torch.as_tensor(result.returns)
-        else:
-            seq = torch.as_tensor(
-                group_advantages(
-                    dist.gather_rows(rewards.double().sum(-1)), dist.gather_rows(r.groups), method=cfg.group_method
-                )
-            )
-            adv = torch.as_tensor(broadcast(seq[self.rows].float(), mask=m))
-            all_adv = dist.gather_rows(adv)
-        batch.advantages = adv
-        credit = credit_stats(all_adv, mask=all_m)
-        explained = None
-        if batch.returns is not None and batch.old_values is not None:
-            explained = _explained_variance(dist.gather_rows(batch.old_values), dist.gather_rows(batch.returns), all_m)
-        stats: dict[str, Any] = {
-            "kl": None if kl is None else _masked_mean(dist.gather_rows(kl), all_m),
-            "adv_gini": credit["gini"],
-            "adv_effective_token_ratio": credit["effective_token_ratio"],
-            "value_explained_var": explained,
-        }
-        stats.update(gate_mean=None, gate_min=None, gate_max=None)
-        if batch.gates is not None:
-            gv = dist.gather_rows(batch.gates)[all_m]
-            stats.update(gate_mean=float(gv.double().mean()), gate_min=float(gv.min()), gate_max=float(gv.max()))
-        return stats
+        global batch."""
+        rewards, kl = step.rewards_with_kl(
+            batch.response_mask, r.scores, batch.old_logprobs, batch.ref_logprobs, self.advantage_settings
+        )
+        batch.advantages, batch.returns, all_adv = step.compute_advantages(
+            self.arm,
+            rewards,
+            batch.response_mask,
+            values=batch.old_values,
+            gates=batch.gates,
+            groups=r.groups,
+            settings=self.advantage_settings,
+            rows=self.batch_rows,
+        )
+        return step.advantage_statistics(batch, kl, all_adv, self.batch_rows)
 
     # ---- phase 4: the PPO update
 
-    def _shares(self, tokens: torch.Tensor, index: torch.Tensor, mine: torch.Tensor) -> tuple[float, float]:
-        """``(loss share, token share)`` of this rank in a minibatch of global rows ``index``
-        (this rank's: ``mine``): its part of the minibatch's denominator (tokens for
-        token-mean, non-empty rows for the seq-mean modes, 1 for seq-mean-token-sum-norm,
-        whose denominator is the fixed response budget) and of its tokens. Both 1 on one process."""
-        t_all, t_mine = tokens[index], tokens[mine]
-        n_all, n_mine = int(t_all.sum()), int(t_mine.sum())
-        token_share = n_mine / n_all if n_all else 0.0
-        agg = self.config.loss_agg
-        if agg == "token-mean":
-            return token_share, token_share
-        if agg == "seq-mean-token-sum-norm":
-            return 1.0, token_share
-        s_all, s_mine = int((t_all > 0).sum()), int((t_mine > 0).sum())
-        return (s_mine / s_all if s_all else 0.0), token_share
-
-    def update(self, batch: Batch, step: int) -> dict[str, Any]:
+    def update(self, batch: Batch, step_index: int) -> dict[str, Any]:
         """Phase 4: ``ppo_epochs`` × ``num_minibatches`` optimiser steps; mean statistics.
 
         Minibatch k of an epoch is the same set of global rows on every rank (one
         permutation of the global batch, from the run's torch stream); each rank's loss is
-        its rows' share of that minibatch's loss, and the gradients are summed over the
-        ranks (:meth:`Dist.all_reduce_gradients`) before clipping and stepping."""
+        its rows' share of that minibatch's loss (:func:`~comppo_core.rl.step.minibatch_loss`),
+        and the gradients are summed over the ranks (:meth:`Dist.all_reduce_gradients`)
+        before clipping and stepping."""
         cfg, dist = self.config, self.dist
-        train_actor = step >= cfg.critic_warmup
-        kl_loss_on = cfg.kl_mode == "loss" and cfg.kl_coef > 0.0 and train_actor
+        train_actor = step_index >= cfg.critic_warmup
         keys = ["pg_loss", "clipfrac", "approx_kl"]
         if self.critic is not None:
             keys += ["value_loss", "value_clipfrac"]
-        if kl_loss_on:
+        if self.loss_settings.kl_in_loss(train_actor):
             keys.append("kl_loss")
         sums = torch.zeros(len(keys), dtype=torch.float64)
         norm_sums: dict[str, float] = {}
@@ -892,13 +581,10 @@ class Trainer:
         tokens = dist.gather_rows(batch.response_mask.sum(-1)).cpu()  # response tokens of every global row
         n = tokens.shape[0]
         params = self.actor_params + self.critic_params
-        # seq-mean-token-sum-norm divides by verl's response length, the fixed response budget
-        # (the [B, T−1] width would also count the prompt columns and vary with the batch)
-        loss_normalizer = float(self.max_new_tokens) if cfg.loss_agg == "seq-mean-token-sum-norm" else None
         for epoch in range(cfg.ppo_epochs):
             for k, index in enumerate(torch.tensor_split(torch.randperm(n), cfg.num_minibatches)):
                 mine = index[(index >= lo) & (index < lo + n_local)]
-                share, token_share = self._shares(tokens, index, mine)
+                share, token_share = step.loss_shares(tokens, index, mine, cfg.loss_agg)
                 where = f"epoch {epoch}, minibatch {k}"
                 self.actor_opt.zero_grad(set_to_none=True)
                 if self.critic_opt is not None:
@@ -907,51 +593,27 @@ class Trainer:
                 loss: torch.Tensor | None = None
                 if mine.numel():
                     mb = batch.select((mine - lo).to(self.device))
-                    lp, values, _, _ = self._policy_forward(
-                        mb.input_ids, mb.attention_mask, mb.response_mask, grad=True, gates=mb.critic_gates
-                    )
-                    pg_loss, pg = losses.policy_loss(
-                        lp,
-                        mb.old_logprobs,
-                        mb.advantages,
+                    s = step.score(
+                        self.actor,
+                        self.critic,
+                        mb.input_ids,
+                        mb.attention_mask,
                         mb.response_mask,
-                        clip_low=cfg.clip_low,
-                        clip_high=cfg.clip_high,
-                        dual_clip=cfg.dual_clip,
-                        agg=cfg.loss_agg,
-                        normalizer=loss_normalizer,
+                        arm=self.arm,
+                        settings=self.scoring,
+                        grad=True,
+                        gates=mb.critic_gates,
                     )
-                    entries.update(
-                        pg_loss=pg["pg_loss"] * share,
-                        clipfrac=pg["clipfrac"] * token_share,
-                        approx_kl=pg["approx_kl"] * token_share,
+                    loss, got = step.minibatch_loss(
+                        mb,
+                        s.logprobs,
+                        s.values,
+                        self.loss_settings,
+                        train_actor=train_actor,
+                        share=share,
+                        token_share=token_share,
                     )
-                    if train_actor:
-                        loss = pg_loss * share
-                    if kl_loss_on:
-                        assert mb.ref_logprobs is not None and loss is not None
-                        kl_loss = losses.aggregate(
-                            losses.kl_penalty(lp, mb.ref_logprobs, cfg.kl_kind),
-                            mb.response_mask,
-                            cfg.loss_agg,
-                            normalizer=loss_normalizer,
-                        )
-                        loss = loss + cfg.kl_coef * (kl_loss * share)
-                        entries["kl_loss"] = float(kl_loss.detach()) * share
-                    if self.critic is not None:
-                        assert values is not None and mb.old_values is not None and mb.returns is not None
-                        vf_loss, vf = losses.value_loss(
-                            values,
-                            mb.old_values,
-                            mb.returns,
-                            mb.response_mask,
-                            clip=cfg.value_clip,
-                            agg=cfg.loss_agg,
-                            normalizer=loss_normalizer,
-                        )
-                        term = cfg.vf_coef * (vf_loss * share)
-                        loss = term if loss is None else loss + term
-                        entries.update(value_loss=vf["vf_loss"] * share, value_clipfrac=vf["clipfrac"] * token_share)
+                    entries.update(got)
                 value = math.nan if loss is None else float(loss.detach())
                 bad = loss is not None and not math.isfinite(value)
                 if bad and not dist.distributed:
@@ -959,8 +621,8 @@ class Trainer:
                 if loss is not None and not bad:
                     loss.backward()
                 if dist.all_reduce_gradients(params, nonfinite=bad):
-                    got = f"got {value}" if bad else "got a non-finite value on another rank"
-                    raise NonFiniteError(f"loss: expected a finite value, {got} ({where})", argument="loss")
+                    got_what = f"got {value}" if bad else "got a non-finite value on another rank"
+                    raise NonFiniteError(f"loss: expected a finite value, {got_what} ({where})", argument="loss")
                 norms = {}
                 if train_actor:
                     norms["grad_norm_actor"] = float(
@@ -1011,26 +673,26 @@ class Trainer:
 
     # ---- one step and the loop
 
-    def step(self, step: int) -> dict[str, Any]:
+    def step(self, step_index: int) -> dict[str, Any]:
         """One PPO step (rollout → score → advantages → update); its metrics row (over the
         global batch)."""
         cfg, dist = self.config, self.dist
         row: dict[str, Any] = {key: None for key in METRIC_KEYS}
-        row.update(step=step, arm=cfg.arm, seed=cfg.seed)
-        if cfg.eval_every and step % cfg.eval_every == 0:
+        row.update(step=step_index, arm=cfg.arm, seed=cfg.seed)
+        if cfg.eval_every and step_index % cfg.eval_every == 0:
             with _Timer() as t:
                 row["eval_accuracy"] = self.evaluate()
             row["time_eval_s"] = t.seconds
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(self.torch_rng)
             with _Timer() as t_rollout:
-                r = self.rollout(step)
+                r = self.rollout(step_index)
             with _Timer() as t_score:
-                batch = self.score(r, step)
+                batch = self.score(r, step_index)
             with _Timer() as t_adv:
                 row.update(self.compute_advantages(r, batch))
             with _Timer() as t_update:
-                row.update(self.update(batch, step))
+                row.update(self.update(batch, step_index))
             self.torch_rng = torch.get_rng_state()
         m = dist.gather_rows(batch.response_mask)
         scores = dist.gather_rows(r.scores)
@@ -1038,22 +700,13 @@ class Trainer:
             reward_mean=float(scores.double().mean()),
             train_accuracy=float((scores == 1.0).double().mean()),
             response_length=float(m.sum(-1).double().mean()),
-            entropy=-_masked_mean(dist.gather_rows(batch.old_logprobs), m),
+            entropy=-step.masked_mean(dist.gather_rows(batch.old_logprobs), m),
             time_rollout_s=t_rollout.seconds,
             time_score_s=t_score.seconds,
             time_advantages_s=t_adv.seconds,
             time_update_s=t_update.seconds,
         )
         return {key: _finite_or_none(row[key]) for key in METRIC_KEYS}
-
-    def _kept(self) -> str:
-        ckpt = self.checkpoint_dir
-        if ckpt is None:
-            return "no checkpoint is written without out"
-        if not ckpt.is_dir():
-            return "no checkpoint had been written yet"
-        saved = torch.load(ckpt / "state.pt", weights_only=True, map_location="cpu")["next_step"]
-        return f"the last good checkpoint (continuing at step {saved}) is kept at {str(ckpt)!r}"
 
     def train(self) -> dict[str, Any]:
         """Run steps ``start_step … steps − 1``; write the outputs (rank 0); return the summary."""
@@ -1071,7 +724,7 @@ class Trainer:
                     row = self.step(s)
                 except NonFiniteError as exc:
                     raise NonFiniteError(
-                        f"{exc} at step {s}; training stopped, {self._kept()}",
+                        f"{exc} at step {s}; training stopped, {checkpoint.describe_kept(self.out)}",
                         argument=exc.argument,
                         row=exc.row,
                         position=exc.position,

@@ -1,0 +1,127 @@
+"""What a run is built from: its task, the built-in policy and its SFT warm start, the
+critic an arm asks for, and the frozen KL reference.
+
+Every function here is called once per run by :class:`comppo_core.rl.Trainer` (and can be
+called on its own: a test of the step's maths builds a policy and a critic without a
+trainer). Randomness comes from torch's global RNG (model initialisations) and the
+NumPy generator passed in (the SFT batches), so the trainer fixes both.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import NonFiniteError
+from .arms import Arm
+from .config import TASKS, TrainConfig
+from .jsonl_task import JsonlTask
+from .pretrained import load_tokenizer
+from .standard_critic import StandardCritic
+from .tac import TransportAlignedCritic
+from .tasks import AdditionTask
+
+__all__ = ["build_policy", "make_critic", "make_reference", "make_task", "sft_warm_start"]
+
+
+def make_task(config: TrainConfig) -> tuple[Any, Any]:
+    """The run's task and tokenizer: the built-in addition task with its character tokenizer,
+    or (with ``config.model``) the model's tokenizer; a JSONL file with the model's tokenizer."""
+    tokenizer = None if config.model is None else load_tokenizer(config.model, chat_template=config.chat_template)
+    if config.task in TASKS:
+        task: Any = AdditionTask(config.digits, split_seed=config.split_seed, heldout_fraction=config.heldout_fraction)
+        return task, task.tokenizer if tokenizer is None else tokenizer
+    task = JsonlTask(
+        config.task,
+        split_seed=config.split_seed,
+        heldout_fraction=config.heldout_fraction,
+        max_new_tokens=config.max_new_tokens,
+    )
+    return task, tokenizer
+
+
+def build_policy(config: TrainConfig, vocab_size: int) -> Any:
+    """The built-in policy: a randomly initialised Llama (from torch's global RNG)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=config.model_hidden,
+        intermediate_size=config.model_intermediate,
+        num_hidden_layers=config.model_layers,
+        num_attention_heads=config.model_heads,
+        num_key_value_heads=config.model_kv_heads,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def sft_warm_start(
+    model: nn.Module, task: AdditionTask, *, steps: int, batch_size: int, lr: float, rng: np.random.Generator
+) -> list[float]:
+    """Supervised warm start on the task's worked solutions; returns the loss per step.
+
+    Cross-entropy on the response tokens (EOS included) of ``bos + prompt + solution +
+    eos``, right-padded; AdamW (no weight decay), linear warm-up over 50 steps then
+    linear decay to 0, gradients clipped at norm 1. Training problems only."""
+    tok = task.tokenizer
+    device = next(model.parameters()).device
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * max(0.0, 1.0 - s / max(steps, 1)))
+    model.train()
+    out: list[float] = []
+    for _ in range(steps):
+        seqs = [
+            (tok.encode(p.prompt, add_bos=True), tok.encode(p.solution, add_eos=True))
+            for p in task.sample(rng, batch_size)
+        ]
+        width = max(len(a) + len(b) for a, b in seqs)
+        ids = torch.full((batch_size, width), tok.pad_token_id, dtype=torch.long)
+        labels = torch.full((batch_size, width), -100, dtype=torch.long)
+        mask = torch.zeros((batch_size, width), dtype=torch.long)
+        for i, (a, b) in enumerate(seqs):
+            ids[i, : len(a) + len(b)] = torch.tensor(a + b)
+            labels[i, len(a) : len(a) + len(b)] = torch.tensor(b)
+            mask[i, : len(a) + len(b)] = 1
+        loss = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device)).loss
+        if not torch.isfinite(loss):
+            raise NonFiniteError(
+                f"loss: expected a finite SFT loss, got {loss.item()} at warm-start step {len(out)}", argument="loss"
+            )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        out.append(float(loss.detach()))
+    model.eval()
+    return out
+
+
+def make_critic(arm: Arm, actor: Any, config: TrainConfig) -> nn.Module | None:
+    """The arm's critic, sized for ``actor`` (without an adapter): a
+    :class:`~comppo_core.rl.TransportAlignedCritic` (initialised from torch's global RNG),
+    a :class:`~comppo_core.rl.StandardCritic` copied from the actor (its head from a
+    generator seeded ``seed·1000 + 3``), or None."""
+    if arm.critic == "tac":
+        return TransportAlignedCritic.for_model(
+            actor, width=config.tac_width, temporal=config.tac_temporal, trunk_grad=config.trunk_grad
+        )
+    if arm.critic == "standard":
+        return StandardCritic.from_actor(actor, generator=torch.Generator().manual_seed(config.seed * 1000 + 3))
+    return None
+
+
+def make_reference(actor: Any) -> Any:
+    """A frozen copy of ``actor`` (eval mode, no gradients): the KL reference."""
+    ref = copy.deepcopy(actor).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref

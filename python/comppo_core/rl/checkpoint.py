@@ -1,0 +1,140 @@
+"""A run's checkpoint: what :meth:`comppo_core.rl.Trainer.train` writes and ``resume`` reads.
+
+Layout of ``OUT/checkpoint/``::
+
+    actor/            the policy (``save_pretrained``), or with LoRA the adapter alone
+    state.pt          next_step, the torch RNG state of the run's update stream, the
+                      actor's optimiser; the critic and its optimiser when the arm has one
+    rng.json          the NumPy generator's state (the prompts drawn)
+    config.json       the run's TrainConfig
+    warm_start.json   how the policy was warm-started (SFT steps, seconds, final loss)
+
+Written atomically: the new checkpoint is written beside the old one
+(``checkpoint.tmp``), the old one renamed to ``checkpoint.old``, the new one renamed into
+place, then the old one deleted; a crash at any point leaves a complete checkpoint under
+one of the two names, and :func:`find_checkpoint` finds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import ParameterError
+from .config import TrainConfig
+from .pretrained import quiet_transformers
+
+__all__ = [
+    "RESUMABLE_CHANGES",
+    "check_resumable",
+    "describe_kept",
+    "find_checkpoint",
+    "keep_metrics_before",
+    "load_state",
+    "save_checkpoint",
+]
+
+#: Config fields a resumed run may change.
+RESUMABLE_CHANGES = ("steps", "resume", "progress", "save_every", "eval_every", "num_threads", "device")
+
+
+def save_checkpoint(
+    out: Path,
+    *,
+    next_step: int,
+    actor: Any,
+    actor_opt: torch.optim.Optimizer,
+    critic: nn.Module | None,
+    critic_opt: torch.optim.Optimizer | None,
+    torch_rng: torch.Tensor,
+    rng: np.random.Generator,
+    config: TrainConfig,
+    warm_start: dict[str, Any],
+) -> None:
+    """Write ``out/checkpoint`` for a run that continues at ``next_step`` (atomically;
+    ``actor`` is what ``save_pretrained`` writes: the model, or its peft adapter)."""
+    final, tmp, old = out / "checkpoint", out / "checkpoint.tmp", out / "checkpoint.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    with quiet_transformers():
+        actor.save_pretrained(tmp / "actor")
+    state: dict[str, Any] = {"next_step": next_step, "torch_rng": torch_rng, "actor_opt": actor_opt.state_dict()}
+    if critic is not None:
+        assert critic_opt is not None
+        state["critic"] = critic.state_dict()
+        state["critic_opt"] = critic_opt.state_dict()
+    torch.save(state, tmp / "state.pt")
+    (tmp / "rng.json").write_text(json.dumps(rng.bit_generator.state))
+    (tmp / "config.json").write_text(config.to_json())
+    (tmp / "warm_start.json").write_text(json.dumps(warm_start))
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def find_checkpoint(out: Path) -> Path:
+    """The complete checkpoint under ``out`` (``checkpoint``, or ``checkpoint.old`` after a
+    crash between the two renames of :func:`save_checkpoint`), or a ParameterError naming
+    ``resume``."""
+    ckpt = out / "checkpoint"
+    if not ckpt.is_dir() and (out / "checkpoint.old").is_dir():
+        ckpt = out / "checkpoint.old"
+    if not (ckpt / "state.pt").is_file():
+        raise ParameterError(
+            f"resume: expected a checkpoint in {str(out / 'checkpoint')!r}, found none", argument="resume"
+        )
+    return ckpt
+
+
+def check_resumable(ckpt: Path, config: TrainConfig) -> None:
+    """A ParameterError naming the first field of ``config`` that differs from the
+    checkpoint's config, unless it is one of :data:`RESUMABLE_CHANGES`."""
+    saved = TrainConfig.from_json((ckpt / "config.json").read_text())
+    diff = [
+        f.name
+        for f in dataclasses.fields(TrainConfig)
+        if f.name not in RESUMABLE_CHANGES and getattr(saved, f.name) != getattr(config, f.name)
+    ]
+    if diff:
+        name = diff[0]
+        raise ParameterError(
+            f"{name}: a resumed run must keep the checkpoint's settings (only {', '.join(RESUMABLE_CHANGES)} may "
+            f"change); the checkpoint has {getattr(saved, name)!r}, got {getattr(config, name)!r}",
+            argument=name,
+        )
+
+
+def load_state(ckpt: Path) -> tuple[dict[str, Any], np.random.Generator, dict[str, Any]]:
+    """``(state.pt's dict, the NumPy generator, warm_start)`` of a checkpoint."""
+    state = torch.load(ckpt / "state.pt", weights_only=True, map_location="cpu")
+    rng = np.random.default_rng()
+    rng.bit_generator.state = json.loads((ckpt / "rng.json").read_text())
+    return state, rng, json.loads((ckpt / "warm_start.json").read_text())
+
+
+def keep_metrics_before(out: Path, step: int) -> None:
+    """Drop the rows of ``out/metrics.jsonl`` from ``step`` on (a resumed run rewrites them)."""
+    path = out / "metrics.jsonl"
+    rows = [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+    kept = [ln for ln in rows if json.loads(ln)["step"] < step]
+    path.write_text("".join(ln + "\n" for ln in kept))
+
+
+def describe_kept(out: Path | None) -> str:
+    """What a failed run leaves behind, for its error message."""
+    if out is None:
+        return "no checkpoint is written without out"
+    ckpt = out / "checkpoint"
+    if not ckpt.is_dir():
+        return "no checkpoint had been written yet"
+    saved = torch.load(ckpt / "state.pt", weights_only=True, map_location="cpu")["next_step"]
+    return f"the last good checkpoint (continuing at step {saved}) is kept at {str(ckpt)!r}"
