@@ -271,8 +271,10 @@ def score(
 ) -> Scored:
     """Log-probs (at τ), values and the arm's gates of a batch, from one actor forward.
 
-    ``grad=False`` is phase 2 (old log-probs and values; ``gates`` from :func:`step_gates`);
-    ``grad=True`` is the update's forward (``gates``: the batch's ``critic_gates``). The
+    ``grad=False`` is phase 2 (old log-probs and values; ``gates`` from :func:`step_gates`;
+    Comp-GAE's gates as the global batch defines them, a collective under ``rows``);
+    ``grad=True`` is the update's forward on this process's rows alone (``gates``: the
+    batch's ``critic_gates``; the returned gates are then the forward's own). The
     probe runs only when the pass needs routing: the scoring pass of an arm with gates or
     a TAC, the update of a TAC arm; the others score with a plain forward, at the
     baseline's own cost."""
@@ -291,7 +293,7 @@ def score(
         routing=routing,
     )
     comp_gates = out.gates
-    if gates is None and comp_gates is not None and out.concentration is not None:
+    if not grad and gates is None and comp_gates is not None and out.concentration is not None:
         comp_gates = _batch_gates(comp_gates, out.concentration, response_mask, settings.gate_params, rows)
     return Scored(
         logprobs=out.logprobs,

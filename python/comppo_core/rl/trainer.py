@@ -44,13 +44,11 @@ tokenizer and an SFT warm start; ``config.model`` is a local Hugging Face direct
 (:mod:`comppo_core.rl.lora`): the reference is then the model with the adapter disabled,
 and checkpoints hold the adapter.
 
-Outputs under ``config.out``: ``config.json``; ``metrics.jsonl`` (one row per step, keys
-:data:`METRIC_KEYS`); ``summary.json``; ``warmstart/`` (the policy after the SFT warm start,
-also the KL reference; not written for ``config.model``, which is its own); ``checkpoint/``
-(the actor via ``save_pretrained``, the adapter alone with LoRA, the critic's
-and both optimisers' state, the RNG states, the next step), written every ``save_every``
-steps and after the last, atomically (a crash while writing leaves the previous one).
-``config.resume`` continues from it, bit for bit on CPU. A non-finite loss or gradient
+Outputs under ``config.out``: ``config.json``; ``metrics.jsonl`` and ``summary.json``
+(:mod:`comppo_core.rl.metrics`); ``warmstart/`` (the policy after the SFT warm start, also
+the KL reference; not written for ``config.model``, which is its own); ``checkpoint/``
+(:mod:`comppo_core.rl.checkpoint`), written every ``save_every`` steps and after the last,
+atomically. ``config.resume`` continues from it, bit for bit on CPU. A non-finite loss or gradient
 stops the run with a :class:`~comppo_core.errors.NonFiniteError` naming the step, and the
 last good checkpoint is left as it was.
 """
@@ -58,9 +56,7 @@ last good checkpoint is left as it was.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,13 +68,17 @@ from torch import nn
 
 from ..errors import NonFiniteError, ParameterError
 from ..hf.scoring import score as score_tokens
-from . import checkpoint, lora, step
+from . import checkpoint, lora, metrics, step
+from . import rollout as rollouts
 from .arms import Arm, get_arm
 from .build import build_policy, make_critic, make_reference, make_task, sft_warm_start
 from .config import TrainConfig
 from .distributed import Dist, shard_bounds
+from .metrics import METRIC_KEYS, Timer
+from .optimize import Optimizers
 from .pretrained import load_policy, quiet_transformers
-from .sampling import row_keys, sampling_processors
+from .rollout import Rollout
+from .sampling import row_keys
 from .step import Batch, terminal_rewards
 from .tasks import Problem
 
@@ -93,92 +93,6 @@ __all__ = [
     "terminal_rewards",
     "train",
 ]
-
-#: The keys of each ``metrics.jsonl`` row (None where a quantity does not apply to the arm or step).
-METRIC_KEYS = (
-    "step",
-    "arm",
-    "seed",
-    "reward_mean",
-    "train_accuracy",
-    "eval_accuracy",
-    "kl",
-    "kl_loss",
-    "approx_kl",
-    "clipfrac",
-    "pg_loss",
-    "value_loss",
-    "value_clipfrac",
-    "value_explained_var",
-    "gate_mean",
-    "gate_min",
-    "gate_max",
-    "adv_gini",
-    "adv_effective_token_ratio",
-    "response_length",
-    "entropy",
-    "grad_norm_actor",
-    "grad_norm_critic",
-    "actor_updated",
-    "time_rollout_s",
-    "time_score_s",
-    "time_advantages_s",
-    "time_update_s",
-    "time_eval_s",
-)
-
-
-@dataclasses.dataclass
-class Rollout:
-    """Phase 1: sampled responses and their scores.
-
-    Attributes:
-      input_ids: ``[B, T]`` left-padded prompt then response (right-padded after EOS).
-      attention_mask: ``[B, T]`` bool, the real tokens.
-      response_mask: ``[B, T−1]`` bool, the response columns (each token up to the first EOS).
-      groups: ``[B]`` int64, the prompt each sample answers.
-      scores: ``[B]`` float32, the verifier's score.
-      finished: ``[B]`` bool, whether the response stopped at EOS.
-      problems, responses: the problems and the decoded responses (text before EOS).
-    """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    response_mask: torch.Tensor
-    groups: torch.Tensor
-    scores: torch.Tensor
-    finished: torch.Tensor
-    problems: list[Problem]
-    responses: list[str]
-
-
-def _left_pad(rows: Sequence[Sequence[int]], pad: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, width]`` ids and mask, each row right-aligned (``width``: default the longest row)."""
-    width = max(len(r) for r in rows) if width is None else width
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r) :] = True
-    return ids, mask
-
-
-def _finite_or_none(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
-class _Timer:
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def __enter__(self) -> _Timer:  # noqa: PYI034 (typing.Self needs Python 3.11)
-        self._t = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds = time.perf_counter() - self._t
 
 
 class Trainer:
@@ -281,7 +195,7 @@ class Trainer:
                 )
             (self.out / "metrics.jsonl").write_text("")
         self.dist.barrier()
-        self.reference = self._make_reference(actor)
+        self.reference = make_reference(actor) if self._keeps_reference_copy() else None
         # the critic and the RL stream get their own seeds, so every arm of a seed starts
         # its rollouts from the same RNG state (paired comparisons)
         torch.manual_seed(cfg.seed * 1000 + 1)
@@ -301,13 +215,9 @@ class Trainer:
         assert self.out is not None
         return self._load_actor(self.out / "warmstart")
 
-    def _make_reference_needed(self) -> bool:
-        """A frozen copy is kept when a KL is used or logged, except with LoRA (the reference
-        is then the actor with its adapter disabled)."""
+    def _keeps_reference_copy(self) -> bool:
+        """A KL is used or logged, without LoRA (whose reference is the adapter disabled)."""
         return self.uses_reference and not self.config.lora_rank
-
-    def _make_reference(self, actor: Any) -> Any:
-        return make_reference(actor) if self._make_reference_needed() else None
 
     def _attach_actor(self, actor: Any, adapter: Path | None) -> None:
         """Make ``actor`` the policy (with LoRA: inject a new adapter, or load ``adapter``)
@@ -329,14 +239,18 @@ class Trainer:
             )
             self.actor = self.lora_model.get_base_model()
         owner = self.actor if self.lora_model is None else self.lora_model
-        self.actor_params = [p for p in owner.parameters() if p.requires_grad]
-        self.critic_params = [] if self.critic is None else [p for p in self.critic.parameters() if p.requires_grad]
-        self.actor_opt = torch.optim.AdamW(self.actor_params, lr=cfg.actor_lr, weight_decay=cfg.weight_decay)
-        self.critic_opt = (
-            None
-            if self.critic is None
-            else torch.optim.AdamW(self.critic_params, lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
+        self.optim = Optimizers(
+            [p for p in owner.parameters() if p.requires_grad],
+            [] if self.critic is None else [p for p in self.critic.parameters() if p.requires_grad],
+            actor_lr=cfg.actor_lr,
+            critic_lr=cfg.critic_lr,
+            weight_decay=cfg.weight_decay,
+            max_grad_norm=cfg.max_grad_norm,
+            has_critic=self.critic is not None,
         )
+        #: what the actor's optimiser trains (every weight, or the adapter's), and the critic's
+        self.actor_params, self.critic_params = self.optim.actor_params, self.optim.critic_params
+        self.actor_opt, self.critic_opt = self.optim.actor, self.optim.critic
 
     # ---- checkpoints
 
@@ -368,7 +282,7 @@ class Trainer:
         ckpt = checkpoint.find_checkpoint(self.out)
         checkpoint.check_resumable(ckpt, cfg)
         base = self._initial_policy().eval() if cfg.lora_rank else self._load_actor(ckpt / "actor").eval()
-        self.reference = self._make_reference(self._initial_policy()) if self._make_reference_needed() else None
+        self.reference = make_reference(self._initial_policy()) if self._keeps_reference_copy() else None
         self.critic = make_critic(self.arm, base, cfg)
         state, self.rng, self.warm_start = checkpoint.load_state(ckpt)
         if self.critic is not None:
@@ -386,23 +300,6 @@ class Trainer:
 
     # ---- phase 1: rollout
 
-    def _generation_config(self) -> Any:
-        """Greedy decoding; sampling is the inverse-CDF sampler of :mod:`comppo_core.rl.sampling`."""
-        from transformers import GenerationConfig
-
-        tok = self.tokenizer
-        return GenerationConfig(
-            do_sample=False,
-            max_new_tokens=self.max_new_tokens,
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-            bos_token_id=tok.bos_token_id,
-        )
-
-    def _prompt_width(self, problems: Sequence[Problem]) -> int:
-        return max(len(self.tokenizer.encode_prompt(p.prompt)) for p in problems)
-
-    @torch.no_grad()
     def generate(
         self,
         problems: Sequence[Problem],
@@ -410,54 +307,24 @@ class Trainer:
         *,
         keys: torch.Tensor | None = None,
         prompt_width: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
-        """Prompts left-padded to ``prompt_width`` (default: the widest) →
-        ``(ids, attention_mask, prompt_width, in_response)``; the response is each token up to
-        and including the first EOS (``in_response`` ``[B, R]``). ``sample`` draws with the
-        rows' ``keys`` (:func:`~comppo_core.rl.sampling.row_keys`), else greedy."""
-        tok = self.tokenizer
-        prompt_ids, prompt_mask = _left_pad(
-            [tok.encode_prompt(p.prompt) for p in problems], tok.pad_token_id, prompt_width
+    ) -> rollouts.Generated:
+        """:func:`comppo_core.rl.rollout.generate` with this run's actor, tokenizer and sampling settings."""
+        cfg = self.config
+        return rollouts.generate(
+            self.actor,
+            self.tokenizer,
+            problems,
+            max_new_tokens=self.max_new_tokens,
+            device=self.device,
+            sample=sample,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            keys=keys,
+            width=prompt_width,
         )
-        prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
-        width = prompt_ids.shape[1]
-        processors = None
-        if sample:
-            if keys is None:
-                raise ParameterError("keys: expected row keys to sample with, got None", argument="keys")
-            processors = sampling_processors(self.config.temperature, self.config.top_p, keys.to(self.device), width)
-        self.actor.eval()
-        ids = self.actor.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask.long(),
-            generation_config=self._generation_config(),
-            logits_processor=processors,
-        )
-        is_eos = ids[:, width:] == tok.eos_token_id
-        in_response = (is_eos.long().cumsum(-1) - is_eos.long()) == 0
-        return ids, torch.cat([prompt_mask, in_response], dim=1), width, in_response
 
-    def _decode(self, ids: torch.Tensor, width: int, in_response: torch.Tensor) -> tuple[list[str], torch.Tensor]:
-        eos = self.tokenizer.eos_token_id
-        finished = ((ids[:, width:] == eos) & in_response).any(-1)
-        texts = [self.tokenizer.decode(row[m].tolist()) for row, m in zip(ids[:, width:], in_response)]
-        return texts, finished
-
-    def _scored(
-        self,
-        problems: list[Problem],
-        generated: tuple[torch.Tensor, torch.Tensor, int, torch.Tensor],
-        groups: torch.Tensor,
-    ) -> Rollout:
-        """The :class:`Rollout` of :meth:`generate`'s output: decoded, response columns, verifier scores."""
-        ids, mask, width, in_response = generated
-        texts, finished = self._decode(ids, width, in_response)
-        response_mask = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=self.device)
-        response_mask[:, width - 1 :] = in_response
-        scores = torch.tensor(
-            self.task.scores(problems, texts, finished.tolist()), dtype=torch.float32, device=self.device
-        )
-        return Rollout(ids, mask, response_mask, groups, scores, finished, problems, texts)
+    def _prompt_width(self, problems: Sequence[Problem]) -> int:
+        return rollouts.prompt_width(self.tokenizer, problems)
 
     def rollout(self, step: int = 0) -> Rollout:
         """Phase 1: ``prompts_per_step`` training problems (this rank's share), ``group_size``
@@ -467,25 +334,18 @@ class Trainer:
         lo, hi = shard_bounds(cfg.prompts_per_step, self.dist.rank, self.dist.world_size)
         problems = [p for p in prompts[lo:hi] for _ in range(cfg.group_size)]
         keys = row_keys(cfg.seed, step, [(i, g) for i in range(lo, hi) for g in range(cfg.group_size)])
-        ids, mask, width, in_response = self.generate(
-            problems, sample=True, keys=keys, prompt_width=self._prompt_width(prompts)
-        )
+        generated = self.generate(problems, sample=True, keys=keys, prompt_width=self._prompt_width(prompts))
         # right-pad to the longest response of the global batch: the one-process layout
-        total = self.dist.max_int(ids.shape[1])
-        if total > ids.shape[1]:
-            extra = total - ids.shape[1]
-            ids = torch.cat([ids, ids.new_full((ids.shape[0], extra), self.tokenizer.pad_token_id)], dim=1)
-            mask = torch.cat([mask, mask.new_zeros((mask.shape[0], extra))], dim=1)
-            in_response = torch.cat([in_response, in_response.new_zeros((in_response.shape[0], extra))], dim=1)
+        generated = rollouts.pad_right(generated, self.dist.max_int(generated[0].shape[1]), self.tokenizer.pad_token_id)
         groups = torch.arange(lo, hi, device=self.device).repeat_interleave(cfg.group_size)
-        return self._scored(problems, (ids, mask, width, in_response), groups)
+        return rollouts.scored(self.task, self.tokenizer, problems, generated, groups)
 
     def answer(self, problems: Sequence[Problem]) -> Rollout:
         """Greedy responses to ``problems`` (one each, this process alone), scored by the
         task's verifier, as a :class:`Rollout` whose ``groups`` are the row indices."""
         problems = list(problems)
         groups = torch.arange(len(problems), device=self.device)
-        return self._scored(problems, self.generate(problems, sample=False), groups)
+        return rollouts.scored(self.task, self.tokenizer, problems, self.generate(problems, sample=False), groups)
 
     # ---- phases 2 and 3: scoring and advantages (the maths: comppo_core.rl.step)
 
@@ -502,6 +362,11 @@ class Trainer:
         with context:
             return score_tokens(model, ids, mask, temperature=self.config.temperature).logprobs
 
+    def _score(self, b: Rollout | Batch, *, grad: bool, gates: Any) -> step.Scored:
+        """:func:`comppo_core.rl.step.score` of this run's actor and critic on ``b``'s rows."""
+        args = (self.actor, self.critic, b.input_ids, b.attention_mask, b.response_mask)
+        return step.score(*args, arm=self.arm, settings=self.scoring, grad=grad, gates=gates, rows=self.batch_rows)
+
     def score(self, r: Rollout, step_index: int) -> Batch:
         """Phase 2: old log-probs, values and gates (advantages filled in by phase 3)."""
         gates = step.step_gates(
@@ -513,17 +378,7 @@ class Trainer:
             device=self.device,
             rows=self.batch_rows,
         )
-        s = step.score(
-            self.actor,
-            self.critic,
-            r.input_ids,
-            r.attention_mask,
-            r.response_mask,
-            arm=self.arm,
-            settings=self.scoring,
-            gates=gates,
-            rows=self.batch_rows,
-        )
+        s = self._score(r, grad=False, gates=gates)
         ref = self.reference_logprobs(r.input_ids, r.attention_mask) if self.uses_reference else None
         return Batch(
             r.input_ids,
@@ -580,30 +435,16 @@ class Trainer:
         lo = self.rows.start
         tokens = dist.gather_rows(batch.response_mask.sum(-1)).cpu()  # response tokens of every global row
         n = tokens.shape[0]
-        params = self.actor_params + self.critic_params
         for epoch in range(cfg.ppo_epochs):
             for k, index in enumerate(torch.tensor_split(torch.randperm(n), cfg.num_minibatches)):
                 mine = index[(index >= lo) & (index < lo + n_local)]
                 share, token_share = step.loss_shares(tokens, index, mine, cfg.loss_agg)
-                where = f"epoch {epoch}, minibatch {k}"
-                self.actor_opt.zero_grad(set_to_none=True)
-                if self.critic_opt is not None:
-                    self.critic_opt.zero_grad(set_to_none=True)
+                self.optim.zero_grad()
                 entries = dict.fromkeys(keys, 0.0)
                 loss: torch.Tensor | None = None
                 if mine.numel():
                     mb = batch.select((mine - lo).to(self.device))
-                    s = step.score(
-                        self.actor,
-                        self.critic,
-                        mb.input_ids,
-                        mb.attention_mask,
-                        mb.response_mask,
-                        arm=self.arm,
-                        settings=self.scoring,
-                        grad=True,
-                        gates=mb.critic_gates,
-                    )
+                    s = self._score(mb, grad=True, gates=mb.critic_gates)
                     loss, got = step.minibatch_loss(
                         mb,
                         s.logprobs,
@@ -614,34 +455,7 @@ class Trainer:
                         token_share=token_share,
                     )
                     entries.update(got)
-                value = math.nan if loss is None else float(loss.detach())
-                bad = loss is not None and not math.isfinite(value)
-                if bad and not dist.distributed:
-                    raise NonFiniteError(f"loss: expected a finite value, got {value} ({where})", argument="loss")
-                if loss is not None and not bad:
-                    loss.backward()
-                if dist.all_reduce_gradients(params, nonfinite=bad):
-                    got_what = f"got {value}" if bad else "got a non-finite value on another rank"
-                    raise NonFiniteError(f"loss: expected a finite value, {got_what} ({where})", argument="loss")
-                norms = {}
-                if train_actor:
-                    norms["grad_norm_actor"] = float(
-                        torch.nn.utils.clip_grad_norm_(self.actor_params, cfg.max_grad_norm)
-                    )
-                if self.critic is not None:
-                    norms["grad_norm_critic"] = float(
-                        torch.nn.utils.clip_grad_norm_(self.critic_params, cfg.max_grad_norm)
-                    )
-                for name, norm in norms.items():
-                    if not math.isfinite(norm):
-                        raise NonFiniteError(
-                            f"gradient: expected a finite norm of the {name[10:]}'s gradient, got {norm} ({where})",
-                            argument="gradient",
-                        )
-                if train_actor:
-                    self.actor_opt.step()
-                if self.critic_opt is not None:
-                    self.critic_opt.step()
+                norms = self.optim.step(loss, dist=dist, train_actor=train_actor, where=f"epoch {epoch}, minibatch {k}")
                 sums += torch.tensor([entries[key] for key in keys], dtype=torch.float64)
                 for name, norm in norms.items():
                     norm_sums[name] = norm_sums.get(name, 0.0) + norm
@@ -666,7 +480,7 @@ class Trainer:
             ids, _, width, in_response = self.generate(
                 problems[lo:hi], sample=False, prompt_width=self._prompt_width(problems)
             )
-            texts, finished = self._decode(ids, width, in_response)
+            texts, finished = rollouts.decode(self.tokenizer, ids, width, in_response)
             correct = float(np.sum(self.task.scores(problems[lo:hi], texts, finished.tolist())))
         total = self.dist.sum(torch.tensor([correct], dtype=torch.float64))
         return float(total.item()) / len(problems)
@@ -680,18 +494,18 @@ class Trainer:
         row: dict[str, Any] = {key: None for key in METRIC_KEYS}
         row.update(step=step_index, arm=cfg.arm, seed=cfg.seed)
         if cfg.eval_every and step_index % cfg.eval_every == 0:
-            with _Timer() as t:
+            with Timer() as t:
                 row["eval_accuracy"] = self.evaluate()
             row["time_eval_s"] = t.seconds
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(self.torch_rng)
-            with _Timer() as t_rollout:
+            with Timer() as t_rollout:
                 r = self.rollout(step_index)
-            with _Timer() as t_score:
+            with Timer() as t_score:
                 batch = self.score(r, step_index)
-            with _Timer() as t_adv:
+            with Timer() as t_adv:
                 row.update(self.compute_advantages(r, batch))
-            with _Timer() as t_update:
+            with Timer() as t_update:
                 row.update(self.update(batch, step_index))
             self.torch_rng = torch.get_rng_state()
         m = dist.gather_rows(batch.response_mask)
@@ -706,7 +520,7 @@ class Trainer:
             time_advantages_s=t_adv.seconds,
             time_update_s=t_update.seconds,
         )
-        return {key: _finite_or_none(row[key]) for key in METRIC_KEYS}
+        return metrics.finite_row(row)
 
     def train(self) -> dict[str, Any]:
         """Run steps ``start_step … steps − 1``; write the outputs (rank 0); return the summary."""
@@ -732,8 +546,7 @@ class Trainer:
                     ) from exc
                 rows.append(row)
                 if self.out is not None and main:
-                    with open(self.out / "metrics.jsonl", "a") as fh:
-                        fh.write(json.dumps(row) + "\n")
+                    metrics.append_row(self.out, row)
                 postfix = {"reward": f"{row['reward_mean']:.3f}"}
                 if row["eval_accuracy"] is not None:
                     postfix["eval"] = f"{row['eval_accuracy']:.3f}"
@@ -752,34 +565,17 @@ class Trainer:
 
     def _summary(self, rows: list[dict[str, Any]], final_eval: float | None) -> dict[str, Any]:
         cfg = self.config
-        history: list[dict[str, Any]] = rows
-        if self.out is not None and self.dist.is_main:
-            text = (self.out / "metrics.jsonl").read_text()
-            history = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
-        evals = [[h["step"], h["eval_accuracy"]] for h in history if h["eval_accuracy"] is not None]
-        if final_eval is not None:
-            evals.append([max(cfg.steps, self.start_step), final_eval])
-        phases = ("time_rollout_s", "time_score_s", "time_advantages_s", "time_update_s")
-        summary = {
-            "arm": cfg.arm,
-            "seed": cfg.seed,
-            "steps": cfg.steps,
-            "initial_eval_accuracy": evals[0][1] if evals and evals[0][0] == 0 else None,
-            "final_eval_accuracy": final_eval,
-            "eval": evals,
-            "final_reward_mean": history[-1]["reward_mean"] if history else None,
-            "mean_step_s": {p: float(np.mean([h[p] for h in rows])) if rows else None for p in phases},
-            "parameters": {
-                "actor": sum(p.numel() for p in self.actor.parameters()),
-                "actor_trainable": sum(p.numel() for p in self.actor_params),
-                "critic": 0 if self.critic is None else sum(p.numel() for p in self.critic.parameters()),
-            },
-            "world_size": self.dist.world_size,
-            "warm_start": self.warm_start,
+        parameters = {
+            "actor": sum(p.numel() for p in self.actor.parameters()),
+            "actor_trainable": sum(p.numel() for p in self.actor_params),
+            "critic": 0 if self.critic is None else sum(p.numel() for p in self.critic.parameters()),
         }
-        if self.out is not None and self.dist.is_main:
-            (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-        return summary
+        run = {"arm": cfg.arm, "seed": cfg.seed, "steps": cfg.steps, "parameters": parameters}
+        run.update(world_size=self.dist.world_size, warm_start=self.warm_start)
+        out = self.out if self.dist.is_main else None
+        return metrics.summarize(
+            rows, out=out, final_step=max(cfg.steps, self.start_step), final_eval=final_eval, run=run
+        )
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
