@@ -58,7 +58,38 @@ _WHERE = {
     "trainer": ".trainer",
 }
 
-__all__ = sorted(_WHERE, key=lambda name: (not name.isupper(), not name[0].isupper(), name))
+__all__ = [
+    "ARMS",
+    "TEMPORAL_MIXERS",
+    "Arm",
+    "CriticInputs",
+    "ForwardOutput",
+    "GateParams",
+    "StandardCritic",
+    "TapRecorder",
+    "TrainConfig",
+    "Trainer",
+    "TransportAlignedCritic",
+    "aggregate",
+    "arms",
+    "causal_gates",
+    "decoder_layers",
+    "default_taps",
+    "forward",
+    "kl_penalty",
+    "losses",
+    "parameter_count",
+    "policy_loss",
+    "running_zscore",
+    "step",
+    "tasks",
+    "train",
+    "trainer",
+    "value_loss",
+]
+
+
+assert set(__all__) == set(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
