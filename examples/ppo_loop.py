@@ -4,7 +4,8 @@ Where comppo-core enters a PPO loop you already have:
 
 1. sample responses and score them (your rollout code; a toy verifier here);
 2. the scoring forward pass, with the probe: log-probs and attention concentration,
-   aligned column for column (``hf.logprobs_and_concentration``);
+   aligned column for column (``hf.score``, the same forward the update runs with
+   gradients);
 3. gates from the concentration, then Comp-GAE advantages and the critic's λ-returns
    (``cc.gates_from_concentration``, ``cc.gae``), or verl's function as a drop-in;
 4. the PPO update, unchanged.
@@ -58,7 +59,8 @@ attention_mask = torch.cat([prompt_mask, in_response.long()], dim=1)
 scores = torch.tensor([1.0 if (r[m] == 7).any() else -1.0 for r, m in zip(response, in_response)])
 
 # ---- 2. scoring pass: [B, T-1] columns, column j scores token ids[:, j+1] from position j
-old_logprobs, conc = hf.logprobs_and_concentration(policy, ids, attention_mask)
+scored = hf.score(policy, ids, attention_mask, concentration=True)  # no grad by default
+old_logprobs, conc = scored.logprobs, scored.concentration
 position_ids = hf.default_position_ids(attention_mask)
 
 
@@ -77,7 +79,7 @@ rewards = torch.zeros_like(values)
 rewards[torch.arange(len(scores)), last] = scores  # the outcome on the last token
 
 # ---- 3. CompPO's advantages: gates from the concentration, then Comp-GAE
-gates = cc.gates_from_concentration(conc, mask=cols, low=0.5, high=1.0)
+gates = cc.gates_from_concentration(conc, mask=cols, params=cc.GateParams(low=0.5, high=1.0))
 adv, returns = cc.gae(rewards, values, mask=cols, gates=gates, gamma=1.0, lam=0.95, lam_critic=1.0)
 adv = cc.masked_whiten(adv, mask=cols)  # as verl does for the actor
 print("credit:", {k: round(v, 3) for k, v in cc.credit_stats(adv, mask=cols).items()})
@@ -89,8 +91,7 @@ assert torch.allclose(adv_verl[cols], adv[cols], atol=1e-5)
 # ---- 4. the PPO update (clipped policy loss, squared value loss), two epochs
 n = cols.sum()
 for epoch in range(2):
-    logits = policy(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids).logits[:, :-1]
-    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    logprobs = hf.score(policy, ids, attention_mask, grad=True).logprobs  # the same columns, with gradients
     ratio = torch.exp(logprobs - old_logprobs)
     policy_loss = -(torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv) * cols).sum() / n
     value_loss = ((critic_values() - returns) ** 2 * cols).sum() / n

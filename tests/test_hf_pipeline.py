@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import comppo_core as cc  # noqa: E402
-from comppo_core import hf, reference  # noqa: E402
+from comppo_core import GateParams, hf, reference  # noqa: E402
 from comppo_core.errors import ComppoError, MaskedRewardError, ParameterError, ShapeError  # noqa: E402
 
 VOCAB = 64
@@ -44,18 +44,19 @@ def data() -> dict[str, Any]:
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(3, VOCAB, (B, T), generator=g)
     am = torch.ones(B, T, dtype=torch.long)
-    rm = torch.zeros(B, T, dtype=torch.long)
+    tm = torch.zeros(B, T, dtype=torch.long)  # the response tokens
     prompt_start = [0, 2, 4, 1]  # left padding before the prompt
     response_start = [6, 7, 8, 6]
     response_end = [20, 15, 18, 9]  # exclusive; right padding after
     for b in range(B):
         am[b, : prompt_start[b]] = 0
         am[b, response_end[b] :] = 0
-        rm[b, response_start[b] : response_end[b]] = 1
+        tm[b, response_start[b] : response_end[b]] = 1
     ids = torch.where(am.bool(), ids, torch.full_like(ids, 2))
     scores = torch.tensor([1.0, -1.0, 0.5, -0.25])
     values = torch.randn(B, T, generator=g) * 0.3 * am  # the critic's output at each position
-    return dict(ids=ids, am=am, rm=rm, scores=scores, values=values, ends=response_end, starts=response_start)
+    rm = tm[:, 1:]  # the response columns [B, T-1]: column j is token j+1
+    return dict(ids=ids, am=am, tm=tm, rm=rm, scores=scores, values=values, ends=response_end, starts=response_start)
 
 
 def run(model: Any, data: dict[str, Any], **kw: Any) -> hf.CompPOBatch:
@@ -95,9 +96,9 @@ def test_shapes_mask_and_rewards(model: Any, data: dict[str, Any]) -> None:
 
 
 def test_gates_and_advantages_follow_the_library(model: Any, data: dict[str, Any]) -> None:
-    out = run(model, data, values=data["values"], low=0.5, high=1.0, sharpness=2.0)
+    out = run(model, data, values=data["values"], gate_params=GateParams(low=0.5, high=1.0, sharpness=2.0))
     m = out.mask
-    gates = cc.gates_from_concentration(out.concentration, mask=m, low=0.5, high=1.0, sharpness=2.0)
+    gates = cc.gates_from_concentration(out.concentration, mask=m, params=GateParams(low=0.5, high=1.0, sharpness=2.0))
     assert torch.equal(out.gates, gates)
     assert torch.all(out.gates[~m] == 1) and torch.all((out.gates[m] >= 0.5) & (out.gates[m] <= 1.0))
     assert out.gates[m].std() > 0.05  # concentration-driven gates vary
@@ -115,28 +116,30 @@ def test_gates_and_advantages_follow_the_library(model: Any, data: dict[str, Any
 
 
 def test_unit_gate_is_gae(model: Any, data: dict[str, Any]) -> None:
-    out = run(model, data, values=data["values"], low=1.0, high=1.0)
+    out = run(model, data, values=data["values"], gate_params=GateParams.constant(1.0))
     assert torch.all(out.gates == 1)
     assert torch.equal(out.advantages, out.gae_advantages) and torch.equal(out.returns, out.gae_returns)
 
 
 def test_constant_gate_is_discounted_gae(model: Any, data: dict[str, Any]) -> None:
-    out = run(model, data, values=data["values"], low=0.8, high=0.8)
+    out = run(model, data, values=data["values"], gate_params=GateParams.constant(0.8))
     plain = cc.gae(out.rewards, out.values, mask=out.mask, gamma=0.99 * 0.8, lam=0.95)
     assert torch.allclose(out.advantages, plain.advantages, atol=1e-6)
 
 
 def test_controls(model: Any, data: dict[str, Any]) -> None:
-    base = run(model, data, low=0.5)
+    base = run(model, data, gate_params=GateParams(low=0.5))
     m = base.mask
-    shuffled = run(model, data, low=0.5, control="shuffle", seed=3)
+    shuffled = run(model, data, gate_params=GateParams(low=0.5), control="shuffle", seed=3)
     assert torch.equal(shuffled.gates, cc.controls.shuffle(base.gates, mask=m, seed=3))
     for b in range(B):  # same multiset per row, new order
         assert torch.equal(torch.sort(shuffled.gates[b][m[b]]).values, torch.sort(base.gates[b][m[b]]).values)
     assert not torch.equal(shuffled.gates, base.gates)
-    assert not torch.equal(run(model, data, low=0.5, control="shuffle", seed=4).gates, shuffled.gates)
+    assert not torch.equal(
+        run(model, data, gate_params=GateParams(low=0.5), control="shuffle", seed=4).gates, shuffled.gates
+    )
 
-    by_pos = run(model, data, low=0.5, control="by_position")
+    by_pos = run(model, data, gate_params=GateParams(low=0.5), control="by_position")
     k = torch.cumsum(m.long(), dim=1) - 1  # valid-position index of each response token
     for idx in range(int(k.max()) + 1):
         sel = m & (k == idx)
@@ -144,7 +147,7 @@ def test_controls(model: Any, data: dict[str, Any]) -> None:
             by_pos.gates[sel], base.gates[sel].double().mean().float().expand(int(sel.sum())), atol=1e-6
         )
 
-    const = run(model, data, low=0.5, control="constant")
+    const = run(model, data, gate_params=GateParams(low=0.5), control="constant")
     assert torch.allclose(const.gates[m], base.gates[m].double().mean().float().expand(int(m.sum())), atol=1e-6)
     for out in (shuffled, by_pos, const):
         assert torch.all(out.gates[~m] == 1)
@@ -155,8 +158,8 @@ def test_controls(model: Any, data: dict[str, Any]) -> None:
 
 
 def test_invert_and_statistic_options(model: Any, data: dict[str, Any]) -> None:
-    base = run(model, data, low=0.2)
-    inv = run(model, data, low=0.2, invert=True)
+    base = run(model, data, gate_params=GateParams(low=0.2))
+    inv = run(model, data, gate_params=GateParams(low=0.2, invert=True))
     m = base.mask
     # inverting the z-score mirrors each gate about the midpoint (low + high)/2
     assert torch.allclose(inv.gates[m] + base.gates[m], torch.full_like(base.gates[m], 1.2), atol=1e-6)
@@ -175,7 +178,7 @@ def test_reward_layouts(model: Any, data: dict[str, Any]) -> None:
     assert torch.equal(per_token.advantages, per_seq.advantages)
     assert torch.equal(per_col.advantages, per_seq.advantages)
     # dense per-token rewards
-    dense = torch.rand(B, T) * data["rm"]
+    dense = torch.rand(B, T) * data["tm"]
     out = run(model, data, rewards=dense)
     assert torch.equal(out.rewards, dense[:, 1:])
 
@@ -202,16 +205,17 @@ def test_errors(model: Any, data: dict[str, Any]) -> None:
     empty[2] = 0
     with pytest.raises(MaskedRewardError, match="rewards: row 2 has outcome 0.5 but no response token"):
         hf.comp_gae_batch(model, data["ids"], data["am"], empty, data["scores"])
-    first = data["rm"].clone()
-    first[0, 0] = 1
-    with pytest.raises(ShapeError, match=r"response_mask: token 0 cannot be a response token"):
-        hf.comp_gae_batch(model, data["ids"], data["am"], first, data["scores"])
-    with pytest.raises(ShapeError, match="response_mask: expected a tensor shaped like input_ids"):
-        hf.comp_gae_batch(model, data["ids"], data["am"], data["rm"][:, 1:], data["scores"])
+    # a token mask [B, T] (the convention before 0.2) is refused, saying how to convert it
+    with pytest.raises(
+        ShapeError, match=r"response_mask: expected a tensor \[B, T−1\] = \[4, 19\] of response columns"
+    ):
+        hf.comp_gae_batch(model, data["ids"], data["am"], data["tm"], data["scores"])
     with pytest.raises(ComppoError, match="gamma"):
         hf.comp_gae_batch(model, data["ids"], data["am"], data["rm"], data["scores"], gamma=1.5)
     with pytest.raises(ComppoError, match="low"):
-        hf.comp_gae_batch(model, data["ids"], data["am"], data["rm"], data["scores"], low=0.9, high=0.5)
+        hf.comp_gae_batch(
+            model, data["ids"], data["am"], data["rm"], data["scores"], gate_params=GateParams(low=0.9, high=0.5)
+        )
 
 
 def test_row_without_response_and_zero_outcome(model: Any, data: dict[str, Any]) -> None:

@@ -2,14 +2,15 @@
 
 :func:`comp_gae_batch` runs, for a batch of prompt+response sequences::
 
-    logprobs, c  = logprobs_and_concentration(model, input_ids, attention_mask)   [B, T−1]
-    m            = response_mask[:, 1:] ∧ attention_mask[:, 1:] ∧ attention_mask[:, :-1]
+    logprobs, c  = score(model, input_ids, attention_mask, concentration=True)   [B, T−1]
+    m            = response_mask ∧ attention_mask[:, 1:] ∧ attention_mask[:, :-1]  [B, T−1]
     g            = gates_from_concentration(c, mask=m, params=gate_params)   (GateParams)
     g            = control(g)          "none" | "shuffle" | "by_position" | "constant"
     A, R         = gae(r, V, mask=m, gates=g, γ, λ)                 Comp-GAE
     A⁰, R⁰       = gae(r, V, mask=m, γ, λ)                          plain GAE, for comparison
 
-Every per-token array is in *column* coordinates ``[B, T−1]``: column j is token
+Every per-token array is in *column* coordinates ``[B, T−1]``, the ``response_mask``
+included (the convention of :mod:`comppo_core.rl`): column j is token
 ``input_ids[:, j+1]``, scored by the logits of query position j, whose attention gives
 its concentration (so the gate of a token comes from the position that generated it).
 
@@ -44,9 +45,10 @@ import torch
 from .. import controls as _controls
 from ..advantages import gae
 from ..errors import MaskedRewardError, ParameterError, ShapeError, location
-from ..gate_params import GateParams, from_keywords
+from ..gate_params import GateParams
 from ..gating import gates_from_concentration
-from .probe import _check_ids, logprobs_and_concentration
+from .lm import check_ids
+from .scoring import score
 from .statistics import DEFAULT_QUERY_CHUNK
 
 __all__ = ["CONTROLS", "CompPOBatch", "comp_gae_batch"]
@@ -170,13 +172,6 @@ def comp_gae_batch(
     last_values: Any = None,
     statistic: str = "entropy",
     layers: None | int | slice | Iterable[int] = None,
-    low: float = 0.9,
-    high: float = 1.0,
-    sharpness: float = 1.0,
-    normalize: str = "sequence",
-    center: float = 0.0,
-    scale: float = 1.0,
-    invert: bool = False,
     gate_params: GateParams | None = None,
     control: str = "none",
     seed: int = 0,
@@ -192,8 +187,9 @@ def comp_gae_batch(
       model: a causal LM supported by :class:`~comppo_core.hf.ConcentrationProbe`.
       input_ids: ``[B, T]`` prompt + response token ids.
       attention_mask: ``[B, T]`` (nonzero = real token) or ``None``.
-      response_mask: ``[B, T]``, nonzero on the response tokens (the policy's actions);
-        token 0 cannot be one (nothing scores it).
+      response_mask: ``[B, T−1]`` response columns, nonzero where column j's token
+        ``input_ids[:, j+1]`` is a response token (the policy's actions); from a token mask
+        ``m`` ``[B, T]``, ``m[:, 1:]``.
       rewards: ``[B]`` outcome per sequence, placed on the last response token; or
         per-token ``[B, T]`` (``rewards[b, t]`` is the reward of token t; column j gets
         ``rewards[:, j+1]``, so a reward on token 0 is an error) or ``[B, T−1]`` (columns).
@@ -211,11 +207,9 @@ def comp_gae_batch(
       gamma, lam, lam_critic, masked_rewards: as :func:`comppo_core.gae`.
       statistic, layers, method, query_chunk, precision, position_ids: as
         :func:`~comppo_core.hf.logprobs_and_concentration`.
-      low, high, sharpness, normalize, center, scale, invert: the gate mapping of
-        :func:`comppo_core.gates_from_concentration`, over the response columns.
-        ``low == high`` is a constant gate (Comp-GAE = GAE(γ·low, λ)).
-      gate_params: the seven as one :class:`~comppo_core.GateParams`, instead of the
-        keywords (which must then keep their defaults).
+      gate_params: the gate mapping of :func:`comppo_core.gates_from_concentration`
+        over the response columns (default ``GateParams()``);
+        ``GateParams.constant(c)`` is a constant gate (Comp-GAE = GAE(γ·c, λ)).
       control: ``"none"``, ``"shuffle"`` (each row's gates permuted, seeded by ``seed``),
         ``"by_position"`` (batch mean gate at each response-position index) or
         ``"constant"`` (batch mean gate), as :mod:`comppo_core.controls`.
@@ -227,28 +221,28 @@ def comp_gae_batch(
         raise ParameterError(
             f"control: expected one of {', '.join(map(repr, CONTROLS))}, got {control!r}", argument="control"
         )
-    gate = from_keywords(gate_params, locals(), name="gate_params")
-    ids, am = _check_ids(input_ids, attention_mask)
+    if gate_params is None:
+        gate_params = GateParams()
+    elif not isinstance(gate_params, GateParams):
+        raise ParameterError(
+            f"gate_params: expected a comppo_core.GateParams, got {type(gate_params).__name__}", argument="gate_params"
+        )
+    ids, am = check_ids(input_ids, attention_mask)
     b, t = ids.shape
-    if not isinstance(response_mask, torch.Tensor) or tuple(response_mask.shape) != (b, t):
+    if not isinstance(response_mask, torch.Tensor) or tuple(response_mask.shape) != (b, t - 1):
         got = tuple(response_mask.shape) if isinstance(response_mask, torch.Tensor) else type(response_mask).__name__
         raise ShapeError(
-            f"response_mask: expected a tensor shaped like input_ids {(b, t)}, got {got}", argument="response_mask"
+            f"response_mask: expected a tensor [B, T−1] = {[b, t - 1]} of response columns (column j is token "
+            f"j+1; from a token mask m [B, T], m[:, 1:]), got {got}",
+            argument="response_mask",
         )
     rm = response_mask.to(device=ids.device) != 0
-    if bool(rm[:, 0].any()):
-        row = int(torch.nonzero(rm[:, 0])[0, 0])
-        raise ShapeError(
-            f"response_mask: token 0 cannot be a response token (no position scores it), got one at {location(row, 0)}",
-            argument="response_mask",
-            row=row,
-            position=0,
-        )
 
-    lp, conc = logprobs_and_concentration(
+    scored = score(
         model,
         ids,
         attention_mask,
+        concentration=True,
         statistic=statistic,
         layers=layers,
         position_ids=position_ids,
@@ -256,8 +250,10 @@ def comp_gae_batch(
         query_chunk=query_chunk,
         precision=precision,
     )
+    lp, conc = scored.logprobs, scored.concentration
+    assert conc is not None
     device = lp.device
-    mask = rm[:, 1:].to(device)
+    mask = rm.to(device)
     if am is not None:
         am_d = am.to(device)
         mask = mask & am_d[:, 1:] & am_d[:, :-1]
@@ -273,7 +269,7 @@ def comp_gae_batch(
         r = _rewards_to_columns(r_in, b, t, device)
     v = torch.zeros_like(lp) if values is None else _values_to_columns(values, b, t, device)
 
-    gates: Any = gates_from_concentration(conc, mask=mask, params=gate)
+    gates: Any = gates_from_concentration(conc, mask=mask, params=gate_params)
     if control == "shuffle":
         gates = _controls.shuffle(gates, mask=mask, seed=seed)
     elif control == "by_position":
