@@ -318,7 +318,7 @@ def test_resume_of_a_corrupt_config_names_the_file(tmp_path: Path, capsys: pytes
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["train", "--arm", "reinforce"], r"--arm: expected one of grpo, ppo, .*got 'reinforce'"),
+        (["train", "--arm", "reinforce"], r"--arm: expected one of 'grpo', 'ppo', .*got 'reinforce'"),
         (["train", "--preset", "huge"], r"--preset: invalid choice: 'huge'"),
         (["train", "--steps", "0"], r"--steps: expected an integer >= 1, got 0"),
         (["train", "--actor-lr", "fast"], r"--actor-lr: .*'fast'"),

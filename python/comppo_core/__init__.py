@@ -11,7 +11,7 @@ versions of all of them.
 
 from __future__ import annotations
 
-from . import controls, errors, reference
+from . import controls, errors, options, reference
 from ._core import __version__ as __version__  # Cargo.toml's, compiled into the extension
 from ._core import get_num_threads, set_num_threads
 from .advantages import GAEResult, gae, td_targets
@@ -51,6 +51,7 @@ __all__ = [
     "get_num_threads",
     "group_advantages",
     "masked_whiten",
+    "options",
     "reference",
     "set_num_threads",
     "td_targets",

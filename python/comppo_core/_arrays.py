@@ -151,12 +151,6 @@ def per_row(x: Any, name: str, rows: int) -> np.ndarray | None:
     return kernel_array(arr, np.float64)
 
 
-def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ParameterError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}", argument=name)
-    return value
-
-
 def check_unit(name: str, value: Any) -> float:
     """A scalar in [0, 1] (γ, λ)."""
     try:

@@ -23,7 +23,6 @@ from ._arrays import (
     Layout,
     Outputs,
     as_numpy,
-    check_choice,
     check_unit,
     float_dtypes,
     kernel_result,
@@ -32,6 +31,7 @@ from ._arrays import (
     token_array,
 )
 from ._torch import tensor_io
+from .options import MASKED_REWARD_MODES, check_choice
 
 __all__ = ["GAEResult", "gae", "td_targets"]
 
@@ -157,7 +157,7 @@ def _gae(
     x = _prepare(rewards, values, mask, cu_seqlens, gates, last_values, gamma)
     lam_ = check_unit("lam", lam)
     lam_c = lam_ if lam_critic is None else check_unit("lam_critic", lam_critic)
-    choice = check_choice("masked_rewards", masked_rewards, ("error", "drop"))
+    choice = check_choice("masked_rewards", masked_rewards, MASKED_REWARD_MODES)
     lay = x.layout
     inputs = (*x.originals, x.rewards, x.values, x.gates, lay.mask, lay.cu_seqlens, x.last_values)
     outs = Outputs(("advantages", "returns"), lay.shape, x.compute, x.output, out, inputs)

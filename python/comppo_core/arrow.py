@@ -71,7 +71,7 @@ try:
 except ImportError as _e:  # pragma: no cover - exercised only without pyarrow
     raise ImportError("comppo_core.arrow needs pyarrow: pip install 'comppo-core[arrow]'") from _e
 
-from ._arrays import check_choice, check_unit
+from ._arrays import check_unit
 from .advantages import gae as _gae
 from .errors import (
     ComppoError,
@@ -86,6 +86,7 @@ from .errors import (
 from .gate_params import GateParams, from_keywords
 from .gating import GATE_STD_EPS
 from .gating import gates_from_concentration as _gates
+from .options import MASKED_REWARD_MODES, check_choice
 
 __all__ = [
     "AUTO_LAST_VALUES",
@@ -765,7 +766,7 @@ def _check_params(gamma: Any, lam: Any, lam_critic: Any, masked_rewards: Any) ->
     check_unit("lam", lam)
     if lam_critic is not None:
         check_unit("lam_critic", lam_critic)
-    check_choice("masked_rewards", masked_rewards, ("error", "drop"))
+    check_choice("masked_rewards", masked_rewards, MASKED_REWARD_MODES)
 
 
 # --------------------------------------------------------------------------- #

@@ -30,11 +30,9 @@ from typing import Any
 import numpy as np
 
 from .errors import ParameterError
+from .options import NORMALIZE_MODES, check_choice
 
 __all__ = ["DEFAULTS", "NORMALIZE_MODES", "GateParams", "from_keywords"]
-
-#: The values ``normalize`` may take.
-NORMALIZE_MODES = ("sequence", "batch", "none")
 
 
 def _number(name: str, value: Any) -> float:
@@ -71,9 +69,7 @@ class GateParams:
     invert: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.normalize, str) or self.normalize not in NORMALIZE_MODES:
-            modes = ", ".join(map(repr, NORMALIZE_MODES))
-            raise ParameterError(f"normalize: expected one of {modes}, got {self.normalize!r}", argument="normalize")
+        check_choice("normalize", self.normalize, NORMALIZE_MODES)
         for name in ("low", "high", "sharpness", "center", "scale"):
             object.__setattr__(self, name, _number(name, getattr(self, name)))
         for name in ("low", "high"):

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from . import _core
-from ._arrays import Outputs, as_numpy, check_choice, check_finite, float_dtypes, kernel_result, layout_of, token_array
+from ._arrays import Outputs, as_numpy, check_finite, float_dtypes, kernel_result, layout_of, token_array
 from ._torch import tensor_io
 from .gate_params import GateParams, from_keywords
+from .options import NORMALIZE_MODES, check_choice
 
 __all__ = ["GATE_STD_EPS", "gates_from_concentration"]
 
@@ -104,7 +105,7 @@ def _gates_from_concentration(
     compute, output = float_dtypes(c, "concentration")
     lay = layout_of(c, "concentration", mask, cu_seqlens)
     c_canon = token_array(c, "concentration", lay.shape, compute)
-    norm = check_choice("normalize", normalize, ("sequence", "batch", "none"))
+    norm = check_choice("normalize", normalize, NORMALIZE_MODES)
     result = _core.gates_from_concentration(
         c_canon,
         lay.mask,

@@ -25,7 +25,6 @@ from ._arrays import (
     _as_cu_seqlens,
     _as_mask,
     as_numpy,
-    check_choice,
     check_finite,
     float_dtypes,
     kernel_array,
@@ -33,10 +32,9 @@ from ._arrays import (
 )
 from ._torch import tensor_io
 from .errors import DTypeError, ParameterError, ShapeError
+from .options import GROUP_METHODS, SINGLETON_MODES, check_choice
 
 __all__ = ["GROUP_METHODS", "broadcast", "group_advantages"]
-
-GROUP_METHODS = ("grpo", "drgrpo", "rloo", "reinforce_baseline")
 
 
 def _group_ids(groups: Any, n: int) -> np.ndarray:
@@ -102,7 +100,7 @@ def _group_advantages(scores: Any, groups: Any, *, method: str, eps: float, sing
     s64 = kernel_array(s, np.float64)
     ids = _group_ids(groups, s.shape[0])
     check_choice("method", method, GROUP_METHODS)
-    check_choice("singleton", singleton, ("zero", "raw"))
+    check_choice("singleton", singleton, SINGLETON_MODES)
     eps_ = check_finite("eps", eps)
     if eps_ < 0:
         raise ParameterError(f"eps: expected a number >= 0, got {eps_}", argument="eps")

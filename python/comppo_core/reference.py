@@ -3,9 +3,9 @@
 This module is the executable specification of ``comppo_core``: every fast
 (Rust) kernel in the package is tested against the function of the same name
 here. It is written for readability, not speed: one sequence at a time, with
-plain Python loops over token positions. It depends on NumPy and the standard
-library only, so it can be imported (``comppo_core.reference``) without the
-compiled extension.
+plain Python loops over token positions. It depends on NumPy, the standard
+library and the package's pure-Python :mod:`~comppo_core.errors` and
+:mod:`~comppo_core.options` only, so its code needs no compiled kernel.
 
 Layouts (docs/design.md §2). Every per-token function accepts either:
 
@@ -40,6 +40,8 @@ from collections.abc import Iterator
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .options import GROUP_METHODS, MASKED_REWARD_MODES, NORMALIZE_MODES, SINGLETON_MODES, check_choice
+
 __all__ = [
     "GATE_STD_EPS",
     "gae",
@@ -60,10 +62,6 @@ __all__ = [
 GATE_STD_EPS = 1e-8
 
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-
-_GROUP_METHODS = ("grpo", "drgrpo", "rloo", "reinforce_baseline")
-_SINGLETON_MODES = ("zero", "raw")
-_NORMALIZE_MODES = ("sequence", "batch", "none")
 
 
 # --------------------------------------------------------------------------- #
@@ -216,11 +214,11 @@ def gae(
       positions. dtype: that of ``rewards`` if float16/32/64, else float64.
 
     Raises:
-      ValueError: unknown ``masked_rewards``, or a masked nonzero reward when
+      ValueError: unknown ``masked_rewards`` (a ``ParameterError``,
+        :func:`comppo_core.options.check_choice`), or a masked nonzero reward when
         ``masked_rewards="error"``.
     """
-    if masked_rewards not in ("error", "drop"):
-        raise ValueError(f"masked_rewards must be 'error' or 'drop', got {masked_rewards!r}")
+    check_choice("masked_rewards", masked_rewards, MASKED_REWARD_MODES)
     rewards = np.asarray(rewards)
     r_flat = rewards.reshape(-1)
     v_flat = np.asarray(values).reshape(-1)
@@ -376,10 +374,9 @@ def gates_from_concentration(
       float64.
 
     Raises:
-      ValueError: unknown ``normalize``.
+      ValueError: unknown ``normalize`` (a ``ParameterError``).
     """
-    if normalize not in _NORMALIZE_MODES:
-        raise ValueError(f"normalize must be one of {_NORMALIZE_MODES}, got {normalize!r}")
+    check_choice("normalize", normalize, NORMALIZE_MODES)
     conc = np.asarray(conc)
     c_flat = conc.reshape(-1)
     seqs = list(_sequences(conc.shape, mask, cu_seqlens))
@@ -569,13 +566,11 @@ def group_advantages(
       ``[B]`` float64 advantages.
 
     Raises:
-      ValueError: unknown ``method``/``singleton``, or a NaN/±inf score (the
+      ValueError: unknown ``method``/``singleton`` (a ``ParameterError``), or a NaN/±inf score (the
         message names the first offending index).
     """
-    if method not in _GROUP_METHODS:
-        raise ValueError(f"method must be one of {_GROUP_METHODS}, got {method!r}")
-    if singleton not in _SINGLETON_MODES:
-        raise ValueError(f"singleton must be one of {_SINGLETON_MODES}, got {singleton!r}")
+    check_choice("method", method, GROUP_METHODS)
+    check_choice("singleton", singleton, SINGLETON_MODES)
     s_all = np.asarray(scores, dtype=np.float64).reshape(-1)
     ids = np.asarray(groups).reshape(-1)
     for i, score in enumerate(s_all):

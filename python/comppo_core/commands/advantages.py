@@ -37,6 +37,7 @@ from typing import Any, TextIO
 from .. import errors
 from ..gate_params import DEFAULTS as _GATE_DEFAULTS
 from ..gate_params import GateParams
+from ..options import MASKED_REWARD_MODES, NORMALIZE_MODES
 from ._argtypes import finite_float, gate_params, unit_float
 
 __all__ = ["add_parser", "run", "writer_options"]
@@ -80,7 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     g.add_argument(
         "--masked-rewards",
-        choices=("error", "drop"),
+        choices=MASKED_REWARD_MODES,
         default="error",
         help="a nonzero reward on a masked token: an error, or dropped",
     )
@@ -123,7 +124,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     gm.add_argument("--sharpness", type=finite_float, default=None, help="slope of the sigmoid (default: 1)")
     gm.add_argument(
         "--normalize",
-        choices=("sequence", "batch", "none"),
+        choices=NORMALIZE_MODES,
         default=None,
         help="z-score per response ('sequence', default), over every valid token of the file "
         "('batch': one extra streaming pass over the concentration column), or (c - center)/scale ('none')",

@@ -26,17 +26,25 @@ import typing
 from typing import Any
 
 from ..errors import ParameterError
-from ..gate_params import NORMALIZE_MODES, GateParams
-from ..hf.statistics import STATISTICS
-from .losses import AGG_MODES, KL_KINDS
-from .tac import TEMPORAL_MIXERS
+from ..gate_params import GateParams
+from ..options import (
+    AGG_MODES,
+    ARM_NAMES,
+    GROUP_METHODS,
+    KL_KINDS,
+    KL_MODES,
+    NORMALIZE_MODES,
+    STATISTICS,
+    TEMPORAL_MIXERS,
+    check_choice,
+)
 
 __all__ = ["KL_MODES", "PRESETS", "TrainConfig"]
 
-#: Where a KL to the reference enters: a per-token reward penalty (TRL) or a loss term (verl's use_kl_loss).
-KL_MODES = ("reward", "loss")
-#: Outcome baselines of the group-relative arms (:func:`comppo_core.group_advantages`).
-GROUP_METHODS = ("grpo", "drgrpo", "rloo", "reinforce_baseline")
+# This module imports no torch (nor transformers): every closed set a field is checked
+# against comes from comppo_core.options (KL_MODES is re-exported from there), so that
+# reading, validating and parsing a TrainConfig (``comppo-core train --help``) stays light.
+
 TASKS = ("addition",)
 
 
@@ -54,8 +62,7 @@ class TrainConfig:
     # ---- the run
     arm: str = _f(
         "comppo",
-        "which advantage estimator and critic (see comppo_core.rl.arms: grpo, ppo, comp_gae, "
-        "tac_fixed, comppo, comppo_shuffle, comppo_position)",
+        f"which advantage estimator and critic (see comppo_core.rl.arms: {', '.join(ARM_NAMES)})",
     )
     seed: int = _f(0, "seeds the model initialisation, the warm start, the rollouts and the updates")
     out: str | None = _f(
@@ -119,8 +126,8 @@ class TrainConfig:
     lam: float = _f(0.95, "GAE λ of the actor's advantages")
     lam_critic: float | None = _f(1.0, "λ of the critic's returns (decoupled GAE; None: lam)")
     whiten_advantages: bool = _f(True, "masked_whiten the GAE advantages over the batch (critic arms; verl's GAE)")
-    group_method: str = _f("grpo", "outcome baseline of the grpo arm (grpo, drgrpo, rloo, reinforce_baseline)")
-    statistic: str = _f("entropy", "attention concentration statistic read by the probe (entropy, l2, max)")
+    group_method: str = _f("grpo", f"outcome baseline of the grpo arm ({', '.join(GROUP_METHODS)})")
+    statistic: str = _f("entropy", f"attention concentration statistic read by the probe ({', '.join(STATISTICS)})")
     gate_low: float = _f(0.9, "lowest gate of the concentration → gate mapping (GateParams.low)")
     gate_high: float = _f(1.0, "highest gate (GateParams.high)")
     gate_sharpness: float = _f(1.0, "slope of the gate sigmoid (GateParams.sharpness)")
@@ -153,7 +160,7 @@ class TrainConfig:
         "weight of the KL to the frozen reference (the policy after the warm start); on the "
         "built-in task it keeps update noise from eroding the warm start (docs/training.md)",
     )
-    kl_kind: str = _f("k2", "KL estimator: k1, abs, k2, k3 (verl kl_penalty)")
+    kl_kind: str = _f("k2", f"KL estimator: {', '.join(dict.fromkeys(KL_KINDS.values()))} (verl kl_penalty)")
     kl_mode: str = _f(
         "loss",
         "reward: −kl_coef·KL per token in the rewards (TRL); loss: kl_coef·KL added to the loss (verl use_kl_loss)",
@@ -162,7 +169,7 @@ class TrainConfig:
 
     # ---- critics
     tac_width: int = _f(64, "width of the transport-aligned critic")
-    tac_temporal: str = _f("none", "TAC's causal mixer: none, gru, attention")
+    tac_temporal: str = _f("none", f"TAC's causal mixer: {', '.join(TEMPORAL_MIXERS)}")
     trunk_grad: float = _f(0.0, "fraction of the value gradient TAC lets into the actor's hidden states")
 
     # ---- devices, a user's model and data, LoRA (rl.distributed, rl.pretrained, rl.jsonl_task, rl.lora)
@@ -192,22 +199,18 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        from .arms import (
-            ARMS,  # arms imports nothing from here; late to keep the modules one-way
-        )
-
-        _choice("arm", self.arm, tuple(ARMS))
+        check_choice("arm", self.arm, ARM_NAMES)
         if not (self.task in TASKS or isinstance(self.task, str) and self.task.endswith(".jsonl")):
             raise ParameterError(
                 f"task: expected {', '.join(TASKS)} or a path to a .jsonl file, got {self.task!r}", argument="task"
             )
-        _choice("group_method", self.group_method, GROUP_METHODS)
-        _choice("statistic", self.statistic, STATISTICS)
-        _choice("loss_agg", self.loss_agg, AGG_MODES)
-        _choice("kl_kind", self.kl_kind, tuple(KL_KINDS))
-        _choice("kl_mode", self.kl_mode, KL_MODES)
-        _choice("tac_temporal", self.tac_temporal, TEMPORAL_MIXERS)
-        _choice("gate_normalize", self.gate_normalize, NORMALIZE_MODES)
+        check_choice("group_method", self.group_method, GROUP_METHODS)
+        check_choice("statistic", self.statistic, STATISTICS)
+        check_choice("loss_agg", self.loss_agg, AGG_MODES)
+        check_choice("kl_kind", self.kl_kind, KL_KINDS)
+        check_choice("kl_mode", self.kl_mode, KL_MODES)
+        check_choice("tac_temporal", self.tac_temporal, TEMPORAL_MIXERS)
+        check_choice("gate_normalize", self.gate_normalize, NORMALIZE_MODES)
         for name in (
             "steps",
             "eval_size",
@@ -292,6 +295,8 @@ class TrainConfig:
                 f"{self.init_from!r}",
                 argument="init_from",
             )
+        from .arms import ARMS  # torch-free; arms imports nothing from here (the modules stay one-way)
+
         if ARMS[self.arm].critic is None and self.critic_warmup:
             raise ParameterError(
                 f"critic_warmup: expected 0 for the {self.arm} arm, which has no critic, got {self.critic_warmup}",
@@ -328,9 +333,7 @@ class TrainConfig:
     @classmethod
     def from_preset(cls, name: str, **changes: Any) -> TrainConfig:
         """The settings of preset ``name`` (:data:`PRESETS`) with ``changes`` on top."""
-        if not isinstance(name, str) or name not in PRESETS:
-            raise ParameterError(f"preset: expected one of {', '.join(PRESETS)}, got {name!r}", argument="preset")
-        return cls(**{**PRESETS[name], **changes})
+        return cls(**{**PRESETS[check_choice("preset", name, PRESETS)], **changes})
 
     # ---- JSON
 
@@ -434,11 +437,6 @@ def _parser(tp: type, optional: bool, name: str) -> Any:
 
     parse.__name__ = tp.__name__
     return parse
-
-
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ParameterError(f"{name}: expected one of {', '.join(choices)}, got {value!r}", argument=name)
 
 
 def _integer(name: str, value: Any, low: int, high: int | None = None) -> None:

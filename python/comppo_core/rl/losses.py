@@ -43,22 +43,18 @@ from __future__ import annotations
 
 import math
 from numbers import Real
-from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from ..errors import DTypeError, ParameterError, ShapeError
+from ..options import AGG_MODES, KL_KINDS, check_choice
 
 __all__ = ["AGG_MODES", "KL_KINDS", "aggregate", "kl_penalty", "policy_loss", "value_loss"]
 
-#: The aggregation modes of verl's ``agg_loss``.
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-
-#: KL estimator names accepted by :func:`kl_penalty` and the estimator each one is (verl's aliases included).
-KL_KINDS = MappingProxyType(
-    {"k1": "k1", "kl": "k1", "abs": "abs", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3"}
-)
+# AGG_MODES (the aggregation modes of verl's ``agg_loss``) and KL_KINDS (the KL estimator
+# names :func:`kl_penalty` accepts, verl's aliases included, and the estimator each one is)
+# are defined in comppo_core.options and re-exported here.
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -123,12 +119,6 @@ def _nonnegative(name: str, value: Any) -> float:
     if not x >= 0.0:  # also rejects NaN
         raise ParameterError(f"{name}: expected a number ≥ 0, got {x}", argument=name)
     return x
-
-
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ParameterError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}", argument=name)
-    return value
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -206,7 +196,7 @@ def aggregate(
     """
     (loss_mat,) = _grid({"loss_mat": loss_mat})
     valid = _mask(mask, loss_mat, "loss_mat")
-    mode = _choice("mode", mode, AGG_MODES)
+    mode = check_choice("mode", mode, AGG_MODES)
     return _aggregate(loss_mat, valid, mode, _normalizer(normalizer))
 
 
@@ -289,7 +279,7 @@ def policy_loss(
                 f"dual_clip: expected a finite number > 1 (or None to turn dual clipping off), got {clip_ratio_c}",
                 argument="dual_clip",
             )
-    agg = _choice("agg", agg, AGG_MODES)
+    agg = check_choice("agg", agg, AGG_MODES)
     norm = _normalizer(normalizer)
 
     log_prob = torch.where(valid, logprobs, 0.0)
@@ -367,7 +357,7 @@ def value_loss(
     vpreds, old, rets = _grid({"values": values, "old_values": old_values, "returns": returns})
     valid = _mask(mask, vpreds, "values")
     cliprange_value = None if clip is None else _nonnegative("clip", clip)
-    agg = _choice("agg", agg, AGG_MODES)
+    agg = check_choice("agg", agg, AGG_MODES)
     norm = _normalizer(normalizer)
 
     vpreds = torch.where(valid, vpreds, 0.0)
@@ -422,7 +412,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
     logprob = _tensor(logprobs, "logprobs")
     ref_logprob = _tensor(ref_logprobs, "ref_logprobs")
     _check_like(ref_logprob, "ref_logprobs", logprob, "logprobs")
-    estimator = KL_KINDS[_choice("kind", kind, tuple(KL_KINDS))]
+    estimator = KL_KINDS[check_choice("kind", kind, KL_KINDS)]
     if estimator == "k1":
         return logprob - ref_logprob
     if estimator == "abs":

@@ -37,13 +37,13 @@ from torch import nn
 from .. import gating
 from ..errors import ParameterError, ShapeError
 from ..gate_params import GateParams
+from ..options import TEMPORAL_MIXERS, check_choice
 from .critic_inputs import CriticInputs
 from .taps import normalize_taps
 
 __all__ = ["TEMPORAL_MIXERS", "TransportAlignedCritic", "causal_gates", "running_zscore"]
 
-#: The causal temporal mixers TAC offers.
-TEMPORAL_MIXERS = ("none", "gru", "attention")
+# TEMPORAL_MIXERS, the causal temporal mixers TAC offers, is defined in comppo_core.options (re-exported).
 
 #: ε added to the running σ, as the gate mapping's z-score does.
 _STD_EPS = 1e-8
@@ -176,8 +176,7 @@ class TransportAlignedCritic(nn.Module):
         ):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ParameterError(f"{name}: expected an integer >= 1, got {v!r}", argument=name)
-        if temporal not in TEMPORAL_MIXERS:
-            raise ParameterError(f"temporal: expected one of {TEMPORAL_MIXERS}, got {temporal!r}", argument="temporal")
+        check_choice("temporal", temporal, TEMPORAL_MIXERS)
         if isinstance(trunk_grad, bool) or not isinstance(trunk_grad, (int, float)) or not 0.0 <= trunk_grad <= 1.0:
             raise ParameterError(f"trunk_grad: expected a number in [0, 1], got {trunk_grad!r}", argument="trunk_grad")
         if temporal == "attention" and width % heads:

@@ -43,6 +43,7 @@ from hypothesis import seed as hypothesis_seed
 
 from .. import reference
 from ..errors import ParameterError
+from ..options import GROUP_METHODS, SINGLETON_MODES, check_choice
 from .strategies import (
     ARRAY_KINDS,
     DTYPES,
@@ -53,7 +54,6 @@ from .strategies import (
     GAEExample,
     GroupExample,
     _check_bool,
-    _check_choice,
     _check_int,
     _check_subset,
     _torch,
@@ -78,8 +78,6 @@ __all__ = [
 
 #: GAE semantics: ``"skip"`` (verl, comppo-core) and ``"decay"`` (OpenRLHF).
 SEMANTICS = ("skip", "decay")
-#: Methods of :func:`check_group_advantages` (as :func:`comppo_core.group_advantages`).
-GROUP_METHODS = ("grpo", "drgrpo", "rloo", "reinforce_baseline")
 #: Tolerances are this many units of roundoff of the output dtype (u = 2⁻²⁴ for
 #: float32, 2⁻⁵³ for float64) times a magnitude; see :func:`check_gae`.
 RTOL_ULPS = 8.0
@@ -291,7 +289,7 @@ def expected_gae(
       ValueError: unknown ``semantics``; ``last_values`` with ``semantics="decay"``;
         ``whiten=True`` with fewer than 2 valid tokens.
     """
-    _check_choice("semantics", semantics, SEMANTICS)
+    check_choice("semantics", semantics, SEMANTICS)
     _check_bool("whiten", whiten)
     ref = _gae_reference(example, semantics, whiten)
     shape = tuple(to_numpy(example.rewards).shape)
@@ -322,8 +320,8 @@ def expected_group_advantages(
     A group of one gets 0 (``singleton="zero"``) or its score (``"raw"``); a group of
     equal scores gets 0.
     """
-    _check_choice("method", method, GROUP_METHODS)
-    _check_choice("singleton", singleton, ("zero", "raw"))
+    check_choice("method", method, GROUP_METHODS)
+    check_choice("singleton", singleton, SINGLETON_MODES)
     ex = example.numpy()
     return np.asarray(
         reference.group_advantages(
@@ -814,10 +812,10 @@ def check_gae(
     _check_callable("fn", fn)
     if call is not None:
         _check_callable("call", call)
-    semantics = _check_choice("semantics", semantics, SEMANTICS)
+    semantics = check_choice("semantics", semantics, SEMANTICS)
     gated = _check_bool("gated", gated)
     whiten = _check_bool("whiten", whiten)
-    array = _check_choice("array", array, ARRAY_KINDS)
+    array = check_choice("array", array, ARRAY_KINDS)
     max_examples = _check_int("max_examples", max_examples, 1)
     truncation = _check_bool("truncation", truncation)
     layouts_ = _check_subset("layouts", layouts, LAYOUTS)
@@ -825,7 +823,7 @@ def check_gae(
     multi_turn = _check_bool("multi_turn", multi_turn)
     dtypes_ = _check_subset("dtypes", dtypes, DTYPES)
     max_len = _check_int("max_len", max_len, 1)
-    masked_rewards = _check_choice("masked_rewards", masked_rewards, MASKED_REWARDS)
+    masked_rewards = check_choice("masked_rewards", masked_rewards, MASKED_REWARDS)
     long_len = _check_int("long_len", long_len, 0)
     if long_len == 1:
         raise ParameterError("long_len: expected 0 (off) or a row length >= 2, got 1", argument="long_len")
@@ -931,7 +929,7 @@ def check_group_advantages(
     _check_callable("fn", fn)
     if call is not None:
         _check_callable("call", call)
-    method = _check_choice("method", method, GROUP_METHODS)
+    method = check_choice("method", method, GROUP_METHODS)
     if (
         isinstance(eps, bool)
         or not isinstance(eps, (int, float, np.floating))
@@ -940,10 +938,10 @@ def check_group_advantages(
     ):
         raise ParameterError(f"eps: expected a finite number >= 0, got {eps!r}", argument="eps")
     eps_ = float(eps)
-    singleton = _check_choice("singleton", singleton, ("zero", "raw"))
-    array = _check_choice("array", array, ARRAY_KINDS)
+    singleton = check_choice("singleton", singleton, SINGLETON_MODES)
+    array = check_choice("array", array, ARRAY_KINDS)
     max_examples = _check_int("max_examples", max_examples, 1)
-    grouping = _check_choice("grouping", grouping, GROUPINGS)
+    grouping = check_choice("grouping", grouping, GROUPINGS)
     dtypes_ = _check_subset("dtypes", dtypes, DTYPES)
     max_group_size = _check_int("max_group_size", max_group_size, 1)
     seed_ = _check_seed(seed)

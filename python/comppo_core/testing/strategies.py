@@ -45,6 +45,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from ..errors import ParameterError
+from ..options import check_choice
 
 __all__ = [
     "ARRAY_KINDS",
@@ -132,12 +133,6 @@ def _check_subset(name: str, given: str | Iterable[Any], allowed: Sequence[str])
     if not out:
         raise ParameterError(f"{name}: expected at least one of {allowed}, got none", argument=name)
     return tuple(out)
-
-
-def _check_choice(name: str, value: Any, allowed: Sequence[str]) -> str:
-    if not isinstance(value, str) or value not in allowed:
-        raise ParameterError(f"{name}: expected one of {allowed}, got {value!r}", argument=name)
-    return value
 
 
 def _check_bool(name: str, value: Any) -> bool:
@@ -252,7 +247,7 @@ class GAEExample:
     def to(self, kind: str) -> GAEExample:
         """A copy whose arrays are of ``kind`` (``"numpy"`` or ``"torch"``; torch tensors
         are made with ``torch.from_numpy`` on CPU). γ and λ stay Python floats."""
-        _check_choice("kind", kind, ARRAY_KINDS)
+        check_choice("kind", kind, ARRAY_KINDS)
         return dataclasses.replace(
             self,
             rewards=_to_kind(self.rewards, kind),
@@ -306,7 +301,7 @@ class _GAEConfig:
         self.multi_turn = _check_bool("multi_turn", multi_turn)
         self.gated = _check_bool("gated", gated)
         self.truncation = _check_bool("truncation", truncation)
-        self.masked_rewards = _check_choice("masked_rewards", masked_rewards, MASKED_REWARDS)
+        self.masked_rewards = check_choice("masked_rewards", masked_rewards, MASKED_REWARDS)
 
 
 @dataclass
@@ -623,7 +618,7 @@ class GroupExample:
 
     def to(self, kind: str) -> GroupExample:
         """A copy whose arrays are of ``kind`` (``"numpy"`` or ``"torch"``)."""
-        _check_choice("kind", kind, ARRAY_KINDS)
+        check_choice("kind", kind, ARRAY_KINDS)
         return dataclasses.replace(
             self, scores=_to_kind(self.scores, kind), groups=_to_kind(self.groups, kind), kind=kind
         )
@@ -665,7 +660,7 @@ def group_examples(
     dts = _check_subset("dtypes", dtypes, DTYPES)
     max_groups = _check_int("max_groups", max_groups, 1)
     max_group_size = _check_int("max_group_size", max_group_size, 1)
-    grouping = _check_choice("grouping", grouping, GROUPINGS)
+    grouping = check_choice("grouping", grouping, GROUPINGS)
 
     @st.composite
     def draw_example(draw: st.DrawFn) -> GroupExample:
