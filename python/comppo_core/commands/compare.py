@@ -35,13 +35,12 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import ParameterError
-from .train import _Default, add_config_arguments, add_lazy_parser, config_from_args, usage_error
-
-if TYPE_CHECKING:
-    from ..rl.config import TrainConfig
+from ..options import ARM_NAMES
+from ..rl.config import TrainConfig
+from .train import _Default, add_config_arguments, config_from_args, require_rl_extra, usage_error
 
 __all__ = ["add_parser", "mean_ci", "plot_curves", "results_table", "run", "t_quantile"]
 
@@ -234,26 +233,10 @@ def plot_curves(
 # --------------------------------------------------------------------------- #
 
 
-def _populate(cmd: argparse.ArgumentParser) -> None:
-    from ..rl.arms import ARMS
-
-    cmd.add_argument(
-        "--arms",
-        default=",".join(ARMS),
-        metavar="A,B,...",
-        help=f"comma-separated arms to compare (default: all seven: {','.join(ARMS)})",
-    )
-    cmd.add_argument("--seeds", default="3", metavar="N", help="seeds 0 … N−1 (default: 3)")
-    add_config_arguments(cmd)
-    cmd.set_defaults(run=run, command_parser=cmd)
-
-
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register the ``compare`` command on the ``comppo-core`` parser."""
-    return add_lazy_parser(
-        subparsers,
+    cmd = subparsers.add_parser(
         "compare",
-        _populate,
         help="run every arm x seed from paired warm starts; results.md (mean, 95%% CI, paired differences) and "
         "curves.png (needs [rl])",
         description=(
@@ -263,17 +246,25 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "curves.png. Settings: the flags given, then --preset, then the TrainConfig defaults."
         ),
     )
+    cmd.add_argument(
+        "--arms",
+        default=",".join(ARM_NAMES),
+        metavar="A,B,...",
+        help=f"comma-separated arms to compare (default: all seven: {','.join(ARM_NAMES)})",
+    )
+    cmd.add_argument("--seeds", default="3", metavar="N", help="seeds 0 … N−1 (default: 3)")
+    add_config_arguments(cmd)
+    cmd.set_defaults(run=run, command_parser=cmd)
+    return cmd
 
 
 def _arms(text: str, cmd: argparse.ArgumentParser) -> list[str]:
-    from ..rl.arms import ARMS
-
     arms = [a.strip() for a in text.split(",") if a.strip()]
     if not arms:
-        cmd.error(f"--arms: expected a comma-separated list of arms among {', '.join(ARMS)}, got {text!r}")
+        cmd.error(f"--arms: expected a comma-separated list of arms among {', '.join(ARM_NAMES)}, got {text!r}")
     for i, a in enumerate(arms):
-        if a not in ARMS:
-            cmd.error(f"--arms: expected arms among {', '.join(ARMS)}, got {a!r}")
+        if a not in ARM_NAMES:
+            cmd.error(f"--arms: expected arms among {', '.join(ARM_NAMES)}, got {a!r}")
         if a in arms[:i]:
             cmd.error(f"--arms: expected each arm once, got {a!r} twice")
     return arms
@@ -319,8 +310,6 @@ def _warm_start(base: TrainConfig, seed: int, out: Path) -> tuple[str, bool]:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``comppo-core compare``; returns the exit status."""
-    from ..rl.trainer import train
-
     cmd: argparse.ArgumentParser = args.command_parser
     for name, instead in _OWN_FLAGS.items():
         if not isinstance(getattr(args, name), _Default):
@@ -339,6 +328,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 configs[arm, seed] = base.replace(arm=arm, seed=seed)
             except ParameterError as exc:  # a setting invalid for one arm
                 usage_error(cmd, exc)
+    require_rl_extra("compare")
+    from ..rl.trainer import train
+
     assert base.out is not None
     out = Path(base.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,9 +15,10 @@ The command prints the held-out accuracy before and after and the files written 
 Exit status: 0 on success, 2 on a bad flag or setting (the message names the flag), 1 on
 a failure while training (a non-finite loss, an unreadable file).
 
-Building the ``comppo-core`` parser imports no torch: the TrainConfig flags are added
-when the ``train`` (or ``compare``) command is parsed or its help is shown
-(:func:`add_lazy_parser`).
+Neither the flags nor their help need torch: :class:`~comppo_core.rl.TrainConfig` imports
+none, so the parser is built, ``--help`` shown and every flag checked without the
+``[rl]`` extra; without it, a run stops there with a one-line error (exit status 1,
+:func:`require_rl_extra`).
 """
 
 from __future__ import annotations
@@ -27,73 +28,25 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
-if TYPE_CHECKING:
-    from ..rl.config import TrainConfig
+from ..errors import ParameterError
+from ..rl.config import PRESETS, TrainConfig
 
-__all__ = ["MISSING_EXTRA", "add_lazy_parser", "add_parser", "config_from_args", "run", "usage_error"]
+__all__ = ["MISSING_EXTRA", "add_parser", "config_from_args", "require_rl_extra", "run", "usage_error"]
 
 MISSING_EXTRA = "comppo-core {command} needs the [rl] extra: pip install 'comppo-core[rl]'"
 
 
-class _LazyParser(argparse.ArgumentParser):
-    """A subcommand parser whose arguments are added by ``populate`` when it first parses
-    or formats its help, so that ``comppo-core --help`` and the light commands never
-    import torch."""
-
-    populate: Callable[[argparse.ArgumentParser], None] | None = None
-
-    def _populated(self) -> None:
-        fill, self.populate = self.populate, None
-        if fill is not None:
-            fill(self)
-
-    def parse_known_args(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        self._populated()
-        return super().parse_known_args(args, namespace)
-
-    def format_help(self) -> str:
-        self._populated()
-        return super().format_help()
-
-    def format_usage(self) -> str:
-        self._populated()
-        return super().format_usage()
-
-
-def add_lazy_parser(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-    name: str,
-    populate: Callable[[argparse.ArgumentParser], None],
-    **kwargs: Any,
-) -> argparse.ArgumentParser:
-    """Register the subcommand ``name`` whose arguments ``populate(parser)`` adds on first
-    use. Without the ``[rl]`` extra, using the command prints :data:`MISSING_EXTRA` and
-    exits with status 1."""
-
-    def fill(parser: argparse.ArgumentParser) -> None:
-        try:
-            import torch  # noqa: F401
-            import transformers  # noqa: F401
-        except ImportError:
-            raise SystemExit("comppo-core: error: " + MISSING_EXTRA.format(command=name)) from None
-        populate(parser)
-
-    # argparse builds each subcommand parser with the subparsers action's parser class
-    saved = subparsers._parser_class
-    subparsers._parser_class = _LazyParser
+def require_rl_extra(command: str) -> None:
+    """Exit with status 1 and the one-line :data:`MISSING_EXTRA` unless torch and
+    transformers import; a command that trains calls it once its flags are checked."""
     try:
-        cmd = subparsers.add_parser(name, **kwargs)
-    finally:
-        subparsers._parser_class = saved
-    assert isinstance(cmd, _LazyParser)
-    cmd.populate = fill
-    return cmd
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        raise SystemExit("comppo-core: error: " + MISSING_EXTRA.format(command=command)) from None
 
 
 class _Default:
@@ -110,8 +63,6 @@ class _Default:
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """``--preset`` and one flag per TrainConfig field on ``parser``; a flag not given
     parses to its :class:`_Default`."""
-    from ..rl.config import PRESETS, TrainConfig
-
     described = "; ".join(
         f"{name}: " + (", ".join(f"{k}={v}" for k, v in changes.items()) or "the TrainConfig defaults")
         for name, changes in PRESETS.items()
@@ -128,8 +79,6 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The TrainConfig fields given on the command line."""
-    from ..rl.config import TrainConfig
-
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     return {k: v for k, v in vars(args).items() if k in names and not isinstance(v, _Default)}
 
@@ -147,26 +96,16 @@ def usage_error(parser: argparse.ArgumentParser, exc: Exception) -> NoReturn:
 def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser, **fixed: Any) -> TrainConfig:
     """The run's TrainConfig: ``fixed`` fields, then the flags given, then the preset, then
     the defaults; a bad value is a usage error naming its flag."""
-    from ..errors import ParameterError
-    from ..rl.config import TrainConfig
-
     try:
         return TrainConfig.from_preset(args.preset or "default", **{**config_fields(args), **fixed})
     except ParameterError as exc:
         usage_error(parser, exc)
 
 
-def _populate(cmd: argparse.ArgumentParser) -> None:
-    add_config_arguments(cmd)
-    cmd.set_defaults(run=run, command_parser=cmd)
-
-
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register the ``train`` command on the ``comppo-core`` parser."""
-    return add_lazy_parser(
-        subparsers,
+    cmd = subparsers.add_parser(
         "train",
-        _populate,
         help="train one arm with PPO on the built-in task or your model and data: metrics.jsonl, checkpoints, "
         "resume (needs [rl])",
         description=(
@@ -175,13 +114,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "under --out. Settings: the flags given, then --preset, then the TrainConfig defaults."
         ),
     )
+    add_config_arguments(cmd)
+    cmd.set_defaults(run=run, command_parser=cmd)
+    return cmd
 
 
 def _resumed_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> TrainConfig:
     """With ``--resume``: the saved ``OUT/config.json`` with the flags given on top."""
-    from ..errors import ParameterError
-    from ..rl.config import TrainConfig
-
     if args.preset is not None:
         parser.error("--preset: not used with --resume (the run continues with the settings in OUT/config.json)")
     if not isinstance(args.out, str):
@@ -205,11 +144,11 @@ def _percent(x: float | None) -> str:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``comppo-core train``; returns the exit status."""
-    from ..errors import ParameterError
-    from ..rl.trainer import Trainer
-
     cmd: argparse.ArgumentParser = args.command_parser
     config = _resumed_config(args, cmd) if args.resume is True else config_from_args(args, cmd)
+    require_rl_extra("train")
+    from ..rl.trainer import Trainer
+
     t0 = time.perf_counter()
     try:
         trainer = Trainer(config)
