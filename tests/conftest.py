@@ -2,13 +2,16 @@
 
 * a Hypothesis profile (no deadline: the first call of a kernel builds the thread pool,
   and CI machines are noisy; we never time anything);
-* a fixture that restores the kernels' thread count after a test changes it.
+* a fixture that restores the kernels' thread count after a test changes it;
+* :func:`tiny_lm`, the one builder of the tiny randomly initialised causal LMs the
+  ``hf`` and ``rl`` tests run (nothing is downloaded), also a fixture of that name.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -37,3 +40,74 @@ def restore_threads() -> Iterator[int]:
         yield original
     finally:
         cc.set_num_threads(original)
+
+
+def tiny_lm(
+    arch: str = "llama",
+    *,
+    vocab: int = 32,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 64,
+    max_positions: int = 128,
+    init: float | None = 0.25,
+    seed: int = 0,
+    dtype: Any = None,
+    attn: str | None = None,
+    special_tokens: bool = True,
+    **config: Any,
+) -> Any:
+    """A tiny causal LM with random weights, in eval mode (torch's global RNG seeded with ``seed``).
+
+    ``arch``: ``llama``, ``qwen2``, ``qwen3`` (``head_dim`` 16 unless given), ``mistral`` or
+    ``gpt2`` (multi-head, learned positions; ``kv_heads`` and ``intermediate`` unused).
+    ``init``: the initializer range (std 0.25 makes the heads visibly concentrated; None:
+    the architecture's default). ``special_tokens``: bos 0, eos 1, pad 2 (gpt2: bos and eos).
+    ``attn``: the attention implementation (None: the library's default). ``config``:
+    more fields of the architecture's config (sliding windows, ...). Tests that skip
+    without torch call ``pytest.importorskip("transformers")`` first."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    extra: dict[str, Any] = {} if init is None else {"initializer_range": init}
+    if attn is not None:
+        extra["attn_implementation"] = attn
+    if arch == "gpt2":
+        tokens = {"bos_token_id": 0, "eos_token_id": 1} if special_tokens else {}
+        cfg: Any = transformers.GPT2Config(
+            vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=max_positions,
+            **tokens, **extra, **config,
+        )  # fmt: skip
+        model = transformers.GPT2LMHeadModel(cfg)
+    else:
+        tokens = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2} if special_tokens else {}
+        common = dict(
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+            num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+            **tokens, **extra,
+        )  # fmt: skip
+        classes = {
+            "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+            "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+            "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        }
+        if arch not in classes:
+            raise AssertionError(f"tiny_lm: unknown arch {arch!r}")
+        if arch == "qwen3":
+            config.setdefault("head_dim", 16)
+        config_cls, model_cls = classes[arch]
+        model = model_cls(config_cls(**common, **config))
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
+
+
+@pytest.fixture(name="tiny_lm", scope="session")
+def tiny_lm_fixture() -> Callable[..., Any]:
+    """:func:`tiny_lm`, for a test that takes it as an argument (skips without transformers)."""
+    pytest.importorskip("transformers")
+    return tiny_lm

@@ -160,7 +160,7 @@ def test_gate_params_are_used() -> None:
     ids, am, resp = batch("left")
     params = rl.GateParams(low=0.5, high=0.8, sharpness=3.0)
     out = rl.forward(model, ids, am, response_mask=resp, gate_params=params)
-    expected = cc.gates_from_concentration(out.concentration, mask=resp, low=0.5, high=0.8, sharpness=3.0)
+    expected = cc.gates_from_concentration(out.concentration, mask=resp, params=params)
     torch.testing.assert_close(out.gates, expected, rtol=0, atol=0)
     assert float(out.gates[resp].min()) >= 0.5 and float(out.gates[resp].max()) <= 0.8
 
@@ -205,7 +205,7 @@ def test_causality_test_catches_a_row_normalised_gate() -> None:
 
     def row_normalised(model: Any, ids: Any, am: Any, resp: Any) -> Any:
         conc = rl.forward(model, ids, am).concentration
-        return cc.gates_from_concentration(conc, mask=resp, low=0.2, high=1.0, sharpness=4.0, normalize="sequence")
+        return cc.gates_from_concentration(conc, mask=resp, params=cc.GateParams(low=0.2, high=1.0, sharpness=4.0))
 
     model = build()
     critic = tac(model)
@@ -251,14 +251,14 @@ def test_causal_gates_end_at_the_row_gate_and_none_is_unchanged() -> None:
     mask[1, 8:] = False
     params = rl.GateParams(low=0.5, high=1.0, sharpness=2.0)
     causal = rl.causal_gates(conc, mask, params)
-    row = cc.gates_from_concentration(conc, mask=mask, **params.as_kwargs())
+    row = cc.gates_from_concentration(conc, mask=mask, params=params)
     # at a row's last valid token the running statistics are the whole row's
     for b, last in ((0, 11), (1, 7), (2, 11)):
         assert abs(float(causal[b, last]) - float(row[b, last])) < 1e-6
     assert torch.all(causal[~mask] == 1)
     pointwise = rl.GateParams(normalize="none", center=0.5, scale=0.2)
     torch.testing.assert_close(
-        rl.causal_gates(conc, mask, pointwise), cc.gates_from_concentration(conc, mask=mask, **pointwise.as_kwargs())
+        rl.causal_gates(conc, mask, pointwise), cc.gates_from_concentration(conc, mask=mask, params=pointwise)
     )
 
 

@@ -25,7 +25,7 @@ pytest.importorskip("tqdm")
 
 from comppo_core import rl
 from comppo_core.errors import NonFiniteError, ParameterError
-from comppo_core.rl import losses
+from comppo_core.rl import losses, step
 from comppo_core.rl.arms import ARMS, get_arm
 from comppo_core.rl.config import TrainConfig
 from comppo_core.rl.tasks import AdditionTask, CharTokenizer, worked_solution
@@ -333,8 +333,9 @@ def test_each_arm_gets_its_gates() -> None:
                     assert torch.allclose(col, conc[:, j][m[:, j]].double().mean().float().expand_as(col))
         else:
             assert torch.allclose(g[m], conc[m].double().mean().float().expand_as(g[m]))
-    trainer.config = trainer.config.replace(fixed_gate=0.97)
-    assert torch.all(trainer._arm_gates(r, 0)[m] == 0.97)
+    trainer.scoring = step.ScoringSettings.from_config(trainer.config.replace(fixed_gate=0.97))
+    fixed = step.step_gates(trainer.arm, trainer.scoring, step=0, seed=0, shape=tuple(m.shape), device=m.device)
+    assert isinstance(fixed, torch.Tensor) and torch.all(fixed[m] == 0.97)
     assert torch.all(trainer.score(r, 0).critic_gates[m] == 0.97)
 
 
@@ -372,7 +373,7 @@ def test_every_logprob_is_of_the_sampling_distribution(arm: str) -> None:
     expected = tempered(trainer.actor)
     assert (batch.old_logprobs.double() - expected)[m].abs().max() <= 1e-5
     assert (batch.ref_logprobs.double() - tempered(trainer.reference))[m].abs().max() <= 1e-5
-    new, _, _, _ = trainer._policy_forward(ids, mask, m, grad=True, gates=batch.critic_gates)
+    new = trainer._score(batch, grad=True, gates=batch.critic_gates).logprobs  # the update's forward
     assert new.requires_grad
     assert (new.detach().double() - expected)[m].abs().max() <= 1e-5
 
@@ -586,7 +587,8 @@ def test_lora_trains_the_adapter_and_the_critic_only(arm: str, tmp_path: Path, s
     pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    from comppo_core.hf.probe import IMPLEMENTATION, ConcentrationProbe, default_position_ids, token_logprobs
+    from comppo_core.hf.lm import default_position_ids, token_logprobs
+    from comppo_core.hf.probe import IMPLEMENTATION, ConcentrationProbe
 
     trainer = Trainer(tiny(arm=arm, lora_rank=4, actor_lr=1e-3, kl_coef=0.1, out=str(tmp_path)))
     wrapped = trainer.lora_model

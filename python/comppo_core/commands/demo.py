@@ -197,7 +197,8 @@ def credit(trainer: Trainer, problems: Sequence[Problem]) -> Credit:
         statistic=cfg.statistic,
         gate_params=cfg.gate_params,
     )
-    assert out.values is not None  # the comppo arm has a critic
+    # the comppo arm has a critic, and its scoring pass reads the routing
+    assert out.values is not None and out.gates is not None and out.concentration is not None
     rewards = terminal_rewards(response_mask, scores)
     values = torch.where(response_mask, out.values, 0.0)
     plain = gae(rewards, values, mask=response_mask, gamma=cfg.gamma, lam=cfg.lam)

@@ -181,17 +181,9 @@ def logprobs_and_concentration(
       ``LogprobsAndConcentration(logprobs, concentration)``, ``[B, T−1]`` float32 each,
       on the model's device.
     """
+    probe: dict[str, Any] = {"statistic": statistic, "layers": layers, "method": method, "query_chunk": query_chunk}
     s = score(
-        model,
-        input_ids,
-        attention_mask,
-        concentration=True,
-        statistic=statistic,
-        layers=layers,
-        position_ids=position_ids,
-        method=method,
-        query_chunk=query_chunk,
-        precision=precision,
+        model, input_ids, attention_mask, concentration=True, position_ids=position_ids, precision=precision, **probe
     )
     assert s.concentration is not None
     return LogprobsAndConcentration(s.logprobs, s.concentration)
@@ -230,17 +222,7 @@ def logprobs_and_concentration_per_layer(
       ``[B, T−1]`` and ``[B, T−1, L]`` float32 on the model's device, ``L`` the number of
       selected layers, in ascending layer order (``ConcentrationProbe(...).layers``).
     """
-    s = score(
-        model,
-        input_ids,
-        attention_mask,
-        per_layer=True,
-        statistic=statistic,
-        layers=layers,
-        position_ids=position_ids,
-        method=method,
-        query_chunk=query_chunk,
-        precision=precision,
-    )
+    probe: dict[str, Any] = {"statistic": statistic, "layers": layers, "method": method, "query_chunk": query_chunk}
+    s = score(model, input_ids, attention_mask, per_layer=True, position_ids=position_ids, precision=precision, **probe)
     assert s.concentration is not None and s.per_layer is not None
     return LogprobsAndConcentrationPerLayer(s.logprobs, s.concentration, s.per_layer)

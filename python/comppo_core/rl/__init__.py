@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from .arms import ARMS, Arm
     from .config import TrainConfig
     from .critic_inputs import CriticInputs
-    from .forward import ForwardOutput, forward
     from .losses import aggregate, kl_penalty, policy_loss, value_loss
+    from .policy_forward import ForwardOutput, forward
     from .standard_critic import StandardCritic
     from .tac import TEMPORAL_MIXERS, TransportAlignedCritic, causal_gates, parameter_count, running_zscore
     from .taps import TapRecorder, decoder_layers, default_taps
@@ -34,8 +34,8 @@ _WHERE = {
     "Arm": ".arms",
     "TrainConfig": ".config",
     "CriticInputs": ".critic_inputs",
-    "ForwardOutput": ".forward",
-    "forward": ".forward",
+    "ForwardOutput": ".policy_forward",
+    "forward": ".policy_forward",
     "aggregate": ".losses",
     "kl_penalty": ".losses",
     "policy_loss": ".losses",

@@ -40,7 +40,7 @@ from ..outcomes import broadcast, group_advantages
 from ..whitening import masked_whiten
 from . import losses
 from .arms import Arm
-from .forward import GatesFromConcentration, forward
+from .policy_forward import GatesFromConcentration, forward
 
 __all__ = [
     "AdvantageSettings",

@@ -27,6 +27,7 @@ fraction of the value gradient into the trunk (``sg(h) + α·(h − sg(h))``: th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -83,12 +84,12 @@ def causal_gates(concentration: torch.Tensor, mask: torch.Tensor, params: GatePa
     m = mask.to(torch.bool)
     if params.normalize == "none":
         z = concentration.detach().to(torch.float64)
-        kw = params.as_kwargs()
+        pointwise = params
     else:
         z = running_zscore(concentration, m)
-        kw = {**params.as_kwargs(), "normalize": "none", "center": 0.0, "scale": 1.0}
+        pointwise = dataclasses.replace(params, normalize="none", center=0.0, scale=1.0)
     # a tensor in gives a tensor out (on its own device)
-    return torch.as_tensor(gating.gates_from_concentration(z, mask=m, **kw), dtype=torch.float32)
+    return torch.as_tensor(gating.gates_from_concentration(z, mask=m, params=pointwise), dtype=torch.float32)
 
 
 class _RMSNorm(nn.Module):

@@ -369,12 +369,13 @@ class Trainer:
 
     def score(self, r: Rollout, step_index: int) -> Batch:
         """Phase 2: old log-probs, values and gates (advantages filled in by phase 3)."""
+        b, columns = r.response_mask.shape
         gates = step.step_gates(
             self.arm,
             self.scoring,
             step=step_index,
             seed=self.config.seed,
-            shape=tuple(r.response_mask.shape),
+            shape=(b, columns),
             device=self.device,
             rows=self.batch_rows,
         )
