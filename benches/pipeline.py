@@ -109,7 +109,11 @@ def worker_kernel(path: str, workload: str) -> dict[str, Any]:
     cu, r, v, c = _packed(path)
 
     def call() -> None:
-        gates = cc.gates_from_concentration(c, cu_seqlens=cu, low=LOW) if workload == "comp-gae" else None
+        gates = (
+            cc.gates_from_concentration(c, cu_seqlens=cu, params=cc.GateParams(low=LOW))
+            if workload == "comp-gae"
+            else None
+        )
         cc.gae(r, v, cu_seqlens=cu, gates=gates, gamma=GAMMA, lam=LAM)
 
     times = []
@@ -123,12 +127,14 @@ def worker_kernel(path: str, workload: str) -> dict[str, Any]:
 def worker_inmemory(path: str, out: str, workload: str) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
+    import comppo_core as cc
     from comppo_core import arrow
     from comppo_core.commands.advantages import writer_options
 
     t0 = time.perf_counter()
     table = pq.read_table(path)
-    kw: dict[str, Any] = {"concentration_col": "concentration", "low": LOW} if workload == "comp-gae" else {}
+    gate = cc.GateParams(low=LOW)
+    kw: dict[str, Any] = {"concentration_col": "concentration", "gate_params": gate} if workload == "comp-gae" else {}
     result = arrow.compute_advantages(table, gamma=GAMMA, lam=LAM, **kw)
     pq.write_table(result, out, **writer_options(pq.ParquetFile(path).schema))  # the CLI's options
     return {"seconds": time.perf_counter() - t0}
@@ -195,7 +201,7 @@ def worker_pandas(path: str, out: str, workload: str, loop_tokens: int) -> dict[
     r = np.concatenate(df["rewards"].to_list())
     v = np.concatenate(df["values"].to_list())
     c = np.concatenate(df["concentration"].to_list())
-    g = cc.gates_from_concentration(c, cu_seqlens=cu, low=LOW) if comp else None
+    g = cc.gates_from_concentration(c, cu_seqlens=cu, params=cc.GateParams(low=LOW)) if comp else None
     want = cc.gae(r, v, cu_seqlens=cu, gates=g, gamma=GAMMA, lam=LAM)
     looped = np.concatenate([a for a, _ in results])
     diff = float(np.max(np.abs(looped - want.advantages[: looped.size])))

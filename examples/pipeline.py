@@ -43,8 +43,9 @@ with tempfile.TemporaryDirectory() as tmp:
     table = pq.read_table(path)  # what a pipeline worker reads
 
 # ---- 2. Comp-GAE on the Arrow table: gates from the concentration, z-scored per response
+gate_params = cc.GateParams(low=0.5, high=1.0)  # the gate mapping, one value everywhere
 out = arrow.compute_advantages(
-    table, gamma=1.0, lam=0.95, lam_critic=1.0, concentration_col="concentration", low=0.5, high=1.0
+    table, gamma=1.0, lam=0.95, lam_critic=1.0, concentration_col="concentration", gate_params=gate_params
 )
 print("columns:", out.column_names)
 print("response 0 advantages:", np.round(out["advantages"][0].values.to_numpy(), 3))
@@ -52,7 +53,7 @@ print("response 0 advantages:", np.round(out["advantages"][0].values.to_numpy(),
 # ---- 3. the same on NumPy: the flat values are the packed layout, the offsets cu_seqlens
 cu = table["rewards"].combine_chunks().offsets.to_numpy()
 flat = {name: table[name].combine_chunks().values.to_numpy() for name in ("rewards", "values", "concentration")}
-gates = cc.gates_from_concentration(flat["concentration"], cu_seqlens=cu, low=0.5, high=1.0)
+gates = cc.gates_from_concentration(flat["concentration"], cu_seqlens=cu, params=gate_params)
 adv, ret = cc.gae(flat["rewards"], flat["values"], cu_seqlens=cu, gates=gates, gamma=1.0, lam=0.95, lam_critic=1.0)
 assert np.array_equal(adv, out["advantages"].combine_chunks().values.to_numpy())
 

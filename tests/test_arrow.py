@@ -12,7 +12,7 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 
 import comppo_core as cc  # noqa: E402
-from comppo_core import _core, arrow  # noqa: E402
+from comppo_core import GateParams, _core, arrow  # noqa: E402
 
 DTYPES = [np.float32, np.float64]
 
@@ -213,7 +213,9 @@ def test_inputs_are_not_modified() -> None:
     d = packed_batch(7, 25, 30)
     t = table_of(d)
     before = snapshot(*t.columns)
-    out = arrow.compute_advantages(t, concentration_col="concentration", gamma=0.9, lam=0.8, low=0.3)
+    out = arrow.compute_advantages(
+        t, concentration_col="concentration", gamma=0.9, lam=0.8, gate_params=GateParams(low=0.3)
+    )
     assert snapshot(*t.columns) == before
     assert t.num_columns == 6 and out.num_columns == 8
 
@@ -291,18 +293,20 @@ def test_zero_rows_and_empty_rows() -> None:
 @pytest.mark.parametrize("normalize", ["sequence", "none"])
 def test_gates_from_concentration_column(normalize: str) -> None:
     d = packed_batch(10, 30, 40)
-    kw = dict(low=0.3, high=0.9, sharpness=2.0, normalize=normalize, center=0.4, scale=0.2, invert=True)
-    want = cc.gates_from_concentration(d["concentration"], mask=d["mask"], cu_seqlens=d["cu"], **kw)
-    got = arrow.gates_from_concentration(lists(d["cu"], d["concentration"]), mask=lists(d["cu"], d["mask"]), **kw)
+    p = GateParams(low=0.3, high=0.9, sharpness=2.0, normalize=normalize, center=0.4, scale=0.2, invert=True)
+    want = cc.gates_from_concentration(d["concentration"], mask=d["mask"], cu_seqlens=d["cu"], params=p)
+    got = arrow.gates_from_concentration(lists(d["cu"], d["concentration"]), mask=lists(d["cu"], d["mask"]), params=p)
     np.testing.assert_array_equal(flat(got), want)
 
 
 def test_table_with_concentration_equals_kernels() -> None:
     d = packed_batch(11, 40, 50)
     t = table_of(d)
-    gkw = dict(low=0.5, high=1.0, sharpness=1.5, normalize="sequence")
-    out = arrow.compute_advantages(t, concentration_col="concentration", gamma=0.99, lam=0.95, lam_critic=1.0, **gkw)
-    g = cc.gates_from_concentration(d["concentration"], mask=d["mask"], cu_seqlens=d["cu"], **gkw)
+    p = GateParams(low=0.5, high=1.0, sharpness=1.5, normalize="sequence")
+    out = arrow.compute_advantages(
+        t, concentration_col="concentration", gamma=0.99, lam=0.95, lam_critic=1.0, gate_params=p
+    )
+    g = cc.gates_from_concentration(d["concentration"], mask=d["mask"], cu_seqlens=d["cu"], params=p)
     want = cc.gae(
         d["rewards"], d["values"], mask=d["mask"], cu_seqlens=d["cu"], gates=g, last_values=d["last_values"],
         gamma=0.99, lam=0.95, lam_critic=1.0,
@@ -357,11 +361,10 @@ def test_batch_normalization_spans_every_chunk() -> None:
     batch z-score (bit for bit); several chunks (merged moments) agree to rounding."""
     d = packed_batch(15, 60, 40)
     t = table_of(d)
-    kw = dict(concentration_col="concentration", normalize="batch", low=0.2, high=1.0, sharpness=3.0, lam=0.9)
+    p = GateParams(normalize="batch", low=0.2, high=1.0, sharpness=3.0)
+    kw: dict[str, Any] = dict(concentration_col="concentration", gate_params=p, lam=0.9)
     one = arrow.compute_advantages(t, **kw)
-    g = cc.gates_from_concentration(
-        d["concentration"], mask=d["mask"], cu_seqlens=d["cu"], normalize="batch", low=0.2, sharpness=3.0
-    )
+    g = cc.gates_from_concentration(d["concentration"], mask=d["mask"], cu_seqlens=d["cu"], params=p)
     want = cc.gae(
         d["rewards"], d["values"], mask=d["mask"], cu_seqlens=d["cu"], gates=g, last_values=d["last_values"], lam=0.9
     )
@@ -527,5 +530,7 @@ def test_bad_values_mask_gates_and_last_values() -> None:
     cc2 = pa.chunked_array([c.slice(0, 1), c.slice(1)])
     with pytest.raises(cc.NonFiniteError, match=r"got inf at \(row 0, position 1\)"):
         arrow.compute_advantages(
-            pa.table({"rewards": r, "values": r, "c": cc2}), concentration_col="c", normalize="batch"
+            pa.table({"rewards": r, "values": r, "c": cc2}),
+            concentration_col="c",
+            gate_params=GateParams(normalize="batch"),
         )

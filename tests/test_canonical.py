@@ -94,7 +94,9 @@ def test_canonical_calls_are_computed_by_the_first_call(
     calls: dict[str, Callable[[], Any]] = {
         "gae": lambda: cc.gae(r, v, gates=g, last_values=lv, gamma=0.9, lam=0.8, lam_critic=1.0, **lay),
         "td_targets": lambda: cc.td_targets(r, v, gates=g, last_values=lv, gamma=0.9, **lay),
-        "gates_from_concentration": lambda: cc.gates_from_concentration(g, normalize="batch", invert=True, **lay),
+        "gates_from_concentration": lambda: cc.gates_from_concentration(
+            g, params=cc.GateParams(normalize="batch", invert=True), **lay
+        ),
         "masked_whiten": lambda: cc.masked_whiten(r, shift_mean=False, **lay),
         "credit_stats": lambda: cc.credit_stats(r, **lay),
     }
@@ -260,19 +262,26 @@ def test_out_overlapping_an_input_through_another_object_is_refused() -> None:
 def test_the_other_functions_convert_or_name_their_arguments() -> None:
     b = _batch()
     conc, m = b["gates"], b["mask"]
-    want = cc.gates_from_concentration(conc, mask=m, low=0.5, invert=True)
-    want64 = cc.gates_from_concentration(conc.astype(np.float64), mask=m, low=0.5, invert=True)
-    _same(cc.gates_from_concentration(conc.tolist(), mask=m.astype(np.int8), low="0.5", invert=1), want64)
-    _same(cc.gates_from_concentration(conc, mask=m, low=0.5, invert=np.bool_(True)), want)
+    p = cc.GateParams(low=0.5, invert=True)
+    want = cc.gates_from_concentration(conc, mask=m, params=p)
+    want64 = cc.gates_from_concentration(conc.astype(np.float64), mask=m, params=p)
+    _same(cc.gates_from_concentration(conc.tolist(), mask=m.astype(np.int8), params=p), want64)
+    # the mapping's fields are converted (and named) by GateParams: a NumPy scalar is a number
+    q = cc.GateParams(low=np.float32(0.5), invert=np.bool_(True))
+    assert q == p
+    _same(cc.gates_from_concentration(conc, mask=m, params=q), want)
     for kwargs, match in (
-        ({"low": float("nan")}, "low"),
-        ({"high": float("inf")}, "high"),
-        ({"normalize": "rows"}, "normalize"),
+        ({"low": float("nan")}, "^low"),
+        ({"high": float("inf")}, "^high"),
+        ({"normalize": "rows"}, "^normalize"),
+        ({"low": "0.5"}, "^low: expected a finite number, got '0.5'"),
+        ({"invert": 1}, "^invert: expected a bool, got 1"),
+        ({"low": 0.95, "high": 0.9}, "^low: expected low <= high"),
     ):
         with pytest.raises(cc.ParameterError, match=match):
-            cc.gates_from_concentration(conc, mask=m, **kwargs)
-    with pytest.raises(cc.ParameterError, match="low"):  # low > high: the kernel's own check
-        cc.gates_from_concentration(conc, mask=m, low=0.95, high=0.9)
+            cc.gates_from_concentration(conc, mask=m, params=cc.GateParams(**kwargs))  # type: ignore[arg-type]
+    with pytest.raises(cc.ParameterError, match="^low"):  # low > high: the kernel's own check as well
+        cc._core.gates_from_concentration(conc, m, None, 0.95, 0.9, 1.0, "sequence", 0.0, 1.0, False)
 
     x = b["rewards"]
     want_w = cc.masked_whiten(x, mask=m)

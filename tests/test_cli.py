@@ -80,7 +80,7 @@ def test_synthetic_table_matches_library(capsys: pytest.CaptureFixture[str]) -> 
     pos = table[:, 0].astype(int)
     np.testing.assert_array_equal(pos, np.arange(n0 - 5, n0))  # the last 5 valid tokens
 
-    gates = comppo_core.gates_from_concentration(conc, mask=mask, low=0.5, high=1.0)
+    gates = comppo_core.gates_from_concentration(conc, mask=mask, params=comppo_core.GateParams(low=0.5, high=1.0))
     plain = comppo_core.gae(rewards, values, mask=mask, gamma=1.0, lam=0.95)
     comp = comppo_core.gae(rewards, values, mask=mask, gates=gates, gamma=1.0, lam=0.95)
     expected = np.stack(

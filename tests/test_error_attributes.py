@@ -151,8 +151,10 @@ def test_python_side_shape_parameter_and_dtype_errors() -> None:
     assert raised(lambda: cc.gae(Z, Z, gamma=2.0), cc.ParameterError).argument == "gamma"
     assert raised(lambda: cc.gae(Z, Z, masked_rewards="keep"), cc.ParameterError).argument == "masked_rewards"
     assert raised(lambda: cc.gae(np.full((2, 3), "a"), Z), cc.DTypeError).argument == "rewards"
-    assert raised(lambda: cc.gates_from_concentration(Z, normalize="z"), cc.ParameterError).argument == "normalize"
-    assert raised(lambda: cc.gates_from_concentration(Z, low=0.9, high=0.5), cc.ParameterError).argument == "low"
+    gates = cc.gates_from_concentration
+    assert raised(lambda: gates(Z, params=cc.GateParams(normalize="z")), cc.ParameterError).argument == "normalize"
+    assert raised(lambda: gates(Z, params=cc.GateParams(low=0.9, high=0.5)), cc.ParameterError).argument == "low"
+    assert raised(lambda: gates(Z, params={"low": 0.5}), cc.ParameterError).argument == "params"  # type: ignore[arg-type]
     assert (
         raised(lambda: cc.gae(np.zeros(5), np.zeros(5), cu_seqlens=np.zeros((2, 2), np.int64)), cc.ShapeError).argument
         == "cu_seqlens"
@@ -251,7 +253,7 @@ def test_arrow_checks_of_its_own() -> None:
     e = raised(lambda: arrow.compute_advantages(pa.table({"rewards": r, "v": r})), cc.ParameterError)
     assert e.argument == "values" and e.row is None  # the missing column's name
     c = pa.chunked_array([_list(pa, [[0.1, 0.2]]), _list(pa, [[0.3], [float("nan")]])])
-    e = raised(lambda: arrow.gates_from_concentration(c, normalize="batch"), cc.NonFiniteError)
+    e = raised(lambda: arrow.gates_from_concentration(c, params=cc.GateParams(normalize="batch")), cc.NonFiniteError)
     assert attrs(e) == ("concentration", 2, 0, None)
 
 
@@ -337,11 +339,15 @@ def test_hf_errors(tiny_model: Any) -> None:
     e = raised(lambda: hf.ConcentrationProbe(tiny_model, layers=[5]), cc.ParameterError)
     assert e.argument == "layers"
     ids = torch.randint(3, 32, (2, 6))
-    rm = torch.zeros(2, 6, dtype=torch.long)
-    rm[:, 3:] = 1
-    rm[1, 0] = 1
-    e = raised(lambda: hf.comp_gae_batch(tiny_model, ids, None, rm, torch.ones(2)), cc.ShapeError)
-    assert attrs(e) == ("response_mask", 1, 0, None)
+    tokens = torch.zeros(2, 6, dtype=torch.long)
+    tokens[:, 3:] = 1
+    e = raised(lambda: hf.comp_gae_batch(tiny_model, ids, None, tokens, torch.ones(2)), cc.ShapeError)
+    assert attrs(e) == ("response_mask", None, None, None)  # a token mask; the columns are tokens[:, 1:]
+    rm = tokens[:, 1:]
+    rewards = torch.zeros(2, 6)
+    rewards[1, 0] = 1.0  # per token: token 0 has no column
+    e = raised(lambda: hf.comp_gae_batch(tiny_model, ids, None, rm, rewards), cc.MaskedRewardError)
+    assert attrs(e) == ("rewards", 1, 0, None)
     e = raised(lambda: hf.comp_gae_batch(tiny_model, ids, None, rm, torch.ones(2), control="random"), cc.ParameterError)
     assert e.argument == "control"
 

@@ -68,6 +68,12 @@ def gates(*a: Any, **k: Any) -> Callable[[], Any]:
     return lambda: cc.gates_from_concentration(*a, **k)
 
 
+def mapped(*a: Any, fields: dict[str, Any], **k: Any) -> Callable[[], Any]:
+    """gates_from_concentration with ``params=GateParams(**fields)``, built in the call
+    (a bad field raises there, as GateParams checks it)."""
+    return lambda: cc.gates_from_concentration(*a, params=cc.GateParams(**fields), **k)
+
+
 # --------------------------------------------------------------------------- #
 # per-token errors: first offending (row, position)
 # --------------------------------------------------------------------------- #
@@ -266,24 +272,24 @@ def test_gamma_lam_endpoints_allowed(name: str, value: Any) -> None:
 )
 def test_gate_parameters(kwargs: dict[str, Any], arg: str) -> None:
     c = np.array([[1.0, 2.0, 3.0]])
-    expect(cc.ParameterError, gates(c, **kwargs), arg)
-    expect(cc.ParameterError, gates(c[0], cu_seqlens=[0, 3], **kwargs), arg)
+    expect(cc.ParameterError, mapped(c, fields=kwargs), arg)
+    expect(cc.ParameterError, mapped(c[0], cu_seqlens=[0, 3], fields=kwargs), arg)
 
 
 def test_gate_parameters_allowed_edges() -> None:
     c = np.array([[1.0, 2.0, 3.0]])
     for low, high in [(0.0, 0.0), (1.0, 1.0), (0.0, 1.0), (0.5, 0.5)]:
-        g = cc.gates_from_concentration(c, low=low, high=high)
+        g = cc.gates_from_concentration(c, params=cc.GateParams(low=low, high=high))
         assert ((g >= low) & (g <= high)).all()
-    cc.gates_from_concentration(c, sharpness=-2.0)
-    cc.gates_from_concentration(c, sharpness=0.0)
+    cc.gates_from_concentration(c, params=cc.GateParams(sharpness=-2.0))
+    cc.gates_from_concentration(c, params=cc.GateParams(sharpness=0.0))
 
 
 def test_non_finite_concentration() -> None:
     c = np.array([[1.0, 2.0, 3.0], [1.0, np.nan, np.inf]])
     expect(cc.NonFiniteError, gates(c), "concentration", "row 1, position 1")
     for normalize in ("batch", "none"):
-        expect(cc.NonFiniteError, gates(c, normalize=normalize), "concentration", "row 1, position 1")
+        expect(cc.NonFiniteError, mapped(c, fields={"normalize": normalize}), "concentration", "row 1, position 1")
     # masked: fine
     cc.gates_from_concentration(c, mask=[[1, 1, 1], [1, 0, 0]])
     expect(

@@ -1,7 +1,7 @@
 """One ``GateParams`` for the gate mapping (``comppo_core.gate_params``): its checks are
-those of ``gates_from_concentration``, and every layer that took the seven keywords
-(Arrow, Ray, ``hf``, the CLI) also takes one GateParams, giving the same gates; both at
-once is an error naming the keyword."""
+those of the kernel, and it is the only way every layer (the array API, Arrow, Ray,
+``hf``, the CLI) takes the mapping: the seven loose keywords of 0.1 are refused
+(``TypeError``), and anything but a GateParams is an error naming the argument."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import comppo_core as cc
+from comppo_core import _core, gate_params
 from comppo_core.commands import _argtypes
-from comppo_core.gate_params import DEFAULTS, GateParams, from_keywords
+from comppo_core.gate_params import DEFAULTS, GateParams, as_gate_params
 
 C = np.array([[0.1, 0.5, 0.2, 0.9], [0.3, 0.3, 0.7, 0.0]])
 M = np.array([[True, True, True, False], [True, True, True, True]])
@@ -75,9 +76,22 @@ def test_bad_values_name_the_field(kwargs: dict[str, Any], argument: str, messag
     assert info.value.argument == argument and str(info.value) == message
 
 
+def _kernel(p: dict[str, Any]) -> np.ndarray | None:
+    """The compiled kernel on canonical arrays with the mapping ``p``: its result, or None
+    where it refuses the values (a ParameterError, or no result for a non-finite value)."""
+    try:
+        result: np.ndarray | None = _core.gates_from_concentration(
+            C, M, None, p["low"], p["high"], p["sharpness"], p["normalize"], p["center"], p["scale"], False
+        )
+    except cc.ParameterError:
+        return None
+    return result
+
+
 def test_accepts_what_the_kernel_accepts() -> None:
-    """On a grid of values the dataclass and ``gates_from_concentration`` agree on what is
-    allowed (center and scale matter only to normalize="none", as in the kernel)."""
+    """On a grid of values the dataclass and the kernel agree on what is allowed (center
+    and scale matter only to normalize="none", as in the kernel), and
+    ``gates_from_concentration(params=p)`` is the kernel's result for those values."""
     grid = itertools.product(
         (0.0, 0.5, 1.0, 1.5),  # low
         (0.4, 1.0),  # high
@@ -95,59 +109,52 @@ def test_accepts_what_the_kernel_accepts() -> None:
             "center": center,
             "scale": scale,
         }
+        kernel = _kernel(kw)
         try:
-            cc.gates_from_concentration(C, mask=M, **kw)
-            kernel_ok = True
-        except cc.ParameterError:
-            kernel_ok = False
-        try:
-            p = GateParams(**kw)
+            p = GateParams(**kw)  # type: ignore[arg-type]
             ok = True
         except cc.ParameterError:
             ok = False
-        assert ok == kernel_ok, kw
+        assert ok == (kernel is not None), kw
         if ok:
-            np.testing.assert_array_equal(
-                cc.gates_from_concentration(C, mask=M, **p.as_kwargs()), cc.gates_from_concentration(C, mask=M, **kw)
-            )
+            assert kernel is not None
+            np.testing.assert_array_equal(cc.gates_from_concentration(C, mask=M, params=p), kernel)
 
 
 def test_gates_from_concentration_takes_params() -> None:
     assert cc.GateParams is GateParams and "GateParams" in cc.__all__
     p = GateParams(low=0.2, high=0.8, sharpness=-3.0, normalize="none", center=0.4, scale=0.25, invert=True)
-    want = cc.gates_from_concentration(C, mask=M, **p.as_kwargs())
+    want = _core.gates_from_concentration(C, M, None, 0.2, 0.8, -3.0, "none", 0.4, 0.25, True)
     np.testing.assert_array_equal(cc.gates_from_concentration(C, mask=M, params=p), want)
     cu = np.array([0, 3, 8])
     np.testing.assert_array_equal(
         cc.gates_from_concentration(C.ravel(), cu_seqlens=cu, params=p),
-        cc.gates_from_concentration(C.ravel(), cu_seqlens=cu, **p.as_kwargs()),
+        _core.gates_from_concentration(C.ravel(), None, cu, 0.2, 0.8, -3.0, "none", 0.4, 0.25, True),
     )
     np.testing.assert_array_equal(cc.gates_from_concentration(C, params=GateParams()), cc.gates_from_concentration(C))
-    with pytest.raises(cc.ParameterError) as info:
-        cc.gates_from_concentration(C, params=p, low=0.5)
-    assert info.value.argument == "low"
-    assert (
-        str(info.value)
-        == "low: the gate mapping is given twice, as params= and as the keyword low; pass one or the other"
-    )
+    with pytest.raises(TypeError, match="unexpected keyword argument 'low'"):
+        cc.gates_from_concentration(C, params=p, low=0.5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'low'"):
+        cc.gates_from_concentration(C, low=0.5)  # type: ignore[call-arg]
     with pytest.raises(cc.ParameterError) as info:
         cc.gates_from_concentration(C, params=p.as_kwargs())  # type: ignore[arg-type]
     assert info.value.argument == "params"
+    assert str(info.value) == "params: expected a comppo_core.GateParams, got dict"
 
 
-def test_from_keywords() -> None:
+def test_as_gate_params() -> None:
+    """The one check every layer applies to its ``params=`` / ``gate_params=``."""
     p = GateParams(low=0.5, sharpness=2.0)
-    assert from_keywords(None, {**DEFAULTS, "low": 0.5, "sharpness": 2.0}) == p
-    assert from_keywords(p, dict(DEFAULTS)) is p
+    assert as_gate_params(p) is p
+    assert as_gate_params(None) == GateParams()
     with pytest.raises(cc.ParameterError) as info:
-        from_keywords(p, {**DEFAULTS, "high": 0.8, "invert": True}, name="gate_params")
-    assert info.value.argument == "high"
-    assert str(info.value) == (
-        "high: the gate mapping is given twice, as gate_params= and as the keywords high, invert; pass one or the other"
-    )
-    with pytest.raises(cc.ParameterError) as info:
-        from_keywords({"low": 0.5}, dict(DEFAULTS))  # type: ignore[arg-type]
-    assert info.value.argument == "params" and "expected a comppo_core.GateParams, got dict" in str(info.value)
+        as_gate_params({"low": 0.5}, "gate_params")  # type: ignore[arg-type]
+    assert info.value.argument == "gate_params"
+    assert str(info.value) == "gate_params: expected a comppo_core.GateParams, got dict"
+    with pytest.raises(cc.ParameterError, match="^params: expected a comppo_core.GateParams, got float$"):
+        as_gate_params(0.5)  # type: ignore[arg-type]
+    # the keyword rule of 0.1 (params= or the seven keywords) is gone
+    assert not hasattr(gate_params, "from_keywords") and "as_gate_params" in gate_params.__all__
 
 
 def test_cli_flags_make_one_gate_params() -> None:
@@ -164,7 +171,7 @@ def test_cli_flags_make_one_gate_params() -> None:
 
 
 # --------------------------------------------------------------------------- #
-# The layers: GateParams or the keywords, the same gates
+# The layers: one GateParams, the keywords refused
 # --------------------------------------------------------------------------- #
 
 P = GateParams(low=0.3, high=0.9, sharpness=2.0, normalize="batch", invert=True)
@@ -176,26 +183,36 @@ def test_arrow() -> None:
 
     rows = [[0.1, 0.5, 0.2], [0.3], [0.7, 0.0, 0.4, 0.4]]
     conc = pa.chunked_array([pa.array(rows[:1], pa.list_(pa.float64())), pa.array(rows[1:], pa.list_(pa.float64()))])
-    by_kw = arrow.gates_from_concentration(conc, **P.as_kwargs())
-    assert arrow.gates_from_concentration(conc, params=P).to_pylist() == by_kw.to_pylist()
+    gates = arrow.gates_from_concentration(conc, params=P)
     flat = np.concatenate([np.asarray(r) for r in rows])
     cu = np.array([0, 3, 4, 8])
-    want = cc.gates_from_concentration(flat, cu_seqlens=cu, **P.as_kwargs())  # batch over all chunks
-    np.testing.assert_allclose(np.concatenate([np.asarray(r) for r in by_kw.to_pylist()]), want, rtol=1e-12)
-    with pytest.raises(cc.ParameterError, match=r"^sharpness: the gate mapping is given twice, as params="):
-        arrow.gates_from_concentration(conc, params=P, sharpness=3.0)
+    want = cc.gates_from_concentration(flat, cu_seqlens=cu, params=P)  # batch over all chunks
+    np.testing.assert_allclose(np.concatenate([np.asarray(r) for r in gates.to_pylist()]), want, rtol=1e-12)
+    assert (
+        arrow.gates_from_concentration(conc).to_pylist()
+        == arrow.gates_from_concentration(conc, params=GateParams()).to_pylist()
+    )
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sharpness'"):
+        arrow.gates_from_concentration(conc, params=P, sharpness=3.0)  # type: ignore[call-arg]
+    with pytest.raises(cc.ParameterError) as info:
+        arrow.gates_from_concentration(conc, params=P.as_kwargs())  # type: ignore[arg-type]
+    assert info.value.argument == "params"
 
-    zeros = pa.chunked_array([pa.array([[0.0] * len(r) for r in rows], pa.list_(pa.float64()))])
-    t = pa.table({"rewards": zeros, "values": zeros, "c": conc.combine_chunks()})
+    rewards, values = np.linspace(-1.0, 1.0, 8), np.linspace(0.5, -0.2, 8)
+    column = [pa.ListArray.from_arrays(pa.array(cu, pa.int32()), pa.array(x)) for x in (rewards, values)]
+    t = pa.table({"rewards": column[0], "values": column[1], "c": conc.combine_chunks()})
     a = arrow.compute_advantages(t, concentration_col="c", gate_params=P)
-    b = arrow.compute_advantages(t, concentration_col="c", **P.as_kwargs())
-    assert a.equals(b)
+    adv, _ = cc.gae(rewards, values, cu_seqlens=cu, gates=want)
+    np.testing.assert_allclose(a["advantages"].combine_chunks().values.to_numpy(), adv, rtol=1e-12)
+    plain = arrow.compute_advantages(t, gates_col=None)
+    assert not np.allclose(plain["advantages"].combine_chunks().values.to_numpy(), adv)  # the gates mattered
+    with pytest.raises(TypeError, match="unexpected keyword argument 'low'"):
+        arrow.compute_advantages(t, concentration_col="c", gate_params=P, low=0.5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'low'"):
+        arrow.compute_advantages(t, concentration_col="c", low=0.95, high=0.5)  # type: ignore[call-arg]
     with pytest.raises(cc.ParameterError) as info:
-        arrow.compute_advantages(t, concentration_col="c", gate_params=P, low=0.5)
-    assert info.value.argument == "low" and "as gate_params=" in str(info.value)
-    with pytest.raises(cc.ParameterError) as info:
-        arrow.compute_advantages(t, concentration_col="c", low=0.95, high=0.5)
-    assert info.value.argument == "low"
+        arrow.compute_advantages(t, concentration_col="c", gate_params={"low": 0.5})  # type: ignore[arg-type]
+    assert info.value.argument == "gate_params"
 
 
 class _FakeDataset:
@@ -221,19 +238,19 @@ def test_ray_checks_on_the_driver_and_ships_one_gate_params() -> None:
         [("rewards", pa.list_(pa.float32())), ("values", pa.list_(pa.float32())), ("c", pa.list_(pa.float32()))]
     )
     ds = _FakeDataset(schema)
-    cc_ray.compute_advantages(ds, concentration_col="c", low=0.3, sharpness=2.0)
+    p = GateParams(low=0.3, sharpness=2.0)
+    cc_ray.compute_advantages(ds, concentration_col="c", gate_params=p)
     options = ds.calls[-1]["fn_kwargs"]
-    assert options["gate_params"] == GateParams(low=0.3, sharpness=2.0)
-    assert not set(DEFAULTS) & set(options)  # the seven keywords travel as the one value
-    cc_ray.compute_advantages(ds, concentration_col="c", gate_params=GateParams(low=0.4))
-    assert ds.calls[-1]["fn_kwargs"]["gate_params"] == GateParams(low=0.4)
+    assert options["gate_params"] is p
+    assert not set(DEFAULTS) & set(options)  # the mapping travels as the one value
     n = len(ds.calls)
-    with pytest.raises(cc.ParameterError) as info:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'low'"):
         cc_ray.compute_advantages(ds, concentration_col="c", low=0.9, high=0.2)
-    assert info.value.argument == "low"
-    with pytest.raises(cc.ParameterError) as info:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'invert'"):
         cc_ray.compute_advantages(ds, concentration_col="c", gate_params=GateParams(), invert=True)
-    assert info.value.argument == "invert"
+    with pytest.raises(cc.ParameterError) as info:
+        cc_ray.compute_advantages(ds, concentration_col="c", gate_params={"low": 0.3})
+    assert info.value.argument == "gate_params"
     assert len(ds.calls) == n  # nothing was scheduled
 
 
@@ -249,26 +266,17 @@ def test_hf_pipeline() -> None:
     )  # fmt: skip
     model = transformers.LlamaForCausalLM(cfg).eval()
     ids = torch.randint(3, 32, (2, 8))
-    rm = torch.zeros(2, 8, dtype=torch.long)
-    rm[:, 3:] = 1
+    rm = torch.zeros(2, 7, dtype=torch.long)  # response columns [B, T-1]: tokens 3.. of each row
+    rm[:, 2:] = 1
     p = GateParams(low=0.4, high=0.9, sharpness=3.0)
     a = hf.comp_gae_batch(model, ids, None, rm, torch.tensor([1.0, -1.0]), gate_params=p)
-    b = hf.comp_gae_batch(model, ids, None, rm, torch.tensor([1.0, -1.0]), low=0.4, high=0.9, sharpness=3.0)
-    assert torch.equal(a.gates, b.gates) and torch.equal(a.advantages, b.advantages)
-    assert float(a.gates[a.mask].min()) < 0.9  # the mapping was applied
-    with pytest.raises(cc.ParameterError) as info:
+    want = cc.gates_from_concentration(a.concentration, mask=a.mask, params=p)
+    assert torch.equal(a.gates, want)  # the mapping applied is p's
+    assert float(a.gates[a.mask].min()) < 0.9
+    with pytest.raises(TypeError, match="unexpected keyword argument 'low'"):
+        hf.comp_gae_batch(model, ids, None, rm, torch.ones(2), low=0.4, high=0.9, sharpness=3.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'normalize'"):
         hf.comp_gae_batch(model, ids, None, rm, torch.ones(2), gate_params=p, normalize="none")
-    assert info.value.argument == "normalize"
-
-
-def test_from_keywords_reads_only_the_seven_names_of_a_scope() -> None:
-    """Callers pass their ``locals()``: other entries (the data, ``params`` itself) are ignored."""
-
-    def call(conc: object, low: float = 0.9, params: GateParams | None = None, **rest: object) -> GateParams:
-        high, sharpness, normalize, center, scale, invert = 1.0, 1.0, "sequence", 0.0, 1.0, False
-        return from_keywords(params, locals())
-
-    assert call([1.0], low=0.5) == GateParams(low=0.5)
-    assert call([1.0], params=GateParams(high=0.95)) == GateParams(high=0.95)
-    with pytest.raises(cc.ParameterError, match="low: the gate mapping is given twice"):
-        call([1.0], low=0.5, params=GateParams())
+    with pytest.raises(cc.ParameterError) as info:
+        hf.comp_gae_batch(model, ids, None, rm, torch.ones(2), gate_params=p.as_kwargs())
+    assert info.value.argument == "gate_params"

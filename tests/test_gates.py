@@ -4,6 +4,7 @@ worked examples."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from strategies import ConcBatch, assert_unchanged, conc_batches
 
 import comppo_core as cc
-from comppo_core import reference
+from comppo_core import GateParams, reference
 
 
 def sigmoid(x: float) -> float:
@@ -21,19 +22,19 @@ def sigmoid(x: float) -> float:
 
 
 @st.composite
-def gate_params(draw: st.DrawFn) -> dict[str, object]:
+def gate_params(draw: st.DrawFn) -> GateParams:
     a = draw(st.one_of(st.sampled_from([0.0, 1.0, 0.9]), st.floats(0.0, 1.0)))
     b = draw(st.one_of(st.sampled_from([0.0, 1.0, a]), st.floats(0.0, 1.0)))
     low, high = min(a, b), max(a, b)
-    return {
-        "low": low,
-        "high": high,
-        "sharpness": draw(st.one_of(st.sampled_from([0.0, 1.0, -1.0]), st.floats(-5.0, 5.0))),
-        "normalize": draw(st.sampled_from(["sequence", "batch", "none"])),
-        "center": draw(st.floats(-5.0, 5.0)),
-        "scale": draw(st.one_of(st.just(1.0), st.floats(0.1, 10.0))),
-        "invert": draw(st.booleans()),
-    }
+    return GateParams(
+        low=low,
+        high=high,
+        sharpness=draw(st.one_of(st.sampled_from([0.0, 1.0, -1.0]), st.floats(-5.0, 5.0))),
+        normalize=draw(st.sampled_from(["sequence", "batch", "none"])),
+        center=draw(st.floats(-5.0, 5.0)),
+        scale=draw(st.one_of(st.just(1.0), st.floats(0.1, 10.0))),
+        invert=draw(st.booleans()),
+    )
 
 
 def gate_tolerance(dtype: np.dtype) -> dict[str, float]:
@@ -46,17 +47,17 @@ def gate_tolerance(dtype: np.dtype) -> dict[str, float]:
 
 
 @given(batch=conc_batches(), params=gate_params())
-def test_gates_match_reference_both_layouts(batch: ConcBatch, params: dict[str, object]) -> None:
+def test_gates_match_reference_both_layouts(batch: ConcBatch, params: GateParams) -> None:
     before = [batch.conc.copy(), None if batch.mask is None else batch.mask.copy()]
-    got = cc.gates_from_concentration(batch.conc, mask=batch.mask, **params)  # type: ignore[arg-type]
-    want = reference.gates_from_concentration(batch.conc, mask=batch.mask, **params)  # type: ignore[arg-type]
+    got = cc.gates_from_concentration(batch.conc, mask=batch.mask, params=params)
+    want = reference.gates_from_concentration(batch.conc, mask=batch.mask, params=params)
     assert got.dtype == want.dtype == batch.dtype and got.shape == batch.conc.shape
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), **gate_tolerance(batch.dtype))
 
     # masked positions get exactly 1; valid ones lie in [low, high]
     assert (got[~batch.valid] == 1).all()
     valid = got[batch.valid].astype(np.float64)
-    low, high = float(params["low"]), float(params["high"])  # type: ignore[arg-type]
+    low, high = params.low, params.high
     slack = 0.0 if batch.dtype == np.float64 else 1e-3
     assert ((valid >= low - slack) & (valid <= high + slack)).all()
     if low == high and batch.dtype == np.float64:
@@ -66,7 +67,7 @@ def test_gates_match_reference_both_layouts(batch: ConcBatch, params: dict[str, 
         batch.pack(batch.conc),
         mask=batch.packed_mask,
         cu_seqlens=batch.cu_seqlens,
-        **params,  # type: ignore[arg-type]
+        params=params,
     )
     assert packed.dtype == batch.dtype
     # positions beyond a row's length are padding in the padded layout: gate 1 there
@@ -75,39 +76,41 @@ def test_gates_match_reference_both_layouts(batch: ConcBatch, params: dict[str, 
 
 
 @given(batch=conc_batches(dtypes=(np.dtype(np.float16),)), params=gate_params())
-def test_gates_float16(batch: ConcBatch, params: dict[str, object]) -> None:
-    got = cc.gates_from_concentration(batch.conc, mask=batch.mask, **params)  # type: ignore[arg-type]
-    want = reference.gates_from_concentration(batch.conc, mask=batch.mask, **params)  # type: ignore[arg-type]
+def test_gates_float16(batch: ConcBatch, params: GateParams) -> None:
+    got = cc.gates_from_concentration(batch.conc, mask=batch.mask, params=params)
+    want = reference.gates_from_concentration(batch.conc, mask=batch.mask, params=params)
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), **gate_tolerance(np.dtype(np.float16)))
 
 
 @given(batch=conc_batches(dtypes=(np.dtype(np.float64),)), params=gate_params())
-def test_invert_is_negated_z(batch: ConcBatch, params: dict[str, object]) -> None:
+def test_invert_is_negated_z(batch: ConcBatch, params: GateParams) -> None:
     """invert=True maps c to the gate of the mirrored statistic: g(c; invert) == g(−c)
     for the z-score normalizations, and == g(2·center − c) for "none"."""
-    params = dict(params, invert=False)
-    inv = cc.gates_from_concentration(batch.conc, mask=batch.mask, **dict(params, invert=True))  # type: ignore[arg-type]
-    if params["normalize"] == "none":
-        mirrored = 2.0 * float(params["center"]) - batch.conc  # type: ignore[arg-type]
+    params = dataclasses.replace(params, invert=False)
+    inverted = dataclasses.replace(params, invert=True)
+    inv = cc.gates_from_concentration(batch.conc, mask=batch.mask, params=inverted)
+    if params.normalize == "none":
+        mirrored = 2.0 * params.center - batch.conc
     else:
         mirrored = -batch.conc
     mirrored = np.where(batch.valid, mirrored, 0.0)
-    want = cc.gates_from_concentration(mirrored, mask=batch.mask, **params)  # type: ignore[arg-type]
+    want = cc.gates_from_concentration(mirrored, mask=batch.mask, params=params)
     np.testing.assert_allclose(inv, want, rtol=1e-9, atol=1e-12)
 
 
 @given(batch=conc_batches(dtypes=(np.dtype(np.float64),), junk=False), shift=st.integers(-5, 5))
 def test_sequence_normalization_is_shift_invariant(batch: ConcBatch, shift: int) -> None:
     """Per-row z-scores do not change under c → c + shift; rows are independent."""
-    g = cc.gates_from_concentration(batch.conc, mask=batch.mask, sharpness=3.0, low=0.0, high=1.0)
-    g2 = cc.gates_from_concentration(batch.conc + shift, mask=batch.mask, sharpness=3.0, low=0.0, high=1.0)
+    p = GateParams(sharpness=3.0, low=0.0, high=1.0)
+    g = cc.gates_from_concentration(batch.conc, mask=batch.mask, params=p)
+    g2 = cc.gates_from_concentration(batch.conc + shift, mask=batch.mask, params=p)
     # c + shift rounds by ~1e-15 while every non-flat row has σ >= ~3e-4 (1/1000 grid)
     np.testing.assert_allclose(g, g2, rtol=0, atol=1e-9)
     # a row's gates do not depend on the other rows
     for b in range(batch.conc.shape[0]):
         row_mask = None if batch.mask is None else batch.mask[b : b + 1]
-        alone = cc.gates_from_concentration(batch.conc[b : b + 1], mask=row_mask, sharpness=3.0, low=0.0, high=1.0)
+        alone = cc.gates_from_concentration(batch.conc[b : b + 1], mask=row_mask, params=p)
         np.testing.assert_array_equal(alone[0], g[b])
 
 
@@ -122,7 +125,7 @@ def test_gates_worked_example(dtype: type, packed: bool) -> None:
         c = c.reshape(-1)
 
     def run(**p: object) -> np.ndarray:
-        out = cc.gates_from_concentration(c, **kw, **p)  # type: ignore[arg-type]
+        out = cc.gates_from_concentration(c, **kw, params=GateParams(**p))  # type: ignore[arg-type]
         assert out.dtype == dtype
         return out.reshape(3, 3).astype(np.float64)
 
@@ -171,10 +174,10 @@ def test_gates_worked_example(dtype: type, packed: bool) -> None:
 def test_gates_defaults_are_documented_values() -> None:
     c = np.array([[0.0, 10.0]])
     g = cc.gates_from_concentration(c)
-    same = cc.gates_from_concentration(
-        c, low=0.9, high=1.0, sharpness=1.0, normalize="sequence", center=0.0, scale=1.0, invert=False
-    )
-    np.testing.assert_array_equal(g, same)
+    documented = GateParams(low=0.9, high=1.0, sharpness=1.0, normalize="sequence", center=0.0, scale=1.0, invert=False)
+    assert GateParams() == documented
+    np.testing.assert_array_equal(g, cc.gates_from_concentration(c, params=documented))
+    np.testing.assert_array_equal(g, cc.gates_from_concentration(c, params=None))
     assert 0.9 <= g.min() and g.max() <= 1.0
 
 
@@ -182,7 +185,9 @@ def test_gates_no_valid_tokens_and_empty() -> None:
     c = np.array([[3.0, np.nan], [np.inf, 1.0]])
     m = np.zeros((2, 2), dtype=bool)
     for normalize in ("sequence", "batch", "none"):
-        np.testing.assert_array_equal(cc.gates_from_concentration(c, mask=m, normalize=normalize), np.ones((2, 2)))
+        np.testing.assert_array_equal(
+            cc.gates_from_concentration(c, mask=m, params=GateParams(normalize=normalize)), np.ones((2, 2))
+        )
     assert cc.gates_from_concentration(np.zeros((0, 3))).shape == (0, 3)
     assert cc.gates_from_concentration(np.zeros(0), cu_seqlens=[0, 0]).shape == (0,)
 
@@ -190,8 +195,9 @@ def test_gates_no_valid_tokens_and_empty() -> None:
 def test_gates_nan_at_masked_position_is_fine() -> None:
     c = np.array([[1.0, np.nan, 3.0, -np.inf]])
     m = np.array([[1, 0, 1, 0]])
-    g = cc.gates_from_concentration(c, mask=m, low=0.0, high=1.0)
-    want = reference.gates_from_concentration(c, mask=m, low=0.0, high=1.0)
+    p = GateParams(low=0.0, high=1.0)
+    g = cc.gates_from_concentration(c, mask=m, params=p)
+    want = reference.gates_from_concentration(c, mask=m, params=p)
     np.testing.assert_allclose(g, want, rtol=1e-12)
     assert g[0, 1] == 1.0 and g[0, 3] == 1.0
 
@@ -210,11 +216,25 @@ def test_huge_finite_concentration_never_panics(conc: list[list[float]], normali
     no Rust panic ever reaches Python); the zero-spread row gets the midpoint gate."""
     c = np.array(conc)
     try:
-        g = cc.gates_from_concentration(c, normalize=normalize)
+        g = cc.gates_from_concentration(c, params=GateParams(normalize=normalize))
     except cc.ComppoError:
         return  # a clear package error would also honour the contract
     except BaseException as e:  # pyo3's PanicException derives from BaseException
         pytest.fail(f"gates_from_concentration({conc}) raised {type(e).__name__}: {e}")
     assert np.isfinite(g).all() and ((g >= 0.9) & (g <= 1.0)).all()
     if len(set(conc[0])) == 1 and normalize != "none":
-        np.testing.assert_allclose(g, reference.gates_from_concentration(c, normalize=normalize), rtol=1e-12)
+        np.testing.assert_allclose(
+            g, reference.gates_from_concentration(c, params=GateParams(normalize=normalize)), rtol=1e-12
+        )
+
+
+@pytest.mark.parametrize("fn", [cc.gates_from_concentration, reference.gates_from_concentration])
+@pytest.mark.parametrize("keyword", ["low", "high", "sharpness", "normalize", "center", "scale", "invert"])
+def test_the_mapping_is_one_value(fn: object, keyword: str) -> None:
+    """The seven loose keywords are gone (0.2): the mapping is ``params=GateParams(...)``."""
+    c = np.array([[1.0, 2.0]])
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword}'"):
+        fn(c, **{keyword: GateParams().as_kwargs()[keyword]})  # type: ignore[operator]
+    with pytest.raises(cc.ParameterError, match="^params: expected a comppo_core.GateParams, got dict") as info:
+        fn(c, params={"low": 0.5})  # type: ignore[operator]
+    assert info.value.argument == "params"

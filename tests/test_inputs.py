@@ -72,13 +72,16 @@ def assert_same(a: Any, b: Any) -> None:
     assert a.flags.c_contiguous
 
 
+NONE = cc.GateParams(normalize="none")
+
+
 @given(batch=batches(), hows=st.lists(st.sampled_from(VARIANTS), min_size=6, max_size=6), packed=st.booleans())
 def test_memory_layouts_give_identical_results(batch: Batch, hows: list[str], packed: bool) -> None:
     r, v, kw = batch.packed() if packed else batch.padded()
     base_gae = cc.gae(r, v, gamma=0.9, lam=0.7, **kw)
     base_td = cc.td_targets(r, v, gamma=0.9, **kw)
     base_g = (
-        cc.gates_from_concentration(v, mask=kw["mask"], cu_seqlens=kw.get("cu_seqlens"), normalize="none")
+        cc.gates_from_concentration(v, mask=kw["mask"], cu_seqlens=kw.get("cu_seqlens"), params=NONE)
         if batch.valid.all()
         else None
     )
@@ -96,7 +99,7 @@ def test_memory_layouts_give_identical_results(batch: Batch, hows: list[str], pa
     assert_same(cc.gae(rv, vv, gamma=0.9, lam=0.7, **kwv), base_gae)
     assert_same(cc.td_targets(rv, vv, gamma=0.9, **kwv), base_td)
     if base_g is not None:
-        g = cc.gates_from_concentration(vv, mask=kwv["mask"], cu_seqlens=kwv.get("cu_seqlens"), normalize="none")
+        g = cc.gates_from_concentration(vv, mask=kwv["mask"], cu_seqlens=kwv.get("cu_seqlens"), params=NONE)
         assert_same(g, base_g)
     assert_unchanged(before, arrays)
 
@@ -114,7 +117,7 @@ def test_memory_layouts_fixed_batch(how: str, dtype: type) -> None:
     c = rng.normal(size=(B, T)).astype(dtype)
     want = cc.gae(r, v, mask=m, gates=g, last_values=lv, gamma=0.95, lam=0.9, lam_critic=1.0)
     want_td = cc.td_targets(r, v, mask=m, gates=g, last_values=lv, gamma=0.95)
-    want_g = cc.gates_from_concentration(c, mask=m, low=0.5)
+    want_g = cc.gates_from_concentration(c, mask=m, params=cc.GateParams(low=0.5))
 
     args = [variant(a, how) for a in (r, v, m, g, lv, c)]
     before = [a.copy() for a in args]  # type: ignore[union-attr]
@@ -122,7 +125,7 @@ def test_memory_layouts_fixed_batch(how: str, dtype: type) -> None:
     got = cc.gae(rv, vv, mask=mv, gates=gv, last_values=lvv, gamma=0.95, lam=0.9, lam_critic=1.0)
     assert_same(got, want)
     assert_same(cc.td_targets(rv, vv, mask=mv, gates=gv, last_values=lvv, gamma=0.95), want_td)
-    assert_same(cc.gates_from_concentration(cv, mask=mv, low=0.5), want_g)
+    assert_same(cc.gates_from_concentration(cv, mask=mv, params=cc.GateParams(low=0.5)), want_g)
     assert_unchanged(before, args)  # type: ignore[arg-type]
     # and the oracle agrees
     ref = reference.gae(r, v, mask=m, gates=g, last_values=lv, gamma=0.95, lam=0.9, lam_critic=1.0)

@@ -19,7 +19,7 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from comppo_core import arrow, cli  # noqa: E402
+from comppo_core import GateParams, arrow, cli  # noqa: E402
 
 ROWS = 60
 GROUP = 7  # rows per row group: 9 row groups, the last one short
@@ -87,7 +87,10 @@ def assert_no_leftovers(directory: Path, *keep: str) -> None:
         (["--gates-col", "gates", "--lam-critic", "1.0"], {"gates_col": "gates", "lam_critic": 1.0}),
         (
             ["--concentration-col", "concentration", "--low", "0.4", "--high", "0.95", "--sharpness", "2", "--invert"],
-            {"concentration_col": "concentration", "low": 0.4, "high": 0.95, "sharpness": 2.0, "invert": True},
+            {
+                "concentration_col": "concentration",
+                "gate_params": GateParams(low=0.4, high=0.95, sharpness=2.0, invert=True),
+            },
         ),
         (
             ["--no-mask", "--no-last-values", "--masked-rewards", "drop"],
@@ -158,7 +161,9 @@ def test_batch_normalization_spans_the_whole_file(tmp_path: Path, capsys: pytest
     )
     assert code == 0, err
     whole = pq.read_table(src).combine_chunks()
-    kw = dict(concentration_col="concentration", normalize="batch", low=0.2, sharpness=3.0)
+    kw: dict[str, Any] = dict(
+        concentration_col="concentration", gate_params=GateParams(normalize="batch", low=0.2, sharpness=3.0)
+    )
     want = arrow.compute_advantages(whole, **kw)  # one chunk: the kernel's own batch z-score
     got = pq.read_table(dst)
     a = np.asarray(got.column("advantages").combine_chunks().flatten())

@@ -101,7 +101,13 @@ def values_of(t: pa.Table, name: str) -> np.ndarray:
 
 
 def test_compute_advantages_equals_the_single_process_path(dataset: Any, parquet_dir: Path) -> None:
-    kw = dict(gamma=0.99, lam=0.95, lam_critic=1.0, concentration_col="concentration", low=0.5, sharpness=2.0)
+    kw: dict[str, Any] = dict(
+        gamma=0.99,
+        lam=0.95,
+        lam_critic=1.0,
+        concentration_col="concentration",
+        gate_params=GateParams(low=0.5, sharpness=2.0),
+    )
     ds = dataset.repartition(5).materialize()  # blocks that are slices of the file's table
     assert ds.num_blocks() == 5
     got = collect(cc_ray.compute_advantages(ds, **kw))
@@ -129,7 +135,9 @@ def test_map_batches_function_with_small_batches_and_batch_normalization(dataset
     assert got.column("advantages").to_pylist() == want.column("advantages").to_pylist()
     assert got.column("returns").to_pylist() == want.column("returns").to_pylist()
 
-    kw = dict(concentration_col="concentration", normalize="batch", low=0.2, sharpness=3.0, lam=0.9)
+    kw: dict[str, Any] = dict(
+        concentration_col="concentration", gate_params=GateParams(normalize="batch", low=0.2, sharpness=3.0), lam=0.9
+    )
     got_b = collect(cc_ray.compute_advantages(ds, **kw))
     whole = pq.read_table(parquet_dir).combine_chunks()
     want_b = arrow.compute_advantages(whole, **kw).sort_by("id")  # the kernel's own batch z-score
@@ -146,6 +154,10 @@ def test_errors(dataset: Any, parquet_dir: Path) -> None:
         cc_ray.compute_advantages(ds, values_col="v")  # before any task runs
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'gama'"):
         cc_ray.compute_advantages(ds, gama=0.9)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'low' \(options are those of"):
+        cc_ray.compute_advantages(ds, concentration_col="concentration", low=0.5)  # the mapping is gate_params=
+    with pytest.raises(cc.ParameterError, match=r"^gate_params: expected a comppo_core.GateParams, got dict"):
+        cc_ray.compute_advantages(ds, concentration_col="concentration", gate_params={"low": 0.5})
     with pytest.raises(cc.DTypeError, match=r"batch_format='pyarrow'"):
         cc_ray.advantages_batch({"rewards": np.zeros(3)})
     t = pq.read_table(parquet_dir / "part-1.parquet")

@@ -76,7 +76,11 @@ def run_all(d: dict[str, np.ndarray]) -> list[np.ndarray]:
     y = cc.td_targets(d["rewards"], d["values"], gates=d["gates"], last_values=d["last_values"], gamma=0.99, **lay)
     outs = [adv, ret, adv1, ret1, y]
     for normalize in ("sequence", "batch", "none"):
-        outs.append(cc.gates_from_concentration(d["conc"], normalize=normalize, low=0.2, sharpness=2.0, **lay))
+        outs.append(
+            cc.gates_from_concentration(
+                d["conc"], params=cc.GateParams(normalize=normalize, low=0.2, sharpness=2.0), **lay
+            )
+        )
     return outs
 
 
@@ -107,10 +111,9 @@ def test_big_batch_matches_reference(restore_threads: int) -> None:
     want = reference.gae(d["rewards"], d["values"], gamma=0.99, lam=0.95, lam_critic=0.5, **kw)
     np.testing.assert_allclose(adv, want[0], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(ret, want[1], rtol=1e-12, atol=1e-12)
-    g = cc.gates_from_concentration(d["conc"], mask=d["mask"], cu_seqlens=d["cu_seqlens"], normalize="batch")
-    want_g = reference.gates_from_concentration(
-        d["conc"], mask=d["mask"], cu_seqlens=d["cu_seqlens"], normalize="batch"
-    )
+    batch = cc.GateParams(normalize="batch")
+    g = cc.gates_from_concentration(d["conc"], mask=d["mask"], cu_seqlens=d["cu_seqlens"], params=batch)
+    want_g = reference.gates_from_concentration(d["conc"], mask=d["mask"], cu_seqlens=d["cu_seqlens"], params=batch)
     np.testing.assert_allclose(g, want_g, rtol=1e-9, atol=1e-12)
 
 
@@ -234,9 +237,10 @@ def test_avx2_and_baseline_builds_are_bit_identical() -> None:
         "w2 = cc.masked_whiten(a + np.float32(300.0), mask=m)\n"
         "s = np.array(list(cc.credit_stats(a, mask=m).values()), dtype=np.float64)\n"
         # gates: the vectorized sigmoid, float32 moments (sequence and batch) and float64
-        "q = cc.gates_from_concentration(g, mask=m, low=0.3)\n"
-        "q2 = cc.gates_from_concentration(g, mask=m, low=0.3, normalize='batch')\n"
-        "q3 = cc.gates_from_concentration(g.astype(np.float64), mask=m, low=0.3, sharpness=4.0)\n"
+        "P = cc.GateParams\n"
+        "q = cc.gates_from_concentration(g, mask=m, params=P(low=0.3))\n"
+        "q2 = cc.gates_from_concentration(g, mask=m, params=P(low=0.3, normalize='batch'))\n"
+        "q3 = cc.gates_from_concentration(g.astype(np.float64), mask=m, params=P(low=0.3, sharpness=4.0))\n"
         # TD targets: four-position blocks and single steps
         "y = cc.td_targets(r, v, mask=m, gates=g, gamma=0.99)\n"
         "sys.stdout.buffer.write(a.tobytes() + ret.tobytes() + w.tobytes() + w2.tobytes() + s.tobytes()\n"

@@ -138,7 +138,10 @@ CASES = [
     Case("gae", cc.gae, _gae_args(), {"gamma": 0.97, "lam": 0.9}),
     Case("td_targets", cc.td_targets, _gae_args(), {"gamma": 0.97}),
     Case(
-        "gates_from_concentration", cc.gates_from_concentration, _unary("conc", "conc"), {"low": 0.5, "sharpness": 2.0}
+        "gates_from_concentration",
+        cc.gates_from_concentration,
+        _unary("conc", "conc"),
+        {"params": cc.GateParams(low=0.5, sharpness=2.0)},
     ),
     Case(
         "group_advantages",

@@ -83,7 +83,7 @@ from .errors import (
     ShapeError,
     location,
 )
-from .gate_params import GateParams, from_keywords
+from .gate_params import GateParams, as_gate_params
 from .gating import GATE_STD_EPS
 from .gating import gates_from_concentration as _gates
 from .options import MASKED_REWARD_MODES, check_choice
@@ -844,13 +844,6 @@ def gates_from_concentration(
     concentration: ListColumn,
     *,
     mask: ListColumn | None = None,
-    low: float = 0.9,
-    high: float = 1.0,
-    sharpness: float = 1.0,
-    normalize: str = "sequence",
-    center: float = 0.0,
-    scale: float = 1.0,
-    invert: bool = False,
     params: GateParams | None = None,
     batch_moments: ConcentrationMoments | None = None,
     row_offset: int = 0,
@@ -859,15 +852,14 @@ def gates_from_concentration(
 
         z = normalize(c);  z = −z if invert;  g = low + (high − low)·sigmoid(sharpness·z)
 
-    ``normalize="sequence"`` z-scores each row, ``"batch"`` all valid tokens of the
-    column (every chunk; or the data ``batch_moments`` were computed over), ``"none"``
-    uses ``(c − center)/scale``. Masked tokens get 1. ``params``: the seven as one
-    :class:`~comppo_core.GateParams`, instead of the keywords (which must then keep their
-    defaults). Returns a list column of the concentration's type and chunking, sharing
-    its offsets.
+    with the mapping ``params``, a :class:`~comppo_core.GateParams` (None:
+    ``GateParams()``). ``normalize="sequence"`` z-scores each row, ``"batch"`` all valid
+    tokens of the column (every chunk; or the data ``batch_moments`` were computed over),
+    ``"none"`` uses ``(c − center)/scale``. Masked tokens get 1. Returns a list column of
+    the concentration's type and chunking, sharing its offsets.
     """
     _check_column(concentration, "concentration", "concentration")
-    gate = from_keywords(params, locals())
+    gate = as_gate_params(params)
     names = {"concentration": "concentration", "mask": "mask"}
     if mask is not None:
         _check_column(mask, "mask", "mask")
@@ -922,13 +914,6 @@ def compute_advantages(
     lam: float = 1.0,
     lam_critic: float | None = None,
     masked_rewards: str = "error",
-    low: float = 0.9,
-    high: float = 1.0,
-    sharpness: float = 1.0,
-    normalize: str = "sequence",
-    center: float = 0.0,
-    scale: float = 1.0,
-    invert: bool = False,
     gate_params: GateParams | None = None,
     batch_moments: ConcentrationMoments | None = None,
     advantages_col: str = "advantages",
@@ -942,12 +927,10 @@ def compute_advantages(
     optional mask (``mask_col``; by default the column ``"mask"`` if the table has one,
     None for none) and last values (``last_values_col``; by default ``"last_values"`` if
     present). Gates come from ``gates_col``, or from ``concentration_col`` through the
-    gate mapping (``low``, ``high``, ``sharpness``, ``normalize``, ``center``, ``scale``,
-    ``invert``: see :func:`gates_from_concentration`; or all seven as one
-    :class:`~comppo_core.GateParams`, ``gate_params``, with the keywords left at their
-    defaults), or are 1 (plain GAE).
+    gate mapping ``gate_params``, a :class:`~comppo_core.GateParams` (None:
+    ``GateParams()``; see :func:`gates_from_concentration`), or are 1 (plain GAE).
 
-    ``normalize="batch"`` z-scores over every valid token of the table (all chunks), or
+    ``gate_params.normalize="batch"`` z-scores over every valid token of the table (all chunks), or
     over the data ``batch_moments`` describe (:func:`concentration_moments`; the
     streaming CLI and :mod:`comppo_core.ray` pass the moments of the whole input), so
     that the result does not depend on how the data is cut.
@@ -973,7 +956,8 @@ def compute_advantages(
         replace=replace,
     )
     _check_params(gamma, lam, lam_critic, masked_rewards)
-    params = from_keywords(gate_params, locals(), name="gate_params") if cols.concentration else None
+    gate = as_gate_params(gate_params, "gate_params")
+    params = gate if cols.concentration else None
     names = cols.inputs()
     arrays = {role: t.column(name) for role, name in names.items()}
     advs, rets = [], []

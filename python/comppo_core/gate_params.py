@@ -6,17 +6,17 @@
     z = −z if invert
     g = low + (high − low) · sigmoid(sharpness · z)
 
-:class:`GateParams` holds the seven parameters of that mapping, so every layer that
-maps concentration to gates (the array API, Arrow, Hugging Face, Ray, the CLI and
-``rl``) passes one value instead of spelling the seven keywords out again.
-``GateParams()`` is the mapping's defaults; ``cc.gates_from_concentration(c,
-params=params)`` (or ``**params.as_kwargs()``) applies it.
+:class:`GateParams` holds the seven parameters of that mapping, and it is the only way
+a public function takes them: every layer that maps concentration to gates (the array
+API, Arrow, Hugging Face, Ray, the CLI and ``rl``) takes one ``GateParams``, as
+``params=`` in :func:`comppo_core.gates_from_concentration` and
+:func:`comppo_core.arrow.gates_from_concentration`, as ``gate_params=`` where the function
+has other parameters too. ``None`` there means ``GateParams()``, the mapping's defaults::
 
-The public functions that took the seven keywords before take them still, or one
-``GateParams`` instead (``params=`` in :func:`comppo_core.gates_from_concentration` and
-:func:`comppo_core.arrow.gates_from_concentration`, ``gate_params=`` where the function
-has other parameters too); :func:`from_keywords` is the rule they share: with a
-``GateParams``, every keyword must keep its default.
+    cc.gates_from_concentration(c, params=cc.GateParams(low=0.5, sharpness=2.0))
+
+(Before 0.2 those functions also took the seven as keywords, ``low=0.5``; see CHANGELOG.md.)
+:func:`as_gate_params` is the check they share.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -32,7 +31,7 @@ import numpy as np
 from .errors import ParameterError
 from .options import NORMALIZE_MODES, check_choice
 
-__all__ = ["DEFAULTS", "NORMALIZE_MODES", "GateParams", "from_keywords"]
+__all__ = ["DEFAULTS", "NORMALIZE_MODES", "GateParams", "as_gate_params"]
 
 
 def _number(name: str, value: Any) -> float:
@@ -89,40 +88,27 @@ class GateParams:
         return cls(low=value, high=value)
 
     def as_kwargs(self) -> dict[str, Any]:
-        """The seven keywords of :func:`comppo_core.gates_from_concentration`."""
+        """The seven fields as a dict, ``{"low": ..., ..., "invert": ...}``
+        (``GateParams(**p.as_kwargs()) == p``)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-#: The mapping's defaults, keyword by keyword (``GateParams().as_kwargs()``).
-DEFAULTS: dict[str, Any] = GateParams().as_kwargs()
+_DEFAULT = GateParams()
+
+#: The mapping's defaults, field by field (``GateParams().as_kwargs()``).
+DEFAULTS: dict[str, Any] = _DEFAULT.as_kwargs()
 
 
-def from_keywords(params: GateParams | None, scope: Mapping[str, Any], *, name: str = "params") -> GateParams:
-    """The one :class:`GateParams` of a call given either ``params`` or the seven keywords.
+def as_gate_params(params: GateParams | None, name: str = "params") -> GateParams:
+    """The :class:`GateParams` a public function applies for its argument ``params``:
+    ``GateParams()`` for None, ``params`` itself for a GateParams.
 
-    ``scope`` maps at least the seven keyword names (:data:`DEFAULTS`) to the values the
-    call received; a function with those parameters passes its ``locals()``, and only those
-    seven entries are read. With ``params`` None they make the GateParams (validated); with a
-    GateParams, a keyword that differs from its default is an error, as both would say
-    what the mapping is. ``name`` is the caller's name for ``params`` (in messages).
-
-    Raises :class:`~comppo_core.errors.ParameterError` (``argument`` the first keyword
-    given as well, or ``name`` for a ``params`` that is not a GateParams).
+    Anything else (a dict of keywords, say) raises
+    :class:`~comppo_core.errors.ParameterError` whose ``argument`` is ``name``, the
+    caller's name for the argument (``"params"``, ``"gate_params"``).
     """
-    keywords = {k: scope[k] for k in DEFAULTS}
     if params is None:
-        return GateParams(**keywords)
+        return _DEFAULT
     if not isinstance(params, GateParams):
         raise ParameterError(f"{name}: expected a comppo_core.GateParams, got {type(params).__name__}", argument=name)
-    given = [k for k, v in keywords.items() if not _same(v, DEFAULTS[k])]
-    if given:
-        raise ParameterError(
-            f"{given[0]}: the gate mapping is given twice, as {name}= and as the keyword{'s' if len(given) > 1 else ''} "
-            f"{', '.join(given)}; pass one or the other",
-            argument=given[0],
-        )
     return params
-
-
-def _same(value: Any, default: Any) -> bool:
-    return type(value) is type(default) and value == default

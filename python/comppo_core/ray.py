@@ -10,24 +10,25 @@ equals the single-process :func:`comppo_core.arrow.compute_advantages` row for r
 Two ways to use it::
 
     import ray
+    import comppo_core as cc
     from comppo_core import ray as cc_ray
 
     ds = ray.data.read_parquet("rollouts/")                  # one row per response
-    out = cc_ray.compute_advantages(ds, gamma=1.0, lam=0.95, concentration_col="concentration", low=0.5)
+    out = cc_ray.compute_advantages(ds, gamma=1.0, lam=0.95, concentration_col="concentration",
+                                    gate_params=cc.GateParams(low=0.5))
     out.write_parquet("rollouts_with_advantages/")
 
     # or, as a plain map_batches function (what compute_advantages does):
     out = ds.map_batches(cc_ray.advantages_batch, batch_format="pyarrow", batch_size=None,
                          zero_copy_batch=True, fn_kwargs={"lam": 0.95})
 
-``normalize="batch"`` (z-scores of the concentration over all valid tokens) is global:
+``GateParams.normalize="batch"`` (z-scores of the concentration over all valid tokens) is global:
 :func:`compute_advantages` first runs a pass over the concentration and mask columns
 to get their moments (:func:`dataset_moments`), then hands them to every block. With
 ``map_batches`` directly, "batch" would mean each batch; pass ``batch_moments=`` there.
 
-The gate mapping's seven keywords (``low``, ``high``, ``sharpness``, ``normalize``,
-``center``, ``scale``, ``invert``) or one ``gate_params=`` :class:`~comppo_core.GateParams`
-are checked on the driver and reach every block as one ``GateParams``.
+The gate mapping, one ``gate_params=`` :class:`~comppo_core.GateParams`, is checked on
+the driver and reaches every block as that value.
 
 Errors raised inside a block (NaN, a row with the wrong length, ...) reach the driver
 wrapped by Ray; their message is the :mod:`comppo_core.arrow` one. By default Ray Data
@@ -49,8 +50,7 @@ import pyarrow as pa
 
 from . import arrow
 from .errors import DTypeError, ParameterError
-from .gate_params import DEFAULTS as _GATE_DEFAULTS
-from .gate_params import from_keywords
+from .gate_params import as_gate_params
 
 if TYPE_CHECKING:  # pragma: no cover
     import ray.data
@@ -128,10 +128,10 @@ def compute_advantages(
       map_batches_kwargs: extra arguments of ``Dataset.map_batches`` (``concurrency``,
         ``num_cpus``, ...).
       options: those of :func:`comppo_core.arrow.compute_advantages` (column names,
-        ``gamma``, ``lam``, gate mapping, ...).
+        ``gamma``, ``lam``, ``gate_params``, ...).
 
     The column options are checked against the dataset's schema up front (a missing
-    column fails here, not in a worker). ``normalize="batch"`` with a concentration
+    column fails here, not in a worker). ``gate_params.normalize="batch"`` with a concentration
     column runs :func:`dataset_moments` first (this executes a pass over the data) so
     the z-scores span the whole dataset.
     """
@@ -141,10 +141,8 @@ def compute_advantages(
         raise TypeError(
             f"compute_advantages: {e} (options are those of comppo_core.arrow.compute_advantages)"
         ) from None
-    if "gate_params" in options or any(k in options for k in _GATE_DEFAULTS):
-        # One GateParams, checked here (not in a worker), for every block.
-        keywords = {k: options.pop(k, default) for k, default in _GATE_DEFAULTS.items()}
-        options["gate_params"] = from_keywords(options.pop("gate_params", None), keywords, name="gate_params")
+    if options.get("gate_params") is not None:  # one GateParams, checked here (not in a worker), for every block
+        options["gate_params"] = as_gate_params(options["gate_params"], "gate_params")
     schema = _arrow_schema(dataset)
     if schema is not None:
         names = {

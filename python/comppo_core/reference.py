@@ -4,8 +4,9 @@ This module is the executable specification of ``comppo_core``: every fast
 (Rust) kernel in the package is tested against the function of the same name
 here. It is written for readability, not speed: one sequence at a time, with
 plain Python loops over token positions. It depends on NumPy, the standard
-library and the package's pure-Python :mod:`~comppo_core.errors` and
-:mod:`~comppo_core.options` only, so its code needs no compiled kernel.
+library and the package's pure-Python :mod:`~comppo_core.errors`,
+:mod:`~comppo_core.options` and :mod:`~comppo_core.gate_params` only, so its code
+needs no compiled kernel.
 
 Layouts (docs/design.md §2). Every per-token function accepts either:
 
@@ -40,7 +41,8 @@ from collections.abc import Iterator
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .options import GROUP_METHODS, MASKED_REWARD_MODES, NORMALIZE_MODES, SINGLETON_MODES, check_choice
+from .gate_params import GateParams, as_gate_params
+from .options import GROUP_METHODS, MASKED_REWARD_MODES, SINGLETON_MODES, check_choice
 
 __all__ = [
     "GATE_STD_EPS",
@@ -334,13 +336,7 @@ def gates_from_concentration(
     *,
     mask: ArrayLike | None = None,
     cu_seqlens: ArrayLike | None = None,
-    low: float = 0.9,
-    high: float = 1.0,
-    sharpness: float = 1.0,
-    normalize: str = "sequence",
-    center: float = 0.0,
-    scale: float = 1.0,
-    invert: bool = False,
+    params: GateParams | None = None,
 ) -> np.ndarray:
     """Maps per-token concentration to a bounded retention gate.
 
@@ -363,20 +359,25 @@ def gates_from_concentration(
       conc: ``[B, T]`` or ``[N]`` concentration c.
       mask: optional, same shape; nonzero = valid.
       cu_seqlens: ``[B+1]`` offsets for the packed layout, else None.
-      low, high: gate range, ``0 <= low <= high <= 1`` (not checked here).
-      sharpness: slope of the sigmoid.
-      normalize: "sequence", "batch" or "none".
-      center, scale: used only by ``normalize="none"``.
-      invert: flip the sign of z (high concentration -> low gate).
+      params: the mapping, a :class:`~comppo_core.GateParams` (None: ``GateParams()``),
+        as in :func:`comppo_core.gates_from_concentration`; its fields are:
+        ``low``, ``high``: gate range, ``0 <= low <= high <= 1``;
+        ``sharpness``: slope of the sigmoid;
+        ``normalize``: "sequence", "batch" or "none";
+        ``center``, ``scale``: used only by ``normalize="none"``;
+        ``invert``: flip the sign of z (high concentration -> low gate).
+        (GateParams validates them; the oracle does not check them again.)
 
     Returns:
       ``g`` shaped like ``conc``; dtype of ``conc`` if float16/32/64, else
       float64.
 
     Raises:
-      ValueError: unknown ``normalize`` (a ``ParameterError``).
+      ValueError: ``params`` not a GateParams (a ``ParameterError`` naming ``params``).
     """
-    check_choice("normalize", normalize, NORMALIZE_MODES)
+    p = as_gate_params(params)
+    low, high, sharpness, normalize = p.low, p.high, p.sharpness, p.normalize
+    center, scale, invert = p.center, p.scale, p.invert
     conc = np.asarray(conc)
     c_flat = conc.reshape(-1)
     seqs = list(_sequences(conc.shape, mask, cu_seqlens))
@@ -392,14 +393,11 @@ def gates_from_concentration(
     else:  # "none"
         for _, idx, valid in seqs:
             positions = idx[valid]
-            z[positions] = (c_flat[positions].astype(np.float64) - float(center)) / float(scale)
+            z[positions] = (c_flat[positions].astype(np.float64) - center) / scale
 
     if invert:
         z = -z
 
-    low = float(low)
-    high = float(high)
-    sharpness = float(sharpness)
     g = np.ones(c_flat.shape, dtype=np.float64)  # masked positions: 1
     with np.errstate(over="ignore"):  # exp overflow -> inf -> sigmoid 0, as intended
         for _, idx, valid in seqs:
