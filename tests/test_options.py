@@ -20,18 +20,8 @@ from comppo_core import options
 PACKAGE = Path(cc.__file__).parent
 SETS = {name: getattr(options, name) for name in options.__all__ if name.isupper()}
 
-#: Re-exports in modules another change owns, not yet the options' object; each entry is
-#: an xfail(strict) below, so the list must shrink as those modules are converted.
-PENDING = {
-    ("comppo_core.hf.statistics", "STATISTICS"),
-    ("comppo_core.hf.statistics", "METHODS"),
-    ("comppo_core.hf.statistics", "PRECISIONS"),
-    ("comppo_core.hf.pipeline", "CONTROLS"),
-    ("comppo_core.hf", "CONTROLS"),
-    ("comppo_core.hf", "METHODS"),
-    ("comppo_core.hf", "STATISTICS"),
-    ("comppo_core.rl.arms", "CONTROLS"),
-}
+#: Re-exports not yet the options' object (each would be an xfail(strict) below); none left.
+PENDING: set[tuple[str, str]] = set()
 
 #: (module, public name, the options set it must be)
 REEXPORTS = [

@@ -227,7 +227,7 @@ def test_bad_settings_name_the_field(changes: dict[str, Any], field: str) -> Non
 
 
 def test_unknown_arm_lists_the_arms() -> None:
-    with pytest.raises(ParameterError, match=r"arm: expected one of grpo, ppo, comp_gae, .*got 'gae'"):
+    with pytest.raises(ParameterError, match=r"arm: expected one of 'grpo', 'ppo', 'comp_gae', .*got 'gae'"):
         get_arm("gae")
     with pytest.raises(ParameterError, match=r"^arm: "):
         train(tiny(arm="gae"))

@@ -44,18 +44,15 @@ import torch
 
 from .. import controls as _controls
 from ..advantages import gae
-from ..errors import MaskedRewardError, ParameterError, ShapeError, location
-from ..gate_params import GateParams
+from ..errors import MaskedRewardError, ShapeError, location
+from ..gate_params import GateParams, as_gate_params
 from ..gating import gates_from_concentration
+from ..options import CONTROLS, check_choice
 from .lm import check_ids
 from .scoring import score
 from .statistics import DEFAULT_QUERY_CHUNK
 
 __all__ = ["CONTROLS", "CompPOBatch", "comp_gae_batch"]
-
-#: Gate controls (docs/design.md §4): none, or the paper's checks that gains come from
-#: trajectory-specific gates.
-CONTROLS = ("none", "shuffle", "by_position", "constant")
 
 
 @dataclass(frozen=True)
@@ -217,16 +214,8 @@ def comp_gae_batch(
     Returns:
       :class:`CompPOBatch`, every field ``[B, T−1]`` on the model's device.
     """
-    if not isinstance(control, str) or control not in CONTROLS:
-        raise ParameterError(
-            f"control: expected one of {', '.join(map(repr, CONTROLS))}, got {control!r}", argument="control"
-        )
-    if gate_params is None:
-        gate_params = GateParams()
-    elif not isinstance(gate_params, GateParams):
-        raise ParameterError(
-            f"gate_params: expected a comppo_core.GateParams, got {type(gate_params).__name__}", argument="gate_params"
-        )
+    check_choice("control", control, CONTROLS)
+    gate_params = as_gate_params(gate_params, "gate_params")
     ids, am = check_ids(input_ids, attention_mask)
     b, t = ids.shape
     if not isinstance(response_mask, torch.Tensor) or tuple(response_mask.shape) != (b, t - 1):

@@ -84,6 +84,7 @@ import warnings
 import torch
 
 from ..errors import ParameterError
+from ..options import PRECISIONS, STATISTIC_METHODS, STATISTICS, check_choice
 from . import online
 
 __all__ = [
@@ -97,13 +98,8 @@ __all__ = [
     "head_mean_concentration",
 ]
 
-#: The statistics: ``"entropy"`` (default), ``"max"``, ``"l2"``.
-STATISTICS = ("entropy", "max", "l2")
-#: How a layer's statistic is computed: ``"auto"`` (the fastest that applies), ``"online"``
-#: (CUDA with Triton), ``"fused"``, ``"chunked"``.
-METHODS = ("auto", "online", "fused", "chunked")
-#: Dtype of the fused kernel's pass: float32 copies of Q, K (default) or the model's own dtype.
-PRECISIONS = ("float32", "model")
+#: The statistics, the ways to compute them and the fused pass's dtypes: :mod:`comppo_core.options`.
+METHODS = STATISTIC_METHODS
 #: Largest number of query rows whose scores (chunked) or mask bias (fused) exist at once.
 DEFAULT_QUERY_CHUNK = 256
 #: Cap on the elements of one chunk's float32 score block ``[B, H, C, K]`` (chunked method):
@@ -177,19 +173,12 @@ def _fall_back(cache: set[CapabilityKey], key: CapabilityKey, failed: str, why: 
 
 def check_statistic(statistic: object) -> str:
     """``statistic`` if it is one of :data:`STATISTICS`, else a :class:`ParameterError`."""
-    if not isinstance(statistic, str) or statistic not in STATISTICS:
-        raise ParameterError(
-            f"statistic: expected one of {', '.join(map(repr, STATISTICS))}, got {statistic!r}", argument="statistic"
-        )
-    return statistic
+    return check_choice("statistic", statistic, STATISTICS)
 
 
 def check_method(method: object, statistic: str) -> str:
     """``method`` if it is one of :data:`METHODS` and can compute ``statistic``."""
-    if not isinstance(method, str) or method not in METHODS:
-        raise ParameterError(
-            f"method: expected one of {', '.join(map(repr, METHODS))}, got {method!r}", argument="method"
-        )
+    method = check_choice("method", method, METHODS)
     if method == "online" and not online.available():
         raise ParameterError(
             "method: 'online' needs Triton, which is not installed; use method='auto'", argument="method"
@@ -205,11 +194,7 @@ def check_method(method: object, statistic: str) -> str:
 
 def check_precision(precision: object) -> str:
     """``precision`` if it is one of :data:`PRECISIONS`, else a :class:`ParameterError`."""
-    if not isinstance(precision, str) or precision not in PRECISIONS:
-        raise ParameterError(
-            f"precision: expected one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}", argument="precision"
-        )
-    return precision
+    return check_choice("precision", precision, PRECISIONS)
 
 
 def _check_chunk(query_chunk: object) -> int:

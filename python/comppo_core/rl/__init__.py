@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..gate_params import GateParams
+    from ..options import TEMPORAL_MIXERS
     from . import arms, losses, step, tasks, trainer
     from .arms import ARMS, Arm
     from .config import TrainConfig
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from .losses import aggregate, kl_penalty, policy_loss, value_loss
     from .policy_forward import ForwardOutput, forward
     from .standard_critic import StandardCritic
-    from .tac import TEMPORAL_MIXERS, TransportAlignedCritic, causal_gates, parameter_count, running_zscore
+    from .tac import TransportAlignedCritic, causal_gates, parameter_count, running_zscore
     from .taps import TapRecorder, decoder_layers, default_taps
     from .trainer import Trainer, train
 
@@ -41,7 +42,7 @@ _WHERE = {
     "policy_loss": ".losses",
     "value_loss": ".losses",
     "StandardCritic": ".standard_critic",
-    "TEMPORAL_MIXERS": ".tac",
+    "TEMPORAL_MIXERS": "..options",
     "TransportAlignedCritic": ".tac",
     "causal_gates": ".tac",
     "parameter_count": ".tac",

@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import ParameterError
+from ..options import ARM_NAMES, GATE_CONTROLS, check_choice
 
 __all__ = ["ARMS", "CONTROLS", "CRITICS", "GATE_SOURCES", "Arm", "get_arm"]
 
 #: The gate sources that are controls of the concentration gates (``cc.controls``).
-CONTROLS = ("constant", "shuffle", "by_position")
+CONTROLS = GATE_CONTROLS
 
 
 #: The critics an arm may train (None: no critic).
@@ -96,9 +96,9 @@ ARMS: dict[str, Arm] = {
 }
 
 
+assert tuple(ARMS) == ARM_NAMES  # the registry and the vocabulary name the same arms, in order
+
+
 def get_arm(name: str) -> Arm:
     """The arm called ``name``, or a :class:`~comppo_core.errors.ParameterError` naming ``arm``."""
-    arm = ARMS.get(name) if isinstance(name, str) else None
-    if arm is None:
-        raise ParameterError(f"arm: expected one of {', '.join(ARMS)}, got {name!r}", argument="arm")
-    return arm
+    return ARMS[check_choice("arm", name, ARM_NAMES)]

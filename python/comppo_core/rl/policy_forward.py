@@ -37,7 +37,7 @@ from torch import nn
 
 from .. import gating
 from ..errors import OutOfRangeError, ParameterError, ShapeError
-from ..gate_params import GateParams
+from ..gate_params import GateParams, as_gate_params
 from ..hf.lm import check_ids, default_position_ids, scored_columns
 from ..hf.scoring import score
 from ..hf.statistics import DEFAULT_QUERY_CHUNK
@@ -162,7 +162,7 @@ def forward(
     shape = (ids.shape[0], ids.shape[1] - 1)
     resp = columns if response_mask is None else _column_mask("response_mask", response_mask, shape, columns)
     given = None if gates is None or callable(gates) else _given_gates(gates, shape, ids.device)
-    params = GateParams() if gate_params is None else gate_params
+    params = as_gate_params(gate_params, "gate_params")
     taps: tuple[int, ...] = tuple(getattr(critic, "taps", ())) if critic is not None else ()
     if taps and not routing:
         raise ParameterError(
