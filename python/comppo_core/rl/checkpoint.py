@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import ParameterError
-from .config import TrainConfig
+from .config import RESUMABLE_CHANGES, TrainConfig
 from .pretrained import quiet_transformers
 
 __all__ = [
@@ -41,9 +41,6 @@ __all__ = [
     "load_state",
     "save_checkpoint",
 ]
-
-#: Config fields a resumed run may change.
-RESUMABLE_CHANGES = ("steps", "resume", "progress", "save_every", "eval_every", "num_threads", "device")
 
 
 def save_checkpoint(

@@ -39,13 +39,17 @@ from ..options import (
     check_choice,
 )
 
-__all__ = ["KL_MODES", "PRESETS", "TrainConfig"]
+__all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig"]
 
 # This module imports no torch (nor transformers): every closed set a field is checked
 # against comes from comppo_core.options (KL_MODES is re-exported from there), so that
 # reading, validating and parsing a TrainConfig (``comppo-core train --help``) stays light.
 
 TASKS = ("addition",)
+
+
+#: The fields a resumed run may change (every other field must equal the checkpoint's).
+RESUMABLE_CHANGES = ("steps", "resume", "progress", "save_every", "eval_every", "num_threads", "device")
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -72,8 +76,7 @@ class TrainConfig:
     steps: int = _f(60, "PPO steps (one rollout batch each)")
     resume: bool = _f(
         False,
-        "continue from OUT/checkpoint (the saved config must agree except steps, resume, "
-        "progress, save_every, eval_every)",
+        "continue from OUT/checkpoint (the saved config must agree except " + ", ".join(RESUMABLE_CHANGES) + ")",
     )
     save_every: int = _f(10, "write OUT/checkpoint every this many steps and after the last (0: only after the last)")
     eval_every: int = _f(
