@@ -56,6 +56,7 @@ try:
 
     from comppo_core import rl
     from comppo_core.hf._memory import peak_memory
+    from comppo_core.rl import build, step
     from comppo_core.rl.tasks import Problem
 except ImportError as exc:  # pragma: no cover
     sys.exit(f"benches/train_step.py needs the [rl] extra (torch, transformers, tqdm, matplotlib): {exc}")
@@ -184,18 +185,18 @@ def qwen3(p: dict[str, int], dtype: torch.dtype, device: str, seed: int = 0) -> 
 
 def install(trainer: rl.Trainer, actor: Any, task: Any = None) -> None:
     """Give ``trainer`` the policy ``actor`` (and ``task``): a fresh reference, critic and
-    optimisers for it, built by the trainer's own methods in the order its constructor
-    uses (the critic from the seed the constructor gives it). These are the trainer's private
-    builders (``_make_reference``, ``_make_critic``, ``_make_optimizers``): the trainer has no
-    public way to take a model object, and the Qwen3 preset needs one in bfloat16."""
+    optimisers for it, built by ``rl.build`` and the trainer's own ``_attach_actor`` in the
+    order its constructor uses (the critic from the seed the constructor gives it). The
+    trainer has no public way to take a model object, and the Qwen3 preset needs one in
+    bfloat16."""
     if task is not None:
         trainer.task, trainer.tokenizer = task, task.tokenizer
         trainer.max_new_tokens = task.max_new_tokens
-    trainer.actor = actor
-    trainer.reference = trainer._make_reference(actor)
+        trainer.loss_settings = step.LossSettings.from_config(trainer.config, trainer.max_new_tokens)
+    trainer.reference = build.make_reference(actor) if trainer._keeps_reference_copy() else None
     torch.manual_seed(trainer.config.seed * 1000 + 1)
-    trainer.critic = trainer._make_critic(actor)
-    trainer._make_optimizers()
+    trainer.critic = build.make_critic(trainer.arm, actor, trainer.config)
+    trainer._attach_actor(actor, None)
 
 
 def trainers_on_one_model(a: argparse.Namespace) -> tuple[dict[str, rl.Trainer], str]:
