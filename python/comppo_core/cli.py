@@ -4,6 +4,9 @@
   the ``[hf]`` extra);
 * ``comppo-core train``: PPO for one arm on the built-in task or a user's model and data,
   ``metrics.jsonl`` and checkpoints (needs the ``[rl]`` extra);
+* ``comppo-core evaluate --model DIR``: the held-out greedy accuracy of a saved model
+  (a run's ``warmstart/`` or ``checkpoint/actor``, or a user's model) on the trainer's
+  evaluation set (needs the ``[rl]`` extra);
 * ``comppo-core compare``: every arm × seed from paired warm starts, ``results.md`` and
   ``curves.png`` (needs the ``[rl]`` extra);
 * ``comppo-core synthetic``: GAE vs Comp-GAE on a synthetic batch and a speed check
@@ -21,12 +24,12 @@ import argparse
 import sys
 
 from . import __version__, errors
-from .commands import advantages, compare, demo, synthetic, train
+from .commands import advantages, compare, demo, evaluate, synthetic, train
 
 __all__ = ["main"]
 
 #: The command modules, in the order ``--help`` lists them.
-_COMMANDS = (demo, train, compare, synthetic, advantages)
+_COMMANDS = (demo, train, evaluate, compare, synthetic, advantages)
 
 
 def _build_parser() -> argparse.ArgumentParser:

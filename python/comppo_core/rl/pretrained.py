@@ -14,18 +14,35 @@ chat template, the prompt is one user turn with the generation prompt appended
 (``apply_chat_template(..., add_generation_prompt=True)``), encoded without adding
 special tokens again. A tokenizer without a pad token pads with EOS (the attention mask
 marks the real tokens, and a response ends at its first EOS).
+
+``save_tokenizer(tokenizer, directory)`` writes the run's tokenizer beside a saved model so
+the directory is a ``model=DIR`` again: the built-in
+:class:`~comppo_core.rl.tasks.CharTokenizer` through
+:meth:`~comppo_core.rl.tasks.CharTokenizer.to_hf`, an :class:`HFTokenizer` through its
+tokenizer's ``save_pretrained``. :func:`check_model_directory` makes the checks of
+:func:`load_tokenizer` that need no torch or transformers (a command makes them first).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ..errors import ParameterError
 
-__all__ = ["TOKENIZER_FILES", "HFTokenizer", "load_policy", "load_tokenizer"]
+__all__ = [
+    "TOKENIZER_FILES",
+    "HFTokenizer",
+    "check_model_directory",
+    "load_policy",
+    "load_tokenizer",
+    "save_tokenizer",
+]
 
 #: Files one of which a directory must hold for ``AutoTokenizer`` to load from it offline.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
@@ -89,22 +106,71 @@ def _directory(path: str | Path) -> Path:
     return p
 
 
-def load_tokenizer(path: str | Path, *, chat_template: bool = False) -> HFTokenizer:
-    """The tokenizer saved in the model directory ``path``, wrapped (module docstring)."""
-    from transformers import AutoTokenizer
-
+def check_model_directory(path: str | Path) -> Path:
+    """``path`` as a :class:`~pathlib.Path` if it is a directory holding one of the
+    :data:`TOKENIZER_FILES`; else a :class:`~comppo_core.errors.ParameterError` naming
+    ``model``. Imports nothing (no torch, no transformers)."""
     p = _directory(path)
     if not any((p / name).is_file() for name in TOKENIZER_FILES):
         raise ParameterError(
             f"model: expected a tokenizer in the model directory {str(p)!r} (one of {', '.join(TOKENIZER_FILES)}), "
-            "found none; save it there with tokenizer.save_pretrained",
+            "found none; save it there with tokenizer.save_pretrained (the built-in character tokenizer: "
+            "comppo_core.rl.pretrained.save_tokenizer)",
             argument="model",
         )
+    return p
+
+
+def load_tokenizer(path: str | Path, *, chat_template: bool = False) -> HFTokenizer:
+    """The tokenizer saved in the model directory ``path``, wrapped (module docstring)."""
+    from transformers import AutoTokenizer
+
+    p = check_model_directory(path)
     try:
         tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... by model type
         raise ParameterError(f"model: could not load the tokenizer in {str(p)!r}: {exc}", argument="model") from exc
     return HFTokenizer(tok, chat_template=chat_template, where=str(p))
+
+
+def save_tokenizer(tokenizer: Any, directory: str | Path) -> Path:
+    """Write ``tokenizer`` into ``directory`` (created if missing) so that
+    :func:`load_tokenizer` reads it back; returns the directory.
+
+    ``tokenizer``: a :class:`~comppo_core.rl.tasks.CharTokenizer` (saved as
+    :meth:`~comppo_core.rl.tasks.CharTokenizer.to_hf`), an :class:`HFTokenizer` (its
+    wrapped tokenizer) or a ``transformers`` tokenizer. Call it beside the model's
+    ``save_pretrained``, so the directory is a ``model=DIR`` of its own.
+
+    The files are written to a temporary directory beside ``directory`` (same file
+    system), then each moved into place with ``os.replace``, ``tokenizer.json`` last: a
+    crash leaves no half-written file, and a directory with only part of the files
+    fails to load with an error naming it rather than loading another tokenizer.
+    Files of the same names are replaced; other files are left as they are."""
+    from .tasks import CharTokenizer
+
+    if isinstance(tokenizer, CharTokenizer):
+        hf = tokenizer.to_hf()
+    elif isinstance(tokenizer, HFTokenizer):
+        hf = tokenizer.tokenizer
+    elif callable(getattr(tokenizer, "save_pretrained", None)):
+        hf = tokenizer
+    else:
+        raise ParameterError(
+            f"tokenizer: expected a CharTokenizer, an HFTokenizer or a transformers tokenizer, got "
+            f"{type(tokenizer).__name__}",
+            argument="tokenizer",
+        )
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tokenizer-", dir=target.parent))
+    try:
+        hf.save_pretrained(str(staging))
+        for item in sorted(staging.iterdir(), key=lambda f: (f.name == "tokenizer.json", f.name)):
+            os.replace(item, target / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 @contextlib.contextmanager

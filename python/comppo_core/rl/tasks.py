@@ -25,18 +25,24 @@ in the first ``heldout_fraction`` of its range, so the split is a fixed function
 evaluation set is a fixed list of distinct held-out pairs.
 
 **Tokenizer.** :class:`CharTokenizer`: one id per character, ``<pad>`` = 0, ``<bos>`` = 1,
-``<eos>`` = 2; nothing to download.
+``<eos>`` = 2; nothing to download. :meth:`CharTokenizer.to_hf` is the same tokenizer as a
+``transformers`` fast tokenizer, which ``save_pretrained`` writes beside a model
+(:func:`comppo_core.rl.pretrained.save_tokenizer`) so the model can be loaded back as
+``model=DIR``.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ..errors import ParameterError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 __all__ = ["ALPHABET", "AdditionTask", "CharTokenizer", "Problem", "worked_solution"]
 
@@ -112,6 +118,49 @@ class CharTokenizer:
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "char", "alphabet": self.alphabet}
+
+    def to_hf(self) -> PreTrainedTokenizerFast:
+        """This tokenizer as a ``transformers.PreTrainedTokenizerFast``, built offline.
+
+        A ``tokenizers`` WordLevel model over the specials then one token per character
+        (the same ids), a pre-tokenizer that splits every character, a post-processor
+        that puts ``<bos>`` in front of a sequence when special tokens are added, and a
+        decoder that joins the characters; ``pad``, ``bos`` and ``eos`` tokens set.
+        Wrapped in :class:`comppo_core.rl.pretrained.HFTokenizer` it gives the same
+        ``vocab_size``, special ids, ``encode_prompt``, ``encode`` and ``decode`` as this
+        tokenizer; it differs only on bad input (a character outside the alphabet is an
+        ``Exception`` of the ``tokenizers`` library; an id out of range decodes to "").
+
+        An alphabet that can spell ``<pad>``, ``<bos>`` or ``<eos>`` is a
+        :class:`~comppo_core.errors.ParameterError`: a fast tokenizer reads those names
+        in a text as the special tokens, this one as characters. Needs ``transformers``.
+        """
+        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+        from transformers import PreTrainedTokenizerFast
+
+        for special in self.SPECIALS:
+            if set(special) <= set(self.alphabet):
+                raise ParameterError(
+                    f"alphabet: expected an alphabet that cannot spell the special token {special!r} (a Hugging Face "
+                    f"tokenizer would read it in a text as the token), got {self.alphabet!r}",
+                    argument="alphabet",
+                )
+        vocab = {name: i for i, name in enumerate(self.SPECIALS)}
+        vocab.update(self._ids)
+        tok = Tokenizer(models.WordLevel(vocab))  # no unknown token: a foreign character is an error
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character
+        bos = self.SPECIALS[self.bos_token_id]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, self.bos_token_id)]
+        )
+        tok.decoder = decoders.Fuse()  # the characters, joined without spaces
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            pad_token=self.SPECIALS[self.pad_token_id],
+            bos_token=bos,
+            eos_token=self.SPECIALS[self.eos_token_id],
+            clean_up_tokenization_spaces=False,
+        )
 
 
 class Problem(NamedTuple):

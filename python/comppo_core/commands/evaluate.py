@@ -1,0 +1,294 @@
+"""``comppo-core evaluate``: the held-out greedy accuracy of a saved model, nothing else.
+
+``comppo-core evaluate --model DIR`` loads the causal LM and the tokenizer saved in ``DIR``
+(:func:`comppo_core.rl.pretrained.load_policy`, :func:`~comppo_core.rl.pretrained.load_tokenizer`),
+builds the task as the trainer does (:func:`comppo_core.rl.evaluation.build_task`: the
+built-in addition task, its split fixed by ``--digits``, ``--split-seed`` and
+``--heldout-fraction``, or ``--task FILE.jsonl``), takes the same evaluation set
+(``task.heldout(--eval-size)``) and prints the accuracy of greedy decoding on it
+(:func:`comppo_core.rl.evaluation.heldout_scores`, the computation of
+:meth:`comppo_core.rl.Trainer.evaluate`)::
+
+    comppo-core evaluate: runs/x/warmstart: held-out accuracy 53.9% (1091 of 2024 problems, 2-digit addition) in 12 s
+
+A directory the trainer saved (``OUT/warmstart``) holds ``task.json``, the run's task:
+its task, digits, split seed, held-out fraction and chat-template setting are then the
+defaults, so ``comppo-core evaluate --model runs/x/warmstart`` scores the run's own
+held-out set. The flags given override them; without ``task.json`` the defaults are
+:class:`~comppo_core.rl.TrainConfig`'s. ``--json FILE`` also writes the numbers, the task
+and the settings as JSON (atomically: a temporary file renamed into place).
+
+Exit status: 0 on success; 2 on a bad flag, a ``--model`` that is not a directory or holds
+no tokenizer, a bad task file or split (one line naming the flag), all checked before
+torch is imported where they can be; 1 without the ``[rl]`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ParameterError
+from ..rl.config import TrainConfig
+from ..rl.evaluation import build_task, describe_task
+from ..rl.pretrained import check_model_directory
+from .train import require_rl_extra, usage_error
+
+__all__ = ["add_parser", "run", "saved_task_settings", "write_json_atomic"]
+
+#: The TrainConfig fields ``DIR/task.json`` can give defaults for.
+_FROM_TASK_JSON = ("task", "digits", "split_seed", "heldout_fraction", "chat_template")
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Register the ``evaluate`` command on the ``comppo-core`` parser."""
+    cmd = subparsers.add_parser(
+        "evaluate",
+        help="held-out greedy accuracy of a saved model (a run's warmstart/ or checkpoint/actor, or yours) "
+        "(needs [rl])",
+        description=(
+            "Load the model and tokenizer saved in --model DIR, build the task as the trainer does and print the "
+            "greedy accuracy on its held-out problems. Defaults: DIR/task.json (written with a run's warm start), "
+            "then the TrainConfig defaults; the flags given override both."
+        ),
+    )
+    cmd.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR",
+        help="a local Hugging Face model directory with its tokenizer (a run's warmstart/ or checkpoint/actor)",
+    )
+    cmd.add_argument(
+        "--task",
+        default=None,
+        metavar="TASK",
+        help="addition (the built-in task) or a .jsonl file of {prompt, answer} rows (default: DIR/task.json's, "
+        "else addition)",
+    )
+    cmd.add_argument(
+        "--eval-size",
+        type=_integer,
+        default=None,
+        metavar="N",
+        help="held-out problems to score (fewer if the split has fewer), as the trainer's eval_size (default: 2048)",
+    )
+    cmd.add_argument(
+        "--digits",
+        type=_integer,
+        default=None,
+        metavar="D",
+        help="addition: operands below 10**D (default: DIR/task.json's, else 2)",
+    )
+    cmd.add_argument(
+        "--split-seed",
+        type=_integer,
+        default=None,
+        metavar="S",
+        help="fixes which problems are held out (default: DIR/task.json's, else 0)",
+    )
+    cmd.add_argument(
+        "--heldout-fraction",
+        type=_number,
+        default=None,
+        metavar="F",
+        help="share of problems held out (default: DIR/task.json's, else 0.2)",
+    )
+    cmd.add_argument(
+        "--max-new-tokens",
+        type=_integer,
+        default=None,
+        metavar="N",
+        help="response budget in tokens (default: the task's longest response; 256 for a .jsonl task)",
+    )
+    cmd.add_argument(
+        "--chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="each prompt as one user turn of the tokenizer's chat template, if it has one (default: "
+        "DIR/task.json's, else off)",
+    )
+    cmd.add_argument(
+        "--device",
+        default=None,
+        metavar="DEVICE",
+        help="auto (cuda when available, else cpu), cpu, cuda or cuda:N (default: auto)",
+    )
+    cmd.add_argument(
+        "--num-threads",
+        type=_integer,
+        default=None,
+        metavar="N",
+        help="torch.set_num_threads (default: torch's own choice)",
+    )
+    cmd.add_argument(
+        "--json",
+        default=None,
+        metavar="FILE",
+        help="also write the accuracy, counts, model, task and settings to FILE as JSON",
+    )
+    cmd.set_defaults(run=run, command_parser=cmd)
+    return cmd
+
+
+def saved_task_settings(model_dir: Path) -> tuple[dict[str, Any], Path | None]:
+    """The TrainConfig fields ``model_dir/task.json`` gives defaults for, and the file
+    (``({}, None)`` without one). The file is what the trainer writes beside its warm start,
+    ``{**task.to_dict(), "tokenizer": tokenizer.to_dict()}``; a file that is not a JSON
+    object is a :class:`~comppo_core.errors.ParameterError` naming ``model``."""
+    path = model_dir / "task.json"
+    if not path.is_file():
+        return {}, None
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ParameterError(
+            f"model: {str(path)!r}: expected the task the trainer saved, as JSON, got an unreadable file: {exc}",
+            argument="model",
+        ) from None
+    if not isinstance(saved, dict):
+        raise ParameterError(
+            f"model: {str(path)!r}: expected the task the trainer saved, as a JSON object, got {type(saved).__name__}",
+            argument="model",
+        )
+    out: dict[str, Any] = {}
+    if saved.get("name") == "addition":
+        out["task"] = "addition"
+    elif saved.get("name") == "jsonl" and "path" in saved:
+        out["task"] = saved["path"]
+    for key in ("digits", "split_seed", "heldout_fraction"):
+        if key in saved:
+            out[key] = saved[key]
+    tokenizer = saved.get("tokenizer")
+    if isinstance(tokenizer, dict) and "chat_template" in tokenizer:
+        out["chat_template"] = tokenizer["chat_template"]
+    return out, path
+
+
+def _config(args: argparse.Namespace, cmd: argparse.ArgumentParser, model_dir: Path) -> tuple[TrainConfig, Path | None]:
+    """The settings: the flags given, then ``DIR/task.json``, then the TrainConfig defaults."""
+    try:
+        saved, task_json = saved_task_settings(model_dir)
+    except ParameterError as exc:
+        usage_error(cmd, exc)
+    given = {
+        name: getattr(args, name)
+        for name in ("task", "eval_size", "digits", "split_seed", "heldout_fraction", "max_new_tokens")
+        + ("chat_template", "device", "num_threads")
+        if getattr(args, name) is not None
+    }
+    try:
+        config = TrainConfig(model=str(model_dir), progress=False, **{**saved, **given})
+    except ParameterError as exc:
+        if exc.argument in saved and exc.argument not in given:  # the file, not a flag, is at fault
+            usage_error(cmd, ParameterError(f"model: {str(task_json)!r}: {exc}", argument="model"))
+        usage_error(cmd, exc)
+    return config, task_json
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """``data`` as indented JSON in ``path``, written to a temporary file beside it and
+    renamed into place (``os.replace``): a reader sees the old file or the whole new one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _count(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``comppo-core evaluate``; returns the exit status."""
+    cmd: argparse.ArgumentParser = args.command_parser
+    t0 = time.perf_counter()
+    # ---- everything that needs no torch: the paths, the settings, the task and its held-out set
+    try:
+        model_dir = check_model_directory(args.model)
+    except ParameterError as exc:
+        usage_error(cmd, exc)
+    json_path = None if args.json is None else Path(args.json)
+    if json_path is not None and (json_path.is_dir() or not json_path.parent.is_dir()):
+        what = "is a directory" if json_path.is_dir() else "whose directory does not exist"
+        cmd.error(f"--json: expected a file to write, got {args.json!r}, which {what}")
+    config, task_json = _config(args, cmd, model_dir)
+    try:
+        task = build_task(config)
+        problems = task.heldout(config.eval_size)
+    except ParameterError as exc:
+        usage_error(cmd, exc)
+    require_rl_extra("evaluate")
+
+    # ---- the model
+    import torch
+
+    from ..rl.distributed import resolve_device
+    from ..rl.evaluation import heldout_scores
+    from ..rl.pretrained import load_policy, load_tokenizer
+
+    try:
+        device = resolve_device(config.device)
+        tokenizer = load_tokenizer(model_dir, chat_template=config.chat_template)
+        actor = load_policy(model_dir).to(device)
+    except ParameterError as exc:
+        usage_error(cmd, exc)
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    max_new_tokens = config.max_new_tokens or task.max_new_tokens
+    scores = heldout_scores(actor, tokenizer, task, problems, max_new_tokens=max_new_tokens, device=device)
+    correct = sum(scores)
+    accuracy = correct / len(scores)
+    seconds = time.perf_counter() - t0
+    description = describe_task(task)
+    print(
+        f"comppo-core evaluate: {args.model}: held-out accuracy {100 * accuracy:.1f}% ({_count(correct)} of "
+        f"{len(scores)} problems, {description}) in {seconds:.0f} s"
+    )
+    if json_path is not None:
+        write_json_atomic(
+            json_path,
+            {
+                "model": str(model_dir.resolve()),
+                "accuracy": accuracy,
+                "correct": int(correct) if float(correct).is_integer() else correct,
+                "problems": len(scores),
+                "task": {**task.to_dict(), "description": description},
+                "tokenizer": tokenizer.to_dict(),
+                "settings": {
+                    "eval_size": config.eval_size,
+                    "max_new_tokens": max_new_tokens,
+                    "chat_template": tokenizer.chat_template,
+                    "device": str(device),
+                    "num_threads": torch.get_num_threads(),
+                    "task_json": None if task_json is None else str(task_json.resolve()),
+                },
+                "seconds": seconds,
+            },
+        )
+    return 0
