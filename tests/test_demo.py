@@ -97,7 +97,8 @@ def test_demo_trains_and_writes_its_outputs(quick_run: dict[str, Any]) -> None:
     for key, value in demo.QUICK.items():
         assert cfg[key] == value, key
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(STEPS)) and {r["arm"] for r in rows} == {"comppo"}
+    assert rows[-1]["step"] == STEPS and rows[-1]["reward_mean"] is None  # the final evaluation
+    assert [r["step"] for r in rows[:-1]] == list(range(STEPS)) and {r["arm"] for r in rows} == {"comppo"}
 
     # before -> after is the trainer's step-0 and final held-out accuracy
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -55,7 +55,9 @@ def signal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The step rows of a ``metrics.jsonl`` (without the final evaluation's row)."""
+    rs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rs if r["reward_mean"] is not None]
 
 
 def parse_table(text: str) -> dict[str, dict[str, str]]:
@@ -234,7 +236,9 @@ def test_compare_writes_the_table_curves_and_every_run(
 
     # a second invocation reuses the warm starts and finished runs and writes the same table
     capsys.readouterr()
-    assert cli.main(argv) == 0
+    assert cli.main(argv) == 2  # not without --resume: the runs are kept as they are
+    assert "--out: " in capsys.readouterr().err and json.loads((out / "timings.json").read_text()) == timings
+    assert cli.main([*argv, "--resume"]) == 0
     assert capsys.readouterr().out.count("(reused)") == 2 + 4
     assert json.loads((out / "timings.json").read_text()) == timings  # as they took when they ran
     assert parse_table((out / "results.md").read_text()) == table

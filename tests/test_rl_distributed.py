@@ -88,7 +88,9 @@ def warmstart_params(out: Path) -> dict[str, Any]:
 
 
 def rows(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """The step rows of ``metrics.jsonl`` (without the final evaluation's row)."""
+    rs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rs if r["reward_mean"] is not None]
 
 
 CASES = {

@@ -115,7 +115,9 @@ def tiny(model_dir: Path, task: Path, **changes: Any) -> TrainConfig:
 
 
 def rows(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """The step rows of ``metrics.jsonl`` (without the final evaluation's row)."""
+    rs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rs if r["reward_mean"] is not None]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -49,7 +49,9 @@ def tiny(**changes: Any) -> TrainConfig:
 
 
 def rows(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """The step rows of ``metrics.jsonl`` (without the final evaluation's row)."""
+    rs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rs if r["reward_mean"] is not None]
 
 
 def without_times(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -266,8 +268,13 @@ def test_two_steps_of_every_arm(arm: str, tmp_path: Path, signal: None) -> None:
     summary = trainer.train()
     rs = rows(tmp_path)
     assert [r["step"] for r in rs] == [0, 1]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])  # the final evaluation, after the last update
+    assert len(lines) == 3 and last["step"] == 2 and last["eval_accuracy"] == summary["final_eval_accuracy"]
+    assert set(last) == set(METRIC_KEYS) and last["reward_mean"] is None and last["arm"] == arm
     for r in rs:
         assert set(r) == set(METRIC_KEYS)
+        assert r["rewards_all_equal"] is bool(r["reward_mean"] in (0.0, 1.0))
         assert r["arm"] == arm and r["seed"] == 0
         for key in (
             "reward_mean",

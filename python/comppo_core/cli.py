@@ -15,30 +15,43 @@
   Parquet file of rollouts, streamed row group by row group (needs the ``[arrow]`` extra).
 
 Exit status: 0 on success, 2 on a usage error (argparse), 1 on a ``ComppoError`` or
-another user-facing failure, which is printed as ``comppo-core: error: ...``.
+another user-facing failure, which is printed as ``comppo-core: error: ...``. A usage error
+is one line naming the flag, ``comppo-core train: error: --arm: expected ...``, with no
+usage block (``--help`` prints the flags); every command checks its flags and paths before
+it imports torch, so these answer at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from . import __version__, errors
 from .commands import advantages, compare, demo, evaluate, synthetic, train
 
-__all__ = ["main"]
+__all__ = ["OneLineErrorParser", "main"]
 
 #: The command modules, in the order ``--help`` lists them.
 _COMMANDS = (demo, train, evaluate, compare, synthetic, advantages)
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line, ``PROG: error: MESSAGE (PROG
+    --help lists the flags)``, on stderr with exit status 2, instead of the usage block
+    followed by the message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the flags)\n")
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="comppo-core",
         description="comppo-core: exact, fast GAE and Comp-GAE advantages for PPO-style RL of LLMs.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     for module in _COMMANDS:
         module.add_parser(sub)
     return parser

@@ -57,6 +57,7 @@ __all__ = [
     "MASKED_REWARD_MODES",
     "NORMALIZE_MODES",
     "PRECISIONS",
+    "REPORT_TO",
     "SINGLETON_MODES",
     "STATISTICS",
     "STATISTIC_METHODS",
@@ -101,6 +102,9 @@ KL_MODES = ("reward", "loss")
 
 #: The transport-aligned critic's causal temporal mixer: none, a GRU, causal attention.
 TEMPORAL_MIXERS = ("none", "gru", "attention")
+#: Where a run's metrics go besides ``metrics.jsonl``: nowhere, TensorBoard event files
+#: (``OUT/tensorboard``), or Weights & Biases (its own settings; ``WANDB_MODE=offline`` works).
+REPORT_TO = ("none", "tensorboard", "wandb")
 #: The arms of :mod:`comppo_core.rl.arms`, in the order the docs and ``compare`` list them.
 ARM_NAMES = ("grpo", "ppo", "comp_gae", "tac_fixed", "comppo", "comppo_shuffle", "comppo_position")
 

@@ -16,22 +16,35 @@ Outputs under ``OUT``::
     timings.json            the seconds each warm start and run took when it ran
     curves.png              held-out accuracy vs step: mean and 95% CI band per arm
 
+    compare.json            the settings every run here shares (checked by --resume)
+
 The table gives, per arm, the final held-out (greedy) accuracy: its mean over seeds and
 a 95% confidence interval ``mean ± t_{0.975, n−1} · s / √n`` (Student's t, ``s`` the
 sample standard deviation over the ``n`` seeds), and the same for the paired differences
-``acc(arm, s) − acc(ref, s)`` to the warm start, to ``grpo`` and to ``comppo``. A run
-already finished under ``OUT`` with the same settings is reused, so an interrupted
-``compare`` continues where it stopped.
+``acc(arm, s) − acc(ref, s)`` to the warm start, to ``grpo`` and to ``comppo``.
+
+**Never mixing runs.** An ``OUT`` that already holds a compare (or any run) is refused
+unless ``--resume`` or ``--overwrite``. ``--resume`` continues it with the same settings
+(``compare.json``; a differing setting is refused, named): finished runs are reused,
+interrupted ones resume from their checkpoint, and ``--arms`` / ``--seeds`` may add runs;
+``results.md`` covers the arms and seeds asked for. ``--overwrite`` deletes the compare's
+own files (the entries above) and starts again. Ctrl-C finishes the current step, keeps
+the checkpoints and prints the ``--resume`` command (exit status 130).
 
 Exit status: 0 on success, 2 on a bad flag (an unknown arm, a bad preset, a setting out
-of range: the message names the flag), 1 on a failure while training.
+of range, a refused ``--out``: the message names the flag), 1 on a failure while
+training, 130/143 when interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
+import shutil
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,8 +52,17 @@ from typing import Any
 
 from ..errors import ParameterError
 from ..options import ARM_NAMES
+from ..rl import run_dir
 from ..rl.config import TrainConfig
-from .train import _Default, add_config_arguments, config_from_args, require_rl_extra, usage_error
+from .train import (
+    _Default,
+    add_config_arguments,
+    check_paths,
+    config_from_args,
+    require_rl_extra,
+    show_log_lines,
+    usage_error,
+)
 
 __all__ = ["add_parser", "mean_ci", "plot_curves", "results_table", "run", "t_quantile"]
 
@@ -51,8 +73,13 @@ REFERENCES = ("grpo", "comppo")
 _OWN_FLAGS = {
     "arm": "the arms are --arms",
     "seed": "the seeds are 0 … --seeds − 1",
-    "resume": "compare reuses the runs finished under --out by itself",
 }
+
+#: The settings a resumed compare may change (the runs' other settings must be the same).
+_RESUMABLE = ("progress", "num_threads", "device", "report_to", "save_every")
+
+#: What compare writes directly under OUT (with the <arm>/seed<s>/ run directories).
+_OWN_ENTRIES = ("compare.json", "results.md", "results.json", "timings.json", "curves.png", "warmstart")
 
 
 # --------------------------------------------------------------------------- #
@@ -209,9 +236,10 @@ def plot_curves(
             mean = [100 * m for m, _ in stats]
             (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=arm, color=color)
             color = line.get_color()
-            if all(h is not None for _, h in stats):
-                lo = [100 * (m - (h or 0.0)) for m, h in stats]
-                hi = [100 * (m + (h or 0.0)) for m, h in stats]
+            if all(h is not None for _, h in stats):  # clipped to what an accuracy (or a gain) can be
+                floor, ceiling = (-100.0, 100.0) if shift else (0.0, 100.0)
+                lo = [max(floor, 100 * (m - (h or 0.0))) for m, h in stats]
+                hi = [min(ceiling, 100 * (m + (h or 0.0))) for m, h in stats]
                 ax.fill_between(steps, lo, hi, color=color, alpha=0.10, linewidth=0)
     if warm:
         mean_warm = 100 * math.fsum(warm.values()) / len(warm)
@@ -225,7 +253,9 @@ def plot_curves(
     ax_acc.legend(fontsize=8, loc="best")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)  # a reader never sees half a PNG
 
 
 # --------------------------------------------------------------------------- #
@@ -280,15 +310,94 @@ def _seeds(text: str, cmd: argparse.ArgumentParser) -> int:
     return n
 
 
-def _finished(out: Path, config: TrainConfig) -> dict[str, Any] | None:
-    """The summary of a run already finished in ``out`` with exactly ``config``, or None."""
-    try:
-        if (out / "config.json").read_text() == config.to_json():
-            summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
-            return summary
-    except (OSError, ValueError):
-        pass
+def _settings(config: TrainConfig) -> dict[str, Any]:
+    """The settings every run of a compare shares: the config without what differs per run
+    (arm, seed, out, init_from, resume) or may change on --resume (:data:`_RESUMABLE`)."""
+    skip = {"arm", "seed", "out", "init_from", "resume", *_RESUMABLE}
+    return {k: v for k, v in config.to_dict().items() if k not in skip}
+
+
+def _differing(saved: dict[str, Any], config: TrainConfig) -> str | None:
+    """The first shared setting on which a saved config (dict) and ``config`` differ."""
+    want = _settings(config)
+    for key, value in want.items():
+        if key in saved and saved[key] != value:
+            return f"--{key.replace('_', '-')}: the runs in --out have {key}={saved[key]!r}, got {value!r}"
     return None
+
+
+def _saved_config(out: Path) -> dict[str, Any] | None:
+    try:
+        saved: dict[str, Any] = json.loads((out / "config.json").read_text())
+        return saved
+    except (OSError, ValueError):
+        return None
+
+
+def _holds_compare(out: Path) -> bool:
+    """Whether ``out`` holds a compare's files or any run."""
+    return run_dir.holds_run(out) or any((out / name).exists() for name in (*_OWN_ENTRIES, *ARM_NAMES))
+
+
+def _clear_compare(out: Path) -> None:
+    """Delete a compare's own files in ``out``: :data:`_OWN_ENTRIES` and the runs in
+    ``<arm>/seed<s>/`` (their run files only; a directory left empty goes too)."""
+    for name in _OWN_ENTRIES:
+        p = out / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+    for arm in ARM_NAMES:
+        if not (out / arm).is_dir():
+            continue
+        for seed_dir in (out / arm).glob("seed*"):
+            if seed_dir.is_dir():
+                run_dir.clear_run(seed_dir)
+                with contextlib.suppress(OSError):
+                    seed_dir.rmdir()
+        with contextlib.suppress(OSError):
+            (out / arm).rmdir()
+
+
+def _check_out(
+    out: Path, base: TrainConfig, configs: dict[tuple[str, int], TrainConfig], resume: bool, overwrite: bool
+) -> str | None:
+    """Why ``out`` cannot take this compare (a message naming the flag), or None."""
+    if out.exists() and not out.is_dir():
+        return f"--out: expected a directory, got {str(out)!r}, a file"
+    if resume and overwrite:
+        return "--overwrite: expected --resume or --overwrite, not both"
+    if overwrite or not _holds_compare(out):
+        return None
+    if not resume:
+        return (
+            f"--out: {str(out)!r} already holds a compare (or a run); continue it with --resume (same settings) or "
+            "replace it with --overwrite"
+        )
+    try:
+        saved = json.loads((out / "compare.json").read_text())["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        saved = None
+    if saved is not None and (why := _differing(saved, base)):
+        return why
+    for (arm, seed), config in configs.items():  # the runs themselves (also a compare without compare.json)
+        saved_run = _saved_config(out / arm / f"seed{seed}")
+        if saved_run is not None and (why := _differing(saved_run, config)):
+            return f"{why} ({arm}/seed{seed})"
+    return None
+
+
+def _finished(out: Path, config: TrainConfig) -> dict[str, Any] | None:
+    """The summary of a run finished in ``out`` with ``config``'s settings, or None."""
+    saved = _saved_config(out)
+    if saved is None or _differing(saved, config) or saved.get("steps") != config.steps:
+        return None
+    try:
+        summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+        return summary
+    except (OSError, ValueError):
+        return None
 
 
 def _warm_start(base: TrainConfig, seed: int, out: Path) -> tuple[str, bool]:
@@ -298,13 +407,10 @@ def _warm_start(base: TrainConfig, seed: int, out: Path) -> tuple[str, bool]:
 
     config = base.replace(seed=seed, out=str(out), init_from=None, progress=False)
     policy = out / "warmstart"
-    try:
-        same = (out / "config.json").read_text() == config.to_json()
-    except OSError:
-        same = False
-    if same and (policy / "task.json").is_file():  # task.json: written after the weights
-        return str(policy), False
-    Trainer(config)
+    saved = _saved_config(out)
+    if saved is not None and not _differing(saved, config) and (policy / "task.json").is_file():
+        return str(policy), False  # task.json: written after the weights
+    Trainer(config, overwrite=True)  # this compare's own warm start, unfinished or absent
     return str(policy), True
 
 
@@ -316,9 +422,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             cmd.error(f"--{name}: not a compare flag ({instead})")
     if not isinstance(args.out, str):
         cmd.error("--out: expected the output directory DIR, got none")
+    resume = args.resume is True
     arms = _arms(args.arms, cmd)
     n_seeds = _seeds(args.seeds, cmd)
-    base = config_from_args(args, cmd, arm=arms[0], seed=0)
+    base = config_from_args(args, cmd, arm=arms[0], seed=0, resume=False)
     if base.eval_every == 0:
         cmd.error("--eval-every: expected >= 1 (compare reports the held-out accuracy), got 0")
     configs = {}
@@ -328,12 +435,24 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 configs[arm, seed] = base.replace(arm=arm, seed=seed)
             except ParameterError as exc:  # a setting invalid for one arm
                 usage_error(cmd, exc)
-    require_rl_extra("compare")
-    from ..rl.trainer import train
-
     assert base.out is not None
     out = Path(base.out)
+    refused = _check_out(out, base, configs, resume, args.overwrite)
+    if refused:
+        cmd.error(refused)
+    try:
+        check_paths(base.replace(out=None), overwrite=False)
+    except ParameterError as exc:
+        usage_error(cmd, exc)
+    require_rl_extra("compare")
+    from ..rl.interrupts import GracefulStop, TrainingInterrupted, exit_status
+    from ..rl.trainer import Trainer
+
+    show_log_lines()
+    if args.overwrite:
+        _clear_compare(out)
     out.mkdir(parents=True, exist_ok=True)
+    run_dir.write_json_atomic(out / "compare.json", {"settings": _settings(base), "arms": arms, "seeds": n_seeds})
     warm_needed = base.init_from is None and base.model is None
 
     t_start = time.perf_counter()
@@ -346,48 +465,64 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         timings = {}
     keys: list[str] = []
     total, done, reused = len(configs), 0, 0
-    for seed in range(n_seeds):
-        init_from = base.init_from
-        if warm_needed:
-            t0 = time.perf_counter()
-            ws = out / "warmstart" / f"seed{seed}"
-            try:  # a bad path (the task file, say) is found here: a usage error naming its flag
-                init_from, made = _warm_start(base, seed, ws)
-            except ParameterError as exc:
-                usage_error(cmd, exc)
-            key = f"warmstart/seed{seed}"
-            keys.append(key)
-            if made:
-                timings[key] = time.perf_counter() - t0
-                timings_path.write_text(json.dumps(timings, indent=1, sort_keys=True))
-            status = f"made in {timings[key]:.0f} s" if made else "reused"
-            print(f"[seed {seed}] warm start {init_from} ({status})", flush=True)
-        for arm in arms:
-            run_out = out / arm / f"seed{seed}"
-            config = configs[arm, seed].replace(out=str(run_out), init_from=init_from)
-            done += 1
-            key = f"{arm}/seed{seed}"
-            keys.append(key)
-            summary = _finished(run_out, config)
-            t0 = time.perf_counter()
-            status = "reused"
-            if summary is None:
-                (run_out / "summary.json").unlink(missing_ok=True)
-                try:
-                    summary = train(config)
-                except ParameterError as exc:  # a bad --init-from, --model or --task
-                    usage_error(cmd, exc)
-                timings[key] = time.perf_counter() - t0
-                timings_path.write_text(json.dumps(timings, indent=1, sort_keys=True))
-                status = f"{timings[key]:.0f} s"
-            else:
-                reused += 1
-            summaries[arm, seed] = summary
-            first, final = summary["initial_eval_accuracy"], summary["final_eval_accuracy"]
-            print(
-                f"[{done}/{total}] {arm} seed {seed}: held-out accuracy {_pct(first)}% -> {_pct(final)}% ({status})",
-                flush=True,
-            )
+    hint = "rerun the same command with --resume to continue"
+    with GracefulStop() as stop:
+        try:
+            for seed in range(n_seeds):
+                init_from = base.init_from
+                if warm_needed:
+                    t0 = time.perf_counter()
+                    ws = out / "warmstart" / f"seed{seed}"
+                    try:  # a bad path (the task file, say) is found here: a usage error naming its flag
+                        init_from, made = _warm_start(base, seed, ws)
+                    except ParameterError as exc:
+                        usage_error(cmd, exc)
+                    key = f"warmstart/seed{seed}"
+                    keys.append(key)
+                    if made:
+                        timings[key] = time.perf_counter() - t0
+                        run_dir.write_json_atomic(timings_path, timings)
+                    status = f"made in {timings[key]:.0f} s" if made else "reused"
+                    print(f"[seed {seed}] warm start {init_from} ({status})", flush=True)
+                for arm in arms:
+                    run_out = out / arm / f"seed{seed}"
+                    config = configs[arm, seed].replace(out=str(run_out), init_from=init_from)
+                    done += 1
+                    key = f"{arm}/seed{seed}"
+                    keys.append(key)
+                    summary = _finished(run_out, config)
+                    t0 = time.perf_counter()
+                    status = "reused"
+                    if summary is None:
+                        go_on = (run_out / "checkpoint" / "progress.json").is_file() and _saved_config(run_out)
+                        try:
+                            trainer = Trainer(config.replace(resume=bool(go_on)), overwrite=not go_on)
+                        except ParameterError as exc:  # a bad --init-from, --model or --task
+                            usage_error(cmd, exc)
+                        try:
+                            summary = trainer.train(stop=stop)
+                        finally:
+                            trainer.dist.close()
+                        timings[key] = time.perf_counter() - t0 + timings.get(key, 0.0) * bool(go_on)
+                        run_dir.write_json_atomic(timings_path, timings)
+                        status = f"{timings[key]:.0f} s" + (", resumed" if go_on else "")
+                    else:
+                        reused += 1
+                    summaries[arm, seed] = summary
+                    first, final = summary["initial_eval_accuracy"], summary["final_eval_accuracy"]
+                    print(
+                        f"[{done}/{total}] {arm} seed {seed}: held-out accuracy {_pct(first)}% -> {_pct(final)}% "
+                        f"({status})",
+                        flush=True,
+                    )
+                    if stop():
+                        raise TrainingInterrupted(config.steps, run_out / "checkpoint")
+        except TrainingInterrupted as exc:
+            print(f"comppo-core compare: stopped ({exc}); {hint}", file=sys.stderr)
+            return exit_status(stop.signum or 2)
+        except KeyboardInterrupt:
+            print(f"comppo-core compare: stopped at once; the checkpoints written are kept; {hint}", file=sys.stderr)
+            return exit_status(2)
     seconds = time.perf_counter() - t_start
     timed = [timings[k] for k in keys if k in timings]
     untimed = len(keys) - len(timed)
@@ -404,7 +539,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     lines = [
         "# comppo-core compare",
         "",
-        f"{len(arms)} arms × {n_seeds} seed{'s' if n_seeds > 1 else ''}, preset `{args.preset or 'default'}`, "
+        f"{len(arms)} arm{'s' if len(arms) > 1 else ''} × {n_seeds} seed{'s' if n_seeds > 1 else ''}, "
+        f"preset `{args.preset or 'default'}`, "
         f"{base.steps} PPO steps of {base.prompts_per_step} prompts × {base.group_size} samples; final held-out "
         f"greedy accuracy on {_eval_size(base)} problems, in percent. Every arm of a seed starts from the same warm start "
         "(paired differences); 95% CIs from Student's t over seeds.",
@@ -435,19 +571,17 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         + ".",
         "",
     ]
-    (out / "results.md").write_text("\n".join(lines))
-    (out / "results.json").write_text(
-        json.dumps(
-            {
-                "arms": numbers,
-                "warm_start": {str(s): a for s, a in warm.items()},
-                "curves": curves,
-                "config": base.to_dict(),
-                "seconds": seconds,
-                "timings": {k: timings.get(k) for k in keys},
-            },
-            indent=2,
-        )
+    run_dir.write_text_atomic(out / "results.md", "\n".join(lines))
+    run_dir.write_json_atomic(
+        out / "results.json",
+        {
+            "arms": numbers,
+            "warm_start": {str(s): a for s, a in warm.items()},
+            "curves": curves,
+            "config": base.to_dict(),
+            "seconds": seconds,
+            "timings": {k: timings.get(k) for k in keys},
+        },
     )
     plot_curves(
         curves,

@@ -448,5 +448,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _read_metrics(path: str) -> list[dict[str, Any]]:
+    """The step rows of ``metrics.jsonl`` (not the final evaluation's row)."""
     with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return [r for r in rows if r["reward_mean"] is not None]

@@ -8,12 +8,19 @@ TrainConfig defaults, ``quick`` a shorter run), then the TrainConfig defaults. W
 given change them (the trainer accepts changes to ``steps``, ``progress``, ``save_every``,
 ``eval_every``, ``num_threads`` and ``device`` only).
 
-The command prints the held-out accuracy before and after and the files written under
-``--out``: ``config.json``, ``metrics.jsonl`` (one row per step), ``summary.json``,
-``warmstart/`` and ``checkpoint/`` (:mod:`comppo_core.rl.trainer`).
+The command prints, first, what it chose (threads, response budget, evaluation set), then
+the held-out accuracy before and after and the files written under ``--out``:
+``config.json``, ``metrics.jsonl`` (one row per step), ``summary.json``, ``warmstart/`` and
+``checkpoint/`` (:mod:`comppo_core.rl.trainer`). An ``--out`` that already holds a run is
+refused unless ``--resume`` (continue it) or ``--overwrite`` (replace it).
 
-Exit status: 0 on success, 2 on a bad flag or setting (the message names the flag), 1 on
-a failure while training (a non-finite loss, an unreadable file).
+Ctrl-C (or SIGTERM) finishes the current step, writes a checkpoint of the steps done,
+prints how to resume and exits with 130 (143); a second Ctrl-C stops at once, keeping the
+last checkpoint.
+
+Exit status: 0 on success, 2 on a bad flag, setting or path (one line naming the flag,
+before torch is imported), 1 on a failure while training (a non-finite loss, an
+unreadable file), 130/143 when interrupted.
 
 Neither the flags nor their help need torch: :class:`~comppo_core.rl.TrainConfig` imports
 none, so the parser is built, ``--help`` shown and every flag checked without the
@@ -26,15 +33,27 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import ParameterError
+from ..rl import run_dir
 from ..rl.config import PRESETS, TrainConfig
 
-__all__ = ["MISSING_EXTRA", "add_parser", "config_from_args", "require_rl_extra", "run", "usage_error"]
+__all__ = [
+    "MISSING_EXTRA",
+    "add_parser",
+    "check_paths",
+    "config_from_args",
+    "describe_start",
+    "require_rl_extra",
+    "run",
+    "show_log_lines",
+    "usage_error",
+]
 
 MISSING_EXTRA = "comppo-core {command} needs the [rl] extra: pip install 'comppo-core[rl]'"
 
@@ -61,8 +80,8 @@ class _Default:
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--preset`` and one flag per TrainConfig field on ``parser``; a flag not given
-    parses to its :class:`_Default`."""
+    """``--preset``, ``--overwrite`` and one flag per TrainConfig field on ``parser``; a flag
+    not given parses to its :class:`_Default`."""
     described = "; ".join(
         f"{name}: " + (", ".join(f"{k}={v}" for k, v in changes.items()) or "the TrainConfig defaults")
         for name, changes in PRESETS.items()
@@ -73,8 +92,54 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"named settings under the flags given ({described}); default: default",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --out (its config.json, metrics.jsonl, checkpoints, ...; other files stay)",
+    )
     TrainConfig.add_arguments(parser)
     parser.set_defaults(**{f.name: _Default(f.default) for f in dataclasses.fields(TrainConfig)})
+
+
+def check_paths(config: TrainConfig, *, overwrite: bool) -> None:
+    """The run's paths, checked before anything is imported or loaded: ``out`` (not a file;
+    a run there only with resume or overwrite), ``model`` and ``init_from`` (directories;
+    ``model`` with a tokenizer, and a chat template for ``chat_template``), ``task`` (a
+    file). A ParameterError naming the setting otherwise."""
+    from ..rl.pretrained import TOKENIZER_FILES
+
+    if config.out is not None:
+        run_dir.check_out(config.out, resume=config.resume, overwrite=overwrite)
+    for name in ("model", "init_from"):
+        path = getattr(config, name)
+        if path is not None and not Path(path).is_dir():
+            raise ParameterError(f"{name}: expected a local model directory, got {path!r}", argument=name)
+    if config.model is not None:
+        model = Path(config.model)
+        if not any((model / f).is_file() for f in TOKENIZER_FILES):
+            raise ParameterError(
+                f"model: expected a tokenizer in {config.model!r} (one of {', '.join(TOKENIZER_FILES)}), found none",
+                argument="model",
+            )
+        if config.chat_template and not _has_chat_template(model):
+            raise ParameterError(
+                f"chat_template: the tokenizer in {config.model!r} has no chat template; drop --chat-template to "
+                "encode prompts as plain text",
+                argument="chat_template",
+            )
+    if config.task.endswith(".jsonl") and not Path(config.task).is_file():
+        raise ParameterError(f"task: expected a JSONL file, got {config.task!r}, which is not a file", argument="task")
+
+
+def _has_chat_template(model: Path) -> bool:
+    """Whether the tokenizer files in ``model`` carry a chat template (transformers keeps it
+    in tokenizer_config.json or in chat_template.jinja / chat_template.json)."""
+    if (model / "chat_template.jinja").is_file() or (model / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((model / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def config_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -146,16 +211,33 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``comppo-core train``; returns the exit status."""
     cmd: argparse.ArgumentParser = args.command_parser
     config = _resumed_config(args, cmd) if args.resume is True else config_from_args(args, cmd)
+    try:
+        check_paths(config, overwrite=args.overwrite)
+    except ParameterError as exc:
+        usage_error(cmd, exc)
     require_rl_extra("train")
+    from ..rl.interrupts import GracefulStop, TrainingInterrupted, exit_status
     from ..rl.trainer import Trainer
 
+    if args.overwrite and config.out is not None and run_dir.holds_run(Path(config.out)):
+        print(f"comppo-core train: --overwrite: replacing {run_dir.describe_run(Path(config.out))} in {config.out}")
+    show_log_lines()
     t0 = time.perf_counter()
-    try:
-        trainer = Trainer(config)
-    except ParameterError as exc:  # settings the trainer checks (a resume's, an arm's critic_warmup)
-        usage_error(cmd, exc)
-        raise
-    summary = trainer.train()
+    with GracefulStop() as stop:
+        try:
+            try:
+                trainer = Trainer(config, overwrite=args.overwrite)
+            except ParameterError as exc:  # settings the trainer checks (a resume's, an arm's critic_warmup)
+                usage_error(cmd, exc)
+            if trainer.dist.is_main:
+                print(describe_start(trainer), flush=True)
+            summary = trainer.train(stop=stop)
+        except TrainingInterrupted as exc:
+            print(f"comppo-core train: stopped before step {exc.next_step}; {_resume_hint(config)}", file=sys.stderr)
+            return exit_status(stop.signum or 2)
+        except KeyboardInterrupt:
+            print(f"comppo-core train: stopped at once; {_resume_hint(config)}", file=sys.stderr)
+            return exit_status(2)
     seconds = time.perf_counter() - t0
     if not trainer.dist.is_main:  # under torchrun, rank 0 reports
         return 0
@@ -171,3 +253,57 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     else:
         print(json.dumps(summary, indent=2), file=sys.stdout)
     return 0
+
+
+def _resume_hint(config: TrainConfig) -> str:
+    """How to continue an interrupted run (or why it cannot be)."""
+    if config.out is None:
+        return "nothing was written (no --out), so there is nothing to resume"
+    ckpt = Path(config.out) / "checkpoint"
+    if not (ckpt / "progress.json").is_file():
+        return f"no checkpoint was written; start again with --out {config.out} --overwrite"
+    step = json.loads((ckpt / "progress.json").read_text())["next_step"]
+    return f"the checkpoint continues at step {step}: comppo-core train --out {config.out} --resume"
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A log handler writing to whatever ``sys.stderr`` is when a record comes (a test's
+    capture, a redirect made after the handler was added)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def show_log_lines() -> None:
+    """Show the trainer's log lines (logger ``comppo_core``: a line per step without the
+    progress bar, warnings) on stderr, as the commands print them."""
+    log = logging.getLogger("comppo_core")
+    if not any(isinstance(h, _Stderr) for h in log.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def describe_start(trainer: Any) -> str:
+    """The run's first lines: where and with how many threads it computes, the response
+    budget, the evaluation set and, for a JSONL task, its split."""
+    cfg = trainer.config
+    threads = "torch's default threads" if trainer.threads is None else f"{trainer.threads} torch thread(s) per process"
+    why = " (--num-threads to change)" if cfg.num_threads is None else ""
+    budget = "--max-new-tokens" if cfg.max_new_tokens is not None else "the task's default; --max-new-tokens to change"
+    task = trainer.task
+    split = ""
+    if hasattr(task, "train_rows"):
+        split = f" ({len(task.train_rows)} training and {len(task.heldout_rows)} held-out rows of {task.path})"
+    return (
+        f"comppo-core train: {cfg.arm}, seed {cfg.seed}, {cfg.steps} steps on {trainer.device}, {threads}{why}\n"
+        f"  response budget: {trainer.max_new_tokens} tokens ({budget}); held-out evaluation: "
+        f"{len(trainer.eval_problems)} problems{split}"
+    )

@@ -18,8 +18,8 @@ from torch import nn
 
 from ..errors import NonFiniteError
 from .arms import Arm
-from .config import TASKS, TrainConfig
-from .jsonl_task import JsonlTask
+from .config import TrainConfig
+from .evaluation import build_task
 from .pretrained import load_tokenizer
 from .standard_critic import StandardCritic
 from .tac import TransportAlignedCritic
@@ -30,18 +30,12 @@ __all__ = ["build_policy", "make_critic", "make_reference", "make_task", "sft_wa
 
 def make_task(config: TrainConfig) -> tuple[Any, Any]:
     """The run's task and tokenizer: the built-in addition task with its character tokenizer,
-    or (with ``config.model``) the model's tokenizer; a JSONL file with the model's tokenizer."""
-    tokenizer = None if config.model is None else load_tokenizer(config.model, chat_template=config.chat_template)
-    if config.task in TASKS:
-        task: Any = AdditionTask(config.digits, split_seed=config.split_seed, heldout_fraction=config.heldout_fraction)
-        return task, task.tokenizer if tokenizer is None else tokenizer
-    task = JsonlTask(
-        config.task,
-        split_seed=config.split_seed,
-        heldout_fraction=config.heldout_fraction,
-        max_new_tokens=config.max_new_tokens,
-    )
-    return task, tokenizer
+    or (with ``config.model``) the model's tokenizer; a JSONL file with the model's tokenizer
+    (the task: :func:`comppo_core.rl.evaluation.build_task`)."""
+    task = build_task(config)
+    if config.model is not None:
+        return task, load_tokenizer(config.model, chat_template=config.chat_template)
+    return task, task.tokenizer
 
 
 def build_policy(config: TrainConfig, vocab_size: int) -> Any:

@@ -2,10 +2,13 @@
 
 Layout of ``OUT/checkpoint/``::
 
-    actor/            the policy (``save_pretrained``), or with LoRA the adapter alone
+    actor/            the policy (``save_pretrained``) with its tokenizer and task.json (a model
+                      directory ``--model`` and ``comppo-core evaluate`` read), or with LoRA
+                      the adapter alone
     state.pt          next_step, the torch RNG state of the run's update stream, the
                       actor's optimiser; the critic and its optimiser when the arm has one
     rng.json          the NumPy generator's state (the prompts drawn)
+    progress.json     next_step (read without torch: what a directory holds, for messages)
     config.json       the run's TrainConfig
     warm_start.json   how the policy was warm-started (SFT steps, seconds, final loss)
 
@@ -30,7 +33,8 @@ from torch import nn
 
 from ..errors import ParameterError
 from .config import RESUMABLE_CHANGES, TrainConfig
-from .pretrained import quiet_transformers
+from .pretrained import quiet_transformers, save_tokenizer
+from .run_dir import INPUT_FIELDS, check_moved_input, fingerprint, write_json_atomic, write_text_atomic
 
 __all__ = [
     "RESUMABLE_CHANGES",
@@ -39,7 +43,9 @@ __all__ = [
     "find_checkpoint",
     "keep_metrics_before",
     "load_state",
+    "record_inputs",
     "save_checkpoint",
+    "start_run",
 ]
 
 
@@ -48,6 +54,8 @@ def save_checkpoint(
     *,
     next_step: int,
     actor: Any,
+    tokenizer: Any,
+    task: dict[str, Any],
     actor_opt: torch.optim.Optimizer,
     critic: nn.Module | None,
     critic_opt: torch.optim.Optimizer | None,
@@ -57,11 +65,14 @@ def save_checkpoint(
     warm_start: dict[str, Any],
 ) -> None:
     """Write ``out/checkpoint`` for a run that continues at ``next_step`` (atomically;
-    ``actor`` is what ``save_pretrained`` writes: the model, or its peft adapter)."""
+    ``actor`` is what ``save_pretrained`` writes: the model, or its peft adapter; the
+    ``tokenizer`` and the ``task`` record are saved beside it)."""
     final, tmp, old = out / "checkpoint", out / "checkpoint.tmp", out / "checkpoint.old"
     shutil.rmtree(tmp, ignore_errors=True)
     with quiet_transformers():
         actor.save_pretrained(tmp / "actor")
+    save_tokenizer(tokenizer, tmp / "actor")
+    write_json_atomic(tmp / "actor" / "task.json", task)
     state: dict[str, Any] = {"next_step": next_step, "torch_rng": torch_rng, "actor_opt": actor_opt.state_dict()}
     if critic is not None:
         assert critic_opt is not None
@@ -69,6 +80,7 @@ def save_checkpoint(
         state["critic_opt"] = critic_opt.state_dict()
     torch.save(state, tmp / "state.pt")
     (tmp / "rng.json").write_text(json.dumps(rng.bit_generator.state))
+    (tmp / "progress.json").write_text(json.dumps({"next_step": next_step}))
     (tmp / "config.json").write_text(config.to_json())
     (tmp / "warm_start.json").write_text(json.dumps(warm_start))
     if final.exists():
@@ -94,20 +106,52 @@ def find_checkpoint(out: Path) -> Path:
 
 def check_resumable(ckpt: Path, config: TrainConfig) -> None:
     """A ParameterError naming the first field of ``config`` that differs from the
-    checkpoint's config, unless it is one of :data:`RESUMABLE_CHANGES`."""
+    checkpoint's config, unless it is one of :data:`RESUMABLE_CHANGES`; an input named by
+    path (``model``, ``task``, ``init_from``) may be at another path if its content is the
+    one the run recorded (:func:`comppo_core.rl.run_dir.check_moved_input`)."""
     saved = TrainConfig.from_json((ckpt / "config.json").read_text())
-    diff = [
-        f.name
-        for f in dataclasses.fields(TrainConfig)
-        if f.name not in RESUMABLE_CHANGES and getattr(saved, f.name) != getattr(config, f.name)
-    ]
-    if diff:
-        name = diff[0]
+    try:
+        inputs = json.loads((ckpt.parent / "inputs.json").read_text())
+    except (OSError, ValueError):
+        inputs = {}
+    for f in dataclasses.fields(TrainConfig):
+        name = f.name
+        if name in RESUMABLE_CHANGES or getattr(saved, name) == getattr(config, name):
+            continue
+        if name in INPUT_FIELDS:
+            check_moved_input(name, inputs.get(name), getattr(saved, name), getattr(config, name))
+            continue
         raise ParameterError(
             f"{name}: a resumed run must keep the checkpoint's settings (only {', '.join(RESUMABLE_CHANGES)} may "
             f"change); the checkpoint has {getattr(saved, name)!r}, got {getattr(config, name)!r}",
             argument=name,
         )
+
+
+def start_run(out: Path, config: TrainConfig, warm_start: Any, tokenizer: Any, task: dict[str, Any]) -> None:
+    """The files a fresh run starts with: ``config.json``, ``inputs.json``
+    (:func:`record_inputs`), ``warmstart/`` (the policy ``warm_start`` with its tokenizer and
+    ``task.json``, a model directory ``--model`` and ``comppo-core evaluate`` read; none when
+    ``warm_start`` is None) and an empty ``metrics.jsonl``; each written atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "config.json", config.to_json())
+    record_inputs(out, config)
+    if warm_start is not None:
+        with quiet_transformers():
+            warm_start.save_pretrained(out / "warmstart")
+        save_tokenizer(tokenizer, out / "warmstart")
+        write_json_atomic(out / "warmstart" / "task.json", task)
+    write_text_atomic(out / "metrics.jsonl", "")
+
+
+def record_inputs(out: Path, config: TrainConfig) -> None:
+    """Write ``out/inputs.json``: the fingerprint of each input the run names by path."""
+    inputs = {}
+    for name in INPUT_FIELDS:
+        value = getattr(config, name)
+        if isinstance(value, str) and Path(value).exists():
+            inputs[name] = {"path": value, **fingerprint(value)}
+    write_json_atomic(out / "inputs.json", inputs)
 
 
 def load_state(ckpt: Path) -> tuple[dict[str, Any], np.random.Generator, dict[str, Any]]:
@@ -123,7 +167,7 @@ def keep_metrics_before(out: Path, step: int) -> None:
     path = out / "metrics.jsonl"
     rows = [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
     kept = [ln for ln in rows if json.loads(ln)["step"] < step]
-    path.write_text("".join(ln + "\n" for ln in kept))
+    write_text_atomic(path, "".join(ln + "\n" for ln in kept))
 
 
 def describe_kept(out: Path | None) -> str:

@@ -34,10 +34,12 @@ from ..options import (
     KL_KINDS,
     KL_MODES,
     NORMALIZE_MODES,
+    REPORT_TO,
     STATISTICS,
     TEMPORAL_MIXERS,
     check_choice,
 )
+from .run_dir import absolute
 
 __all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig"]
 
@@ -49,7 +51,17 @@ TASKS = ("addition",)
 
 
 #: The fields a resumed run may change (every other field must equal the checkpoint's).
-RESUMABLE_CHANGES = ("steps", "resume", "progress", "save_every", "eval_every", "num_threads", "device")
+RESUMABLE_CHANGES = (
+    "out",
+    "steps",
+    "resume",
+    "progress",
+    "save_every",
+    "eval_every",
+    "num_threads",
+    "device",
+    "report_to",
+)
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -90,7 +102,16 @@ class TrainConfig:
         "2-digit addition, all of them)",
     )
     progress: bool = _f(True, "show a tqdm progress bar with reward and accuracy")
-    num_threads: int | None = _f(None, "torch.set_num_threads for the run (None: leave torch's setting)")
+    num_threads: int | None = _f(
+        None,
+        "torch threads of each process (None: 1 on CPU, so that processes sharing a machine do not "
+        "oversubscribe its cores; torch's own choice on CUDA)",
+    )
+    report_to: str = _f(
+        "none",
+        "where the metrics go besides metrics.jsonl: none, tensorboard (OUT/tensorboard; the "
+        "[tensorboard] extra) or wandb (the [wandb] extra; WANDB_MODE=offline works without a login)",
+    )
 
     # ---- the task
     task: str = _f(
@@ -252,10 +273,15 @@ class TrainConfig:
                 _number(name, getattr(self, name), 0.0, math.inf)
         if self.dual_clip is not None:
             _number("dual_clip", self.dual_clip, 1.0, math.inf, low_open=True)
-        for name in ("out", "init_from"):
+        for name in ("out", "init_from", "model"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
                 raise ParameterError(f"{name}: expected a path string or None, got {v!r}", argument=name)
+            if v is not None:  # stored absolute: a run resumes from any directory, with any spelling
+                setattr(self, name, absolute(v))
+        if isinstance(self.task, str) and self.task.endswith(".jsonl"):
+            self.task = absolute(self.task)
+        check_choice("report_to", self.report_to, REPORT_TO)
         for name in ("resume", "progress", "whiten_advantages", "gate_invert", "log_kl"):
             if not isinstance(getattr(self, name), bool):
                 raise ParameterError(f"{name}: expected a bool, got {getattr(self, name)!r}", argument=name)
@@ -280,8 +306,6 @@ class TrainConfig:
         for name in ("device", "lora_target_modules"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
                 raise ParameterError(f"{name}: expected a non-empty string, got {getattr(self, name)!r}", argument=name)
-        if self.model is not None and not isinstance(self.model, str):
-            raise ParameterError(f"model: expected a path string or None, got {self.model!r}", argument="model")
         if not isinstance(self.chat_template, bool):
             raise ParameterError(
                 f"chat_template: expected a bool, got {self.chat_template!r}", argument="chat_template"
@@ -394,7 +418,7 @@ class TrainConfig:
                 group.add_argument(
                     flag,
                     dest=f.name,
-                    type=_parser(tp, optional, f.name),
+                    type=_parser(tp, optional),
                     default=f.default,
                     metavar=tp.__name__.upper(),
                     help=help_,
@@ -427,16 +451,15 @@ def _unwrap(tp: Any) -> tuple[type, bool]:
     return tp, False
 
 
-def _parser(tp: type, optional: bool, name: str) -> Any:
+def _parser(tp: type, optional: bool) -> Any:
     def parse(text: str) -> Any:
         if optional and text.lower() in ("none", "null"):
             return None
         try:
             return tp(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{name}: expected {tp.__name__}{' or none' if optional else ''}, got {text!r}"
-            ) from None
+            kind = {"int": "an integer", "float": "a number", "str": "a string"}.get(tp.__name__, tp.__name__)
+            raise argparse.ArgumentTypeError(f"expected {kind}{' or none' if optional else ''}, got {text!r}") from None
 
     parse.__name__ = tp.__name__
     return parse

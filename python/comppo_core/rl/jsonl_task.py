@@ -175,8 +175,8 @@ def read_rows(path: Path) -> list[Problem]:
         for k, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
+            try:  # without the newline, an error at the end of the line is at its last column, not line 2
+                row = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
                 raise ParameterError(
                     f"task: {where!r} line {k}: expected a JSON object, got a parse error at column {exc.colno}: {exc.msg}",

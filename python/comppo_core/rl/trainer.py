@@ -1,64 +1,41 @@
 """``train(config)``: PPO for a causal LM with the paper's arms, on one process or under ``torchrun``.
 
-The orchestration of a run: building or resuming it, the rollout, the loop over steps
-and minibatches with the optimisers, evaluation and logging. The maths of a step lives
-in :mod:`comppo_core.rl.step`, what a run is built from in :mod:`comppo_core.rl.build`,
-and checkpoints in :mod:`comppo_core.rl.checkpoint`.
-
-One step, in the shape of TRL's PPO step (names as verl and TRL use them)::
-
-    1. rollout      G = group_size samples per prompt with model.generate (temperature, top_p,
-                    max_new_tokens, stop at EOS; grad off; prompts left-padded); each row's
-                    draws are uniforms keyed by (seed, step, prompt, sample)
-                    (:mod:`comppo_core.rl.sampling`); the task's verifier scores each
-                    response; score → rewards at its last token
-    2. score        step.score: old log-probs, concentration → gates (step.step_gates: a
-                    control arm's control of them), old values: one actor forward;
-                    the frozen reference's log-probs when a KL is used or logged; every
-                    log-prob (old, new, reference) is of logits / temperature, the
-                    distribution sampled from, as verl and TRL score
-    3. advantages   step.rewards_with_kl: KL in the rewards (kl_mode="reward": r_t −= kl_coef·KL_t, TRL);
-                    critic arms: cc.gae(rewards, values, gates, γ, λ, λ_critic) → advantages and
-                    returns, then cc.masked_whiten; grpo: cc.group_advantages(Σ_t r_t) and
-                    cc.broadcast; gates from the arm (concentration, cc.controls, or none)
-    4. update       ppo_epochs × num_minibatches of step.minibatch_loss:
-                       loss = policy_loss + vf_coef·value_loss (+ kl_coef·KL loss, kl_mode="loss")
-                    each optimiser clipping its own gradient (max_grad_norm), AdamW with actor_lr
-                    and critic_lr; the first critic_warmup steps train the critic alone
-
-Columns are ``[B, T−1]`` as everywhere in :mod:`comppo_core.rl`: column j scores token
-``ids[:, j+1]``; the response columns are ``P−1 … P+L−2`` for a prompt of width P and a
-response of L tokens (its EOS included). Arms differ only in the critic they train and
-the gates their advantages use (:mod:`comppo_core.rl.arms`).
+The orchestration of a run: building or resuming it, the loop over steps (1. rollout:
+``group_size`` samples per prompt, keyed draws, :mod:`comppo_core.rl.rollout`; 2. score,
+3. advantages, 4. ``ppo_epochs`` × ``num_minibatches`` updates: the maths in
+:mod:`comppo_core.rl.step`, one equation per function), evaluation and logging. What a
+run is built from is :mod:`comppo_core.rl.build`; the optimisers :mod:`comppo_core.rl.optimize`;
+checkpoints :mod:`comppo_core.rl.checkpoint`; the rows it logs :mod:`comppo_core.rl.metrics`.
+Every log-prob (old, new, reference) is of ``logits / temperature``, the distribution sampled
+from, as verl and TRL score; columns are ``[B, T−1]`` (column j scores token ``ids[:, j+1]``).
 
 **Scale.** Under ``torchrun --nproc-per-node N`` the same step runs on every rank
 (:mod:`comppo_core.rl.distributed`): the prompts are sharded, every batch-wide statistic
-(group baselines, whitening, the controls, the metrics) is computed over the gathered
-global batch, gradients are all-reduced, and rank 0 writes the outputs; the parameters
-after k steps are those of one process on the same global batch, up to float rounding.
+is computed over the gathered global batch, gradients are all-reduced, and rank 0 writes
+the outputs; the parameters after k steps are those of one process on the same global
+batch, up to float rounding. On CPU each process uses one torch thread unless
+``num_threads`` says otherwise.
 
 **Models and data.** The built-in policy is a small Llama with the task's character
 tokenizer and an SFT warm start; ``config.model`` is a local Hugging Face directory instead
-(:mod:`comppo_core.rl.pretrained`), and ``config.task`` a JSONL file of prompts and answers
-(:mod:`comppo_core.rl.jsonl_task`). ``config.lora_rank > 0`` trains a peft LoRA adapter
-(:mod:`comppo_core.rl.lora`): the reference is then the model with the adapter disabled,
-and checkpoints hold the adapter.
+(:mod:`comppo_core.rl.pretrained`), ``config.task`` a JSONL file (:mod:`comppo_core.rl.jsonl_task`),
+``config.lora_rank > 0`` a peft LoRA adapter (:mod:`comppo_core.rl.lora`).
 
-Outputs under ``config.out``: ``config.json``; ``metrics.jsonl`` and ``summary.json``
-(:mod:`comppo_core.rl.metrics`); ``warmstart/`` (the policy after the SFT warm start, also
-the KL reference; not written for ``config.model``, which is its own); ``checkpoint/``
-(:mod:`comppo_core.rl.checkpoint`), written every ``save_every`` steps and after the last,
-atomically. ``config.resume`` continues from it, bit for bit on CPU. A non-finite loss or gradient
-stops the run with a :class:`~comppo_core.errors.NonFiniteError` naming the step, and the
-last good checkpoint is left as it was.
+**Outputs** under ``config.out`` (:mod:`comppo_core.rl.run_dir`; a directory that holds a
+run is refused unless ``resume`` or ``overwrite``): ``config.json``, ``inputs.json``,
+``metrics.jsonl``, ``summary.json``, ``warmstart/``, ``checkpoint/`` (after the first step,
+every ``save_every`` steps and after the last, atomically). ``config.resume`` continues
+bit for bit on CPU. A non-finite loss or gradient stops the run with a
+:class:`~comppo_core.errors.NonFiniteError` naming the step; ``train(stop=...)`` stops on
+request (:mod:`comppo_core.rl.interrupts`); either way the last checkpoint is kept.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,15 +45,17 @@ from torch import nn
 
 from ..errors import NonFiniteError, ParameterError
 from ..hf.scoring import score as score_tokens
-from . import checkpoint, lora, metrics, step
+from . import checkpoint, lora, metrics, run_dir, step
 from . import rollout as rollouts
 from .arms import Arm, get_arm
 from .build import build_policy, make_critic, make_reference, make_task, sft_warm_start
 from .config import TrainConfig
 from .distributed import Dist, shard_bounds
+from .evaluation import heldout_scores
+from .interrupts import TrainingInterrupted
 from .metrics import METRIC_KEYS, Timer
 from .optimize import Optimizers
-from .pretrained import load_policy, quiet_transformers
+from .pretrained import load_policy
 from .rollout import Rollout
 from .sampling import row_keys
 from .step import Batch, terminal_rewards
@@ -87,12 +66,16 @@ __all__ = [
     "Batch",
     "Rollout",
     "Trainer",
+    "TrainingInterrupted",
     "build_policy",
     "make_task",
     "sft_warm_start",
     "terminal_rewards",
     "train",
 ]
+
+
+logger = logging.getLogger("comppo_core.rl")
 
 
 class Trainer:
@@ -111,15 +94,22 @@ class Trainer:
     #: the ``peft.PeftModel`` around ``actor`` when ``lora_rank > 0``, else None
     lora_model: Any
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: TrainConfig, *, overwrite: bool = False) -> None:
         if not isinstance(config, TrainConfig):
             raise ParameterError(f"config: expected a TrainConfig, got {type(config).__name__}", argument="config")
         self.config = config
         self.arm: Arm = get_arm(config.arm)
-        if config.num_threads is not None:
-            torch.set_num_threads(config.num_threads)
+        if config.out is not None:  # before anything is loaded: never replace a run unasked
+            run_dir.check_out(config.out, resume=config.resume, overwrite=overwrite)
         self.dist = Dist.setup(config.device)
+        #: torch threads of this process: num_threads, else 1 on CPU (None: torch's own, on CUDA)
+        self.threads = 1 if config.num_threads is None and self.dist.device.type == "cpu" else config.num_threads
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
         try:
+            if overwrite and config.out is not None and self.dist.is_main:
+                run_dir.clear_run(Path(config.out))
+            self.dist.barrier()
             self._build(config)
         except BaseException:
             self.dist.close()  # a process group this constructor created
@@ -139,6 +129,7 @@ class Trainer:
         self.out = None if config.out is None else Path(config.out)
         self.warm_start: dict[str, Any] = {}
         self.start_step = 0
+        self._saved_at: int | None = None  # the step the last checkpoint continues at
         self.lora_model = None
         self.uses_reference = config.kl_coef != 0.0 or config.log_kl
         local = config.batch_size // self.dist.world_size
@@ -184,16 +175,9 @@ class Trainer:
             "init_from": cfg.init_from,
             "model": cfg.model,
         }
-        if self.out is not None and self.dist.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "config.json").write_text(cfg.to_json())
-            if cfg.model is None:
-                with quiet_transformers():
-                    actor.save_pretrained(self.out / "warmstart")
-                (self.out / "warmstart" / "task.json").write_text(
-                    json.dumps({**self.task.to_dict(), "tokenizer": self.tokenizer.to_dict()})
-                )
-            (self.out / "metrics.jsonl").write_text("")
+        if self.out is not None and self.dist.is_main:  # config.json, inputs.json, warmstart/, metrics.jsonl
+            warm = actor if cfg.model is None else None  # a user's model is its own warm start
+            checkpoint.start_run(self.out, cfg, warm, self.tokenizer, self._task_record())
         self.dist.barrier()
         self.reference = make_reference(actor) if self._keeps_reference_copy() else None
         # the critic and the RL stream get their own seeds, so every arm of a seed starts
@@ -261,12 +245,15 @@ class Trainer:
     def save_checkpoint(self, next_step: int) -> None:
         """Write ``OUT/checkpoint`` for a run that continues at ``next_step`` (rank 0;
         :func:`comppo_core.rl.checkpoint.save_checkpoint`)."""
+        self._saved_at = next_step
         if self.out is None or not self.dist.is_main:
             return
         checkpoint.save_checkpoint(
             self.out,
             next_step=next_step,
             actor=self.actor if self.lora_model is None else self.lora_model,
+            tokenizer=self.tokenizer,
+            task=self._task_record(),
             actor_opt=self.actor_opt,
             critic=self.critic,
             critic_opt=self.critic_opt,
@@ -292,11 +279,11 @@ class Trainer:
         if self.critic_opt is not None:
             self.critic_opt.load_state_dict(state["critic_opt"])
         torch.set_rng_state(state["torch_rng"])
-        self.start_step = int(state["next_step"])
+        self.start_step = self._saved_at = int(state["next_step"])
         self.dist.barrier()  # every rank has read the checkpoint before rank 0 rewrites the outputs
         if self.dist.is_main:
             checkpoint.keep_metrics_before(self.out, self.start_step)  # the rows of the steps before it
-            (self.out / "config.json").write_text(cfg.to_json())
+            run_dir.write_text_atomic(self.out / "config.json", cfg.to_json())
 
     # ---- phase 1: rollout
 
@@ -473,18 +460,21 @@ class Trainer:
     # ---- evaluation
 
     def evaluate(self) -> float:
-        """Held-out accuracy of greedy decoding on the fixed evaluation set (split across ranks)."""
+        """Held-out accuracy of greedy decoding on the fixed evaluation set (split across ranks;
+        :func:`comppo_core.rl.evaluation.heldout_scores`, as ``comppo-core evaluate``)."""
         problems = self.eval_problems
         lo, hi = shard_bounds(len(problems), self.dist.rank, self.dist.world_size)
-        correct = 0.0
-        if hi > lo:
-            ids, _, width, in_response = self.generate(
-                problems[lo:hi], sample=False, prompt_width=self._prompt_width(problems)
-            )
-            texts, finished = rollouts.decode(self.tokenizer, ids, width, in_response)
-            correct = float(np.sum(self.task.scores(problems[lo:hi], texts, finished.tolist())))
+        width = self._prompt_width(problems)
+        kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "device": self.device, "width": width}
+        correct = (
+            float(sum(heldout_scores(self.actor, self.tokenizer, self.task, problems[lo:hi], **kw))) if hi > lo else 0.0
+        )
         total = self.dist.sum(torch.tensor([correct], dtype=torch.float64))
         return float(total.item()) / len(problems)
+
+    def _task_record(self) -> dict[str, Any]:
+        """``task.json`` beside a saved actor: the task and tokenizer it was trained with."""
+        return {**self.task.to_dict(), "tokenizer": self.tokenizer.to_dict()}
 
     # ---- one step and the loop
 
@@ -514,6 +504,7 @@ class Trainer:
         row.update(
             reward_mean=float(scores.double().mean()),
             train_accuracy=float((scores == 1.0).double().mean()),
+            rewards_all_equal=bool(scores.min() == scores.max()),
             response_length=float(m.sum(-1).double().mean()),
             entropy=-step.masked_mean(dist.gather_rows(batch.old_logprobs), m),
             time_rollout_s=t_rollout.seconds,
@@ -523,18 +514,21 @@ class Trainer:
         )
         return metrics.finite_row(row)
 
-    def train(self) -> dict[str, Any]:
-        """Run steps ``start_step … steps − 1``; write the outputs (rank 0); return the summary."""
-        from tqdm.auto import tqdm  # type: ignore[import-untyped]
+    def train(self, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Run steps ``start_step … steps − 1``; write the outputs (rank 0); return the summary.
 
+        ``stop``: polled before each step (and after the last); when it returns True on any
+        process, the run writes a checkpoint of the steps completed and raises
+        :class:`TrainingInterrupted` (the command line's Ctrl-C). A fresh run also writes a
+        checkpoint after its first step, so a run that completed a step can be resumed
+        whatever stops it."""
         cfg = self.config
         main = self.dist.is_main
         rows: list[dict[str, Any]] = []
-        bar = tqdm(
-            total=cfg.steps, initial=self.start_step, desc=cfg.arm, disable=not (cfg.progress and main), leave=False
-        )
+        log = metrics.RunLog(cfg, self.out if main else None, start_step=self.start_step, enabled=main)
         try:
             for s in range(self.start_step, cfg.steps):
+                self._stop_if_asked(stop, s)
                 try:
                     row = self.step(s)
                 except NonFiniteError as exc:
@@ -546,23 +540,31 @@ class Trainer:
                         index=exc.index,
                     ) from exc
                 rows.append(row)
-                if self.out is not None and main:
-                    metrics.append_row(self.out, row)
-                postfix = {"reward": f"{row['reward_mean']:.3f}"}
-                if row["eval_accuracy"] is not None:
-                    postfix["eval"] = f"{row['eval_accuracy']:.3f}"
-                bar.set_postfix(postfix)
-                bar.update(1)
-                if cfg.save_every and (s + 1) % cfg.save_every == 0 and s + 1 < cfg.steps:
+                log.step(row, max_new_tokens=self.max_new_tokens)
+                first = s == self.start_step == 0
+                if (first or (cfg.save_every and (s + 1) % cfg.save_every == 0)) and s + 1 < cfg.steps:
                     self.save_checkpoint(s + 1)
+            if self.start_step < cfg.steps or self.checkpoint_dir is None or not self.checkpoint_dir.exists():
+                self.save_checkpoint(max(cfg.steps, self.start_step))
+            self._stop_if_asked(stop, max(cfg.steps, self.start_step))
+            final_eval = self.evaluate() if cfg.eval_every else None
+            if final_eval is not None:
+                log.final(max(cfg.steps, self.start_step), final_eval)
         finally:
-            bar.close()
-        if self.start_step < cfg.steps or self.checkpoint_dir is None or not self.checkpoint_dir.exists():
-            self.save_checkpoint(max(cfg.steps, self.start_step))
-        final_eval = self.evaluate() if cfg.eval_every else None
+            log.close()
         summary = self._summary(rows, final_eval)
         self.dist.barrier()  # the outputs are complete when any rank returns
         return summary
+
+    def _stop_if_asked(self, stop: Callable[[], bool] | None, next_step: int) -> None:
+        """Raise :class:`TrainingInterrupted` (after a checkpoint at ``next_step``) when
+        ``stop()`` is True on any process (every process polls, so all stop together)."""
+        if stop is None or not self.dist.max_int(int(bool(stop()))):
+            return
+        if self._saved_at != next_step:
+            self.save_checkpoint(next_step)
+        self.dist.barrier()
+        raise TrainingInterrupted(next_step, self.checkpoint_dir)
 
     def _summary(self, rows: list[dict[str, Any]], final_eval: float | None) -> dict[str, Any]:
         cfg = self.config
@@ -579,8 +581,9 @@ class Trainer:
         )
 
 
-def train(config: TrainConfig) -> dict[str, Any]:
+def train(config: TrainConfig, *, overwrite: bool = False) -> dict[str, Any]:
     """Train one run (module docstring); returns the summary (also ``OUT/summary.json``).
+    ``overwrite`` replaces a run already in ``config.out`` (else that is refused).
 
     Keys: ``arm, seed, steps, initial_eval_accuracy`` (step 0, the warm start),
     ``final_eval_accuracy`` (after the last step), ``eval`` (``[step, accuracy]`` pairs),
@@ -588,7 +591,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     ``parameters`` (actor, its trainable part, critic), ``world_size`` and ``warm_start``
     (SFT steps, seconds, final loss). Under ``torchrun`` every rank calls it and gets the
     summary; a process group it initialised is destroyed before it returns."""
-    trainer = Trainer(config)
+    trainer = Trainer(config, overwrite=overwrite)
     try:
         return trainer.train()
     finally:
