@@ -3,8 +3,16 @@
 * a Hypothesis profile (no deadline: the first call of a kernel builds the thread pool,
   and CI machines are noisy; we never time anything);
 * a fixture that restores the kernels' thread count after a test changes it;
+* :data:`ERROR_CLASSES`, the package's error classes (from ``comppo_core.errors.__all__``);
+* :func:`tolerance`, the kernel-vs-reference tolerance of GAE and TD outputs;
+* :class:`DLPackProducer`, an array that speaks only the DLPack protocol;
 * :func:`tiny_lm`, the one builder of the tiny randomly initialised causal LMs the
   ``hf`` and ``rl`` tests run (nothing is downloaded), also a fixture of that name.
+
+The tests draw their batches from the shipped ``comppo_core.testing.strategies``
+(``ragged_batches``, ``concentration_batches``, ...). Test modules import the plain
+functions here with ``from conftest import ...`` (``tests/gpu`` is a package, so its own
+conftest does not take the name).
 """
 
 from __future__ import annotations
@@ -13,10 +21,12 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
 import comppo_core as cc
+from comppo_core import errors
 
 settings.register_profile(
     "default",
@@ -32,6 +42,13 @@ settings.register_profile("thorough", parent=settings.get_profile("default"), ma
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
+#: The error classes of ``comppo_core.errors`` (``ComppoError`` and its subclasses),
+#: taken from its ``__all__``: the one list the error tests iterate over.
+ERROR_CLASSES: tuple[type[cc.ComppoError], ...] = tuple(
+    getattr(errors, name) for name in errors.__all__ if isinstance(getattr(errors, name), type)
+)
+
+
 @pytest.fixture
 def restore_threads() -> Iterator[int]:
     """Yields the current thread count and puts it back after the test."""
@@ -40,6 +57,36 @@ def restore_threads() -> Iterator[int]:
         yield original
     finally:
         cc.set_num_threads(original)
+
+
+def tolerance(dtype: Any) -> dict[str, float]:
+    """assert_allclose tolerances for GAE / TD outputs of ``dtype`` (kernel vs reference).
+
+    Kernel and reference compute in float64; the kernel reassociates the GAE recursion
+    over blocks of four positions, so they differ by float64 rounding of the partial
+    sums (~1e-16 of the largest term; the drawn values are in [-10, 10], rows ≤ 12 long),
+    and float32 is that float64 value rounded once. float16 is
+    computed in float32 (f64 → f32 → f16, a double rounding), so allow one f16 ulp.
+    """
+    dtype = np.dtype(dtype)
+    if dtype == np.float64:
+        return {"rtol": 1e-12, "atol": 1e-12}
+    if dtype == np.float32:
+        return {"rtol": 1e-6, "atol": 1e-6}
+    return {"rtol": 2e-3, "atol": 2e-3}
+
+
+class DLPackProducer:
+    """A minimal non-torch, non-NumPy ``__dlpack__`` producer delegating to a NumPy array."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._a.__dlpack_device__()
 
 
 def tiny_lm(
@@ -51,7 +98,7 @@ def tiny_lm(
     heads: int = 4,
     kv_heads: int = 2,
     intermediate: int = 64,
-    max_positions: int = 128,
+    max_positions: int | None = 128,
     init: float | None = 0.25,
     seed: int = 0,
     dtype: Any = None,
@@ -63,8 +110,9 @@ def tiny_lm(
 
     ``arch``: ``llama``, ``qwen2``, ``qwen3`` (``head_dim`` 16 unless given), ``mistral`` or
     ``gpt2`` (multi-head, learned positions; ``kv_heads`` and ``intermediate`` unused).
-    ``init``: the initializer range (std 0.25 makes the heads visibly concentrated; None:
-    the architecture's default). ``special_tokens``: bos 0, eos 1, pad 2 (gpt2: bos and eos).
+    ``init``: the initializer range (std 0.25 makes the heads visibly concentrated) and
+    ``max_positions``: None for the architecture's default. ``special_tokens``: bos 0,
+    eos 1, pad 2 (gpt2: bos and eos; False: the architecture's defaults).
     ``attn``: the attention implementation (None: the library's default). ``config``:
     more fields of the architecture's config (sliding windows, ...). Tests that skip
     without torch call ``pytest.importorskip("transformers")`` first."""
@@ -77,17 +125,19 @@ def tiny_lm(
         extra["attn_implementation"] = attn
     if arch == "gpt2":
         tokens = {"bos_token_id": 0, "eos_token_id": 1} if special_tokens else {}
+        if max_positions is not None:
+            extra["n_positions"] = max_positions
         cfg: Any = transformers.GPT2Config(
-            vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=max_positions,
-            **tokens, **extra, **config,
+            vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, **tokens, **extra, **config,
         )  # fmt: skip
         model = transformers.GPT2LMHeadModel(cfg)
     else:
         tokens = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2} if special_tokens else {}
+        if max_positions is not None:
+            extra["max_position_embeddings"] = max_positions
         common = dict(
             vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-            num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
-            **tokens, **extra,
+            num_attention_heads=heads, num_key_value_heads=kv_heads, **tokens, **extra,
         )  # fmt: skip
         classes = {
             "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),

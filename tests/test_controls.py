@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import Batch, assert_unchanged, batches
 
 import comppo_core as cc
 from comppo_core import reference
+from comppo_core.testing.strategies import RaggedBatch, assert_unchanged, ragged_batches
 
 CONTROLS: dict[str, tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]] = {
     "shuffle": (cc.controls.shuffle, reference.controls.shuffle),
@@ -24,9 +24,9 @@ CONTROLS: dict[str, tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]]
 }
 
 
-def gate_batches() -> st.SearchStrategy[Batch]:
+def gate_batches() -> st.SearchStrategy[RaggedBatch]:
     """Ragged gate batches; junk (NaN, ±inf, out of range) at masked positions sometimes."""
-    return batches(gates=True)
+    return ragged_batches(gates=True)
 
 
 def valid_rows(g: np.ndarray, valid: np.ndarray) -> list[np.ndarray]:
@@ -99,7 +99,7 @@ def test_default_seed_is_zero() -> None:
 @pytest.mark.parametrize("name", sorted(CONTROLS))
 @settings(max_examples=60)
 @given(batch=gate_batches(), seed=st.integers(0, 2**32 - 1))
-def test_matches_reference_both_layouts(name: str, batch: Batch, seed: int) -> None:
+def test_matches_reference_both_layouts(name: str, batch: RaggedBatch, seed: int) -> None:
     fast, ref = CONTROLS[name]
     g = batch.gates
     assert g is not None
@@ -135,7 +135,7 @@ def test_matches_reference_both_layouts(name: str, batch: Batch, seed: int) -> N
 
 
 @given(batch=gate_batches(), seed=st.integers(0, 2**32 - 1))
-def test_controls_keep_what_they_promise(batch: Batch, seed: int) -> None:
+def test_controls_keep_what_they_promise(batch: RaggedBatch, seed: int) -> None:
     """shuffle: each row's multiset of valid gates, deterministic; by_position: equal
     across rows at equal valid index, = the mean there; constant: the batch mean."""
     g = batch.gates

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import Batch, assert_unchanged, batches
 
 import comppo_core as cc
 from comppo_core import reference
+from comppo_core.testing.strategies import RaggedBatch, assert_unchanged, ragged_batches
 
 KEYS = {"mean", "std", "min", "max", "frac_positive", "gini", "effective_token_ratio"}
 THREADS = (1, 2, 3)
@@ -94,8 +94,8 @@ def stats_tol(vals: np.ndarray, dtype: np.dtype) -> tuple[float, float]:
     return 1e-9, 1e-12 * scale
 
 
-@given(batch=st.one_of(batches(), batches(b_max=3, t_max=40)))
-def test_matches_reference_and_formulas_both_layouts(batch: Batch) -> None:
+@given(batch=st.one_of(ragged_batches(), ragged_batches(max_rows=3, max_len=40)))
+def test_matches_reference_and_formulas_both_layouts(batch: RaggedBatch) -> None:
     x = batch.values  # junk (NaN, ±inf) at masked positions sometimes
     vals = x[batch.valid].astype(np.float64)
     before = batch.copies()

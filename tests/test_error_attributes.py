@@ -16,22 +16,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import ERROR_CLASSES
 
 import comppo_core as cc
 from comppo_core import errors
 
 PACKAGE = Path(cc.__file__).parent
-
-CLASSES = [
-    cc.ComppoError,
-    cc.ShapeError,
-    cc.LayoutError,
-    cc.NonFiniteError,
-    cc.OutOfRangeError,
-    cc.MaskedRewardError,
-    cc.ParameterError,
-    cc.DTypeError,
-]
 
 
 def raised(fn: Callable[[], Any], cls: type[cc.ComppoError]) -> cc.ComppoError:
@@ -55,7 +45,7 @@ def test_the_module_example_runs() -> None:
     assert result.attempted >= 2 and result.failed == 0
 
 
-@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)
 def test_message_alone_and_attributes_default_to_none(cls: type[cc.ComppoError]) -> None:
     e = cls("rewards: expected finite values, got NaN at (row 0, position 1)", argument="rewards", row=0, position=1)
     assert str(e) == "rewards: expected finite values, got NaN at (row 0, position 1)"
@@ -66,7 +56,7 @@ def test_message_alone_and_attributes_default_to_none(cls: type[cc.ComppoError])
         cls("x: y", "extra")  # type: ignore[misc]  # attributes are keywords only
 
 
-@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)
 def test_pickle_and_copy_keep_class_message_and_attributes(cls: type[cc.ComppoError]) -> None:
     e = cls("rewards: got NaN at (row 1, position 0) [flat index 2]", argument="rewards", row=1, position=0, index=2)
     for back in (pickle.loads(pickle.dumps(e)), copy.copy(e), copy.deepcopy(e)):
@@ -184,7 +174,7 @@ def test_torch_errors() -> None:
 def test_every_raise_site_names_its_argument() -> None:
     """Every ``raise <package error>(...)`` in the package passes ``argument=`` (None
     where no argument is at fault), so no error leaves its attributes to chance."""
-    names = {c.__name__ for c in CLASSES} | {"ProbeError", "UnsupportedModelError"}
+    names = {c.__name__ for c in ERROR_CLASSES} | {"ProbeError", "UnsupportedModelError"}
     missing = []
     for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -304,23 +294,8 @@ def test_cli_gate_flags_are_one_gate_params(tmp_path: Path, capsys: pytest.Captu
 
 
 @pytest.fixture(scope="module")
-def tiny_model() -> Any:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=32,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-    )
-    return transformers.LlamaForCausalLM(cfg).eval()
+def tiny_model(tiny_lm: Any) -> Any:
+    return tiny_lm("llama", hidden=16, intermediate=32, heads=2, kv_heads=1, max_positions=32, init=None)
 
 
 def test_hf_errors(tiny_model: Any) -> None:

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import tolerance
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from strategies import Batch, assert_unchanged, batches, float_elements, tolerance, unit_interval
 
 import comppo_core as cc
 from comppo_core import reference
-
-F16 = (np.dtype(np.float16),)
+from comppo_core.testing.strategies import RaggedBatch, assert_unchanged, discounts, ragged_batches
 
 
 def assert_matches(got: np.ndarray, want: np.ndarray, dtype: np.dtype) -> None:
@@ -24,7 +23,7 @@ def assert_matches(got: np.ndarray, want: np.ndarray, dtype: np.dtype) -> None:
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), **tolerance(dtype))
 
 
-def check_against_reference(batch: Batch, got: cc.GAEResult, **params: object) -> None:
+def check_against_reference(batch: RaggedBatch, got: cc.GAEResult, **params: object) -> None:
     r, v, kw = batch.padded()
     want_adv, want_ret = reference.gae(r, v, **kw, **params)  # type: ignore[arg-type]
     assert_matches(got.advantages, want_adv, batch.dtype)
@@ -40,12 +39,12 @@ def check_against_reference(batch: Batch, got: cc.GAEResult, **params: object) -
 
 
 @given(
-    batch=batches(),
-    gamma=unit_interval(),
-    lam=unit_interval(),
-    lam_critic=st.one_of(st.none(), unit_interval()),
+    batch=ragged_batches(),
+    gamma=discounts(),
+    lam=discounts(),
+    lam_critic=st.one_of(st.none(), discounts()),
 )
-def test_gae_matches_reference_padded(batch: Batch, gamma: float, lam: float, lam_critic: float | None) -> None:
+def test_gae_matches_reference_padded(batch: RaggedBatch, gamma: float, lam: float, lam_critic: float | None) -> None:
     before = batch.copies()
     r, v, kw = batch.padded()
     got = cc.gae(r, v, gamma=gamma, lam=lam, lam_critic=lam_critic, **kw)
@@ -56,13 +55,13 @@ def test_gae_matches_reference_padded(batch: Batch, gamma: float, lam: float, la
 
 
 @given(
-    batch=batches(),
-    gamma=unit_interval(),
-    lam=unit_interval(),
-    lam_critic=st.one_of(st.none(), unit_interval()),
+    batch=ragged_batches(),
+    gamma=discounts(),
+    lam=discounts(),
+    lam_critic=st.one_of(st.none(), discounts()),
 )
 def test_gae_packed_matches_padded_and_reference(
-    batch: Batch, gamma: float, lam: float, lam_critic: float | None
+    batch: RaggedBatch, gamma: float, lam: float, lam_critic: float | None
 ) -> None:
     params = {"gamma": gamma, "lam": lam, "lam_critic": lam_critic}
     before = batch.copies()
@@ -82,12 +81,12 @@ def test_gae_packed_matches_padded_and_reference(
 
 
 @given(
-    batch=batches(dtypes=F16),
-    gamma=unit_interval(),
-    lam=unit_interval(),
-    lam_critic=st.one_of(st.none(), unit_interval()),
+    batch=ragged_batches(dtypes="float16"),
+    gamma=discounts(),
+    lam=discounts(),
+    lam_critic=st.one_of(st.none(), discounts()),
 )
-def test_gae_float16_in_float16_out(batch: Batch, gamma: float, lam: float, lam_critic: float | None) -> None:
+def test_gae_float16_in_float16_out(batch: RaggedBatch, gamma: float, lam: float, lam_critic: float | None) -> None:
     r, v, kw = batch.padded()
     got = cc.gae(r, v, gamma=gamma, lam=lam, lam_critic=lam_critic, **kw)
     assert got.advantages.dtype == got.returns.dtype == np.float16
@@ -99,8 +98,8 @@ def test_gae_float16_in_float16_out(batch: Batch, gamma: float, lam: float, lam_
     np.testing.assert_array_equal(batch.unpack(packed.returns), got.returns)
 
 
-@given(batch=batches(), gamma=unit_interval(), lam=unit_interval(), data=st.data())
-def test_masked_rewards_drop_ignores_them(batch: Batch, gamma: float, lam: float, data: st.DataObject) -> None:
+@given(batch=ragged_batches(), gamma=discounts(), lam=discounts(), data=st.data())
+def test_masked_rewards_drop_ignores_them(batch: RaggedBatch, gamma: float, lam: float, data: st.DataObject) -> None:
     """With masked_rewards="drop" junk rewards (NaN included) on masked tokens change nothing."""
     junk = data.draw(hnp.arrays(batch.dtype, batch.shape, elements=st.sampled_from([1.0, -3.0, np.nan, np.inf])))
     dirty = batch.rewards.copy()
@@ -115,8 +114,8 @@ def test_masked_rewards_drop_ignores_them(batch: Batch, gamma: float, lam: float
     assert_matches(got.returns, want[1], batch.dtype)
 
 
-@given(batch=batches(gates=False, junk=False), gamma=unit_interval(), lam=unit_interval())
-def test_decoupled_lam_critic(batch: Batch, gamma: float, lam: float) -> None:
+@given(batch=ragged_batches(gates=False, junk=False), gamma=discounts(), lam=discounts())
+def test_decoupled_lam_critic(batch: RaggedBatch, gamma: float, lam: float) -> None:
     """lam_critic only changes the returns; advantages are those of lam, returns those of
     lam_critic; lam_critic=None means lam_critic=lam."""
     r, v, kw = batch.padded()
@@ -368,11 +367,11 @@ def textbook_valid_only_gae(
 
 
 @given(
-    batch=batches(dtypes=(np.dtype(np.float64),), gates=False, last_values=False, junk=False),
-    gamma=unit_interval(),
-    lam=unit_interval(),
+    batch=ragged_batches(dtypes="float64", gates=False, last_values=False, junk=False),
+    gamma=discounts(),
+    lam=discounts(),
 )
-def test_unit_gates_is_standard_gae(batch: Batch, gamma: float, lam: float) -> None:
+def test_unit_gates_is_standard_gae(batch: RaggedBatch, gamma: float, lam: float) -> None:
     r, v, kw = batch.padded()
     mask = batch.valid
     plain = cc.gae(r, v, gamma=gamma, lam=lam, mask=kw["mask"])
@@ -391,12 +390,12 @@ def test_unit_gates_is_standard_gae(batch: Batch, gamma: float, lam: float) -> N
 
 
 @given(
-    batch=batches(dtypes=(np.dtype(np.float64),), gates=False),
-    gamma=unit_interval(),
-    lam=unit_interval(),
+    batch=ragged_batches(dtypes="float64", gates=False),
+    gamma=discounts(),
+    lam=discounts(),
     c=st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.0, 1.0)),
 )
-def test_constant_gates_is_gae_with_discount_gamma_c(batch: Batch, gamma: float, lam: float, c: float) -> None:
+def test_constant_gates_is_gae_with_discount_gamma_c(batch: RaggedBatch, gamma: float, lam: float, c: float) -> None:
     r, v, kw = batch.padded()
     gated = cc.gae(r, v, gamma=gamma, lam=lam, **dict(kw, gates=np.full_like(r, c)))
     plain = cc.gae(r, v, gamma=gamma * c, lam=lam, **kw)
@@ -423,11 +422,11 @@ def rlax_truncated_generalized_advantage_estimation(
     data=st.data(),
     B=st.integers(1, 5),
     T=st.integers(1, 12),
-    gamma=unit_interval(),
-    lam=unit_interval(),
+    gamma=discounts(),
+    lam=discounts(),
 )
 def test_per_step_discount_is_rlax_truncated_gae(data: st.DataObject, B: int, T: int, gamma: float, lam: float) -> None:
-    f = float_elements(np.dtype(np.float64))
+    f = st.floats(-10.0, 10.0, allow_subnormal=False)
     r = data.draw(hnp.arrays(np.float64, (B, T), elements=f))
     v = data.draw(hnp.arrays(np.float64, (B, T), elements=f))
     g = data.draw(hnp.arrays(np.float64, (B, T), elements=st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0, 1))))
@@ -439,8 +438,8 @@ def test_per_step_discount_is_rlax_truncated_gae(data: st.DataObject, B: int, T:
         np.testing.assert_allclose(ret[b], want + v[b], rtol=1e-12, atol=1e-12)
 
 
-@given(batch=batches(dtypes=(np.dtype(np.float64),), junk=False), gamma=unit_interval(), lam=unit_interval())
-def test_closed_form_path_product(batch: Batch, gamma: float, lam: float) -> None:
+@given(batch=ragged_batches(dtypes="float64", junk=False), gamma=discounts(), lam=discounts())
+def test_closed_form_path_product(batch: RaggedBatch, gamma: float, lam: float) -> None:
     """A_i = Σ_k (Π_{j=i}^{i+k−1} γλg_j) δ_{i+k} over each row's valid positions."""
     r, v, kw = batch.padded()
     adv, _ = cc.gae(r, v, gamma=gamma, lam=lam, **kw)

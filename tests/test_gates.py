@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import ConcBatch, assert_unchanged, conc_batches
 
 import comppo_core as cc
 from comppo_core import GateParams, reference
+from comppo_core.testing.strategies import ConcentrationBatch, assert_unchanged, concentration_batches
 
 
 def sigmoid(x: float) -> float:
@@ -46,8 +46,8 @@ def gate_tolerance(dtype: np.dtype) -> dict[str, float]:
     return {"rtol": 0.0, "atol": 2e-3}  # float16: computed in float32, one f16 ulp near 1
 
 
-@given(batch=conc_batches(), params=gate_params())
-def test_gates_match_reference_both_layouts(batch: ConcBatch, params: GateParams) -> None:
+@given(batch=concentration_batches(), params=gate_params())
+def test_gates_match_reference_both_layouts(batch: ConcentrationBatch, params: GateParams) -> None:
     before = [batch.conc.copy(), None if batch.mask is None else batch.mask.copy()]
     got = cc.gates_from_concentration(batch.conc, mask=batch.mask, params=params)
     want = reference.gates_from_concentration(batch.conc, mask=batch.mask, params=params)
@@ -75,16 +75,16 @@ def test_gates_match_reference_both_layouts(batch: ConcBatch, params: GateParams
     assert_unchanged(before, [batch.conc, batch.mask])
 
 
-@given(batch=conc_batches(dtypes=(np.dtype(np.float16),)), params=gate_params())
-def test_gates_float16(batch: ConcBatch, params: GateParams) -> None:
+@given(batch=concentration_batches(dtypes="float16"), params=gate_params())
+def test_gates_float16(batch: ConcentrationBatch, params: GateParams) -> None:
     got = cc.gates_from_concentration(batch.conc, mask=batch.mask, params=params)
     want = reference.gates_from_concentration(batch.conc, mask=batch.mask, params=params)
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), **gate_tolerance(np.dtype(np.float16)))
 
 
-@given(batch=conc_batches(dtypes=(np.dtype(np.float64),)), params=gate_params())
-def test_invert_is_negated_z(batch: ConcBatch, params: GateParams) -> None:
+@given(batch=concentration_batches(dtypes="float64"), params=gate_params())
+def test_invert_is_negated_z(batch: ConcentrationBatch, params: GateParams) -> None:
     """invert=True maps c to the gate of the mirrored statistic: g(c; invert) == g(−c)
     for the z-score normalizations, and == g(2·center − c) for "none"."""
     params = dataclasses.replace(params, invert=False)
@@ -99,8 +99,8 @@ def test_invert_is_negated_z(batch: ConcBatch, params: GateParams) -> None:
     np.testing.assert_allclose(inv, want, rtol=1e-9, atol=1e-12)
 
 
-@given(batch=conc_batches(dtypes=(np.dtype(np.float64),), junk=False), shift=st.integers(-5, 5))
-def test_sequence_normalization_is_shift_invariant(batch: ConcBatch, shift: int) -> None:
+@given(batch=concentration_batches(dtypes="float64", junk=False), shift=st.integers(-5, 5))
+def test_sequence_normalization_is_shift_invariant(batch: ConcentrationBatch, shift: int) -> None:
     """Per-row z-scores do not change under c → c + shift; rows are independent."""
     p = GateParams(sharpness=3.0, low=0.0, high=1.0)
     g = cc.gates_from_concentration(batch.conc, mask=batch.mask, params=p)

@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 from test_hf_probe import (
     BF16_ATOL,
     STATS,
-    VOCAB,
     B,
     T,
     batch,
+    build,
     forward_kwargs,
     nan_token_model,
     reference_from_weights,
@@ -43,51 +43,10 @@ LAYERS = 3
 SELECTIONS = ((None, (0, 1, 2)), ([-1, 0], (0, 2)), ([-2], (1,)))
 
 
-def build3(arch: str, dtype: Any = torch.float32) -> Any:
-    """A three-layer tiny model, random weights with std 0.25 (visibly concentrated heads);
-    Qwen3's layer 0 is full attention and layers 1, 2 a sliding window of 6 < T."""
-    torch.manual_seed(0)
-    common: dict[str, Any] = {
-        "vocab_size": VOCAB,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 128,
-        "initializer_range": 0.25,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "pad_token_id": 2,
-    }
-    if arch == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, attn_implementation="sdpa"))
-    elif arch == "qwen3":
-        cfg = transformers.Qwen3Config(
-            **common,
-            head_dim=16,
-            use_sliding_window=True,
-            sliding_window=6,
-            max_window_layers=1,
-            attn_implementation="sdpa",
-        )
-        model = transformers.Qwen3ForCausalLM(cfg)
-    elif arch == "gpt2":
-        cfg = transformers.GPT2Config(
-            vocab_size=VOCAB,
-            n_embd=32,
-            n_layer=LAYERS,
-            n_head=4,
-            n_positions=128,
-            initializer_range=0.25,
-            bos_token_id=0,
-            eos_token_id=1,
-            attn_implementation="sdpa",
-        )
-        model = transformers.GPT2LMHeadModel(cfg)
-    else:
-        raise AssertionError(arch)
-    return model.to(dtype).eval()
+def build3(arch: str, dtype: Any = None) -> Any:
+    """``test_hf_probe``'s tiny model with three layers: Qwen3's layer 0 is full attention
+    and layers 1, 2 a sliding window of 6 < T."""
+    return build(arch, dtype, layers=LAYERS)
 
 
 @functools.cache

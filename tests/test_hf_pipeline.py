@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 import comppo_core as cc  # noqa: E402
 from comppo_core import GateParams, hf, reference  # noqa: E402
@@ -19,23 +19,8 @@ B, T = 4, 20
 
 
 @pytest.fixture(scope="module")
-def model() -> Any:
-    torch.manual_seed(0)
-    cfg = transformers.Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=64,
-        initializer_range=0.25,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-    )
-    return transformers.Qwen3ForCausalLM(cfg).eval()
+def model(tiny_lm: Any) -> Any:
+    return tiny_lm("qwen3", vocab=VOCAB, head_dim=8, max_positions=64)
 
 
 @pytest.fixture(scope="module")

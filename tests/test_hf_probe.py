@@ -20,6 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from conftest import tiny_lm  # noqa: E402
+
 from comppo_core import hf  # noqa: E402
 from comppo_core.errors import ComppoError, NonFiniteError, ParameterError, ShapeError  # noqa: E402
 from comppo_core.hf import statistics as hf_statistics  # noqa: E402
@@ -40,54 +42,16 @@ STATS = ("entropy", "max", "l2")
 BF16_ATOL = 4 * 2.0**-8
 
 
-def build(arch: str, dtype: Any = torch.float32, attn: str = "sdpa", seed: int = 0) -> Any:
-    """A tiny model with random weights, std 0.25 so that heads are visibly concentrated."""
-    torch.manual_seed(seed)
-    common: dict[str, Any] = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        initializer_range=0.25,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-    )
-    if arch == "llama":
-        cfg = transformers.LlamaConfig(**common)
-        cls = transformers.LlamaForCausalLM
-    elif arch == "qwen2":  # layer 0 full attention, layer 1 sliding window
-        cfg = transformers.Qwen2Config(
-            **common, use_sliding_window=True, sliding_window=SLIDING[arch], max_window_layers=1
-        )
-        cls = transformers.Qwen2ForCausalLM
-    elif arch == "qwen3":
-        cfg = transformers.Qwen3Config(
-            **common, head_dim=16, use_sliding_window=True, sliding_window=SLIDING[arch], max_window_layers=1
-        )
-        cls = transformers.Qwen3ForCausalLM
-    elif arch == "mistral":  # every layer sliding window
-        cfg = transformers.MistralConfig(**common, sliding_window=SLIDING[arch])
-        cls = transformers.MistralForCausalLM
-    elif arch == "gpt2":  # multi-head attention, learned positions, Conv1D projections
-        cfg = transformers.GPT2Config(
-            vocab_size=VOCAB,
-            n_embd=32,
-            n_layer=2,
-            n_head=4,
-            n_positions=128,
-            initializer_range=0.25,
-            bos_token_id=0,
-            eos_token_id=1,
-        )
-        cls = transformers.GPT2LMHeadModel
-    else:
-        raise AssertionError(arch)
-    cfg._attn_implementation = attn
-    return cls(cfg).to(dtype).eval()
+def build(arch: str, dtype: Any = None, attn: str = "sdpa", seed: int = 0, layers: int = 2) -> Any:
+    """A tiny model (``conftest.tiny_lm``: random weights with std 0.25, so that heads are
+    visibly concentrated) with the windows of ``SLIDING``: Qwen2 and Qwen3 layer 0 full
+    attention and the later layers a sliding window, Mistral every layer a sliding window."""
+    window: dict[str, Any] = {}
+    if arch == "mistral":
+        window = {"sliding_window": SLIDING[arch]}
+    elif arch in SLIDING:
+        window = {"use_sliding_window": True, "sliding_window": SLIDING[arch], "max_window_layers": 1}
+    return tiny_lm(arch, vocab=VOCAB, layers=layers, dtype=dtype, attn=attn, seed=seed, **window)
 
 
 def batch(padding: str, seed: int = 1) -> tuple[Any, Any]:

@@ -7,12 +7,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import DLPackProducer
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import Batch, assert_unchanged, batches
 
 import comppo_core as cc
 from comppo_core import reference
+from comppo_core.testing.strategies import RaggedBatch, assert_unchanged, ragged_batches
 
 VARIANTS = [
     "contiguous",
@@ -75,8 +76,8 @@ def assert_same(a: Any, b: Any) -> None:
 NONE = cc.GateParams(normalize="none")
 
 
-@given(batch=batches(), hows=st.lists(st.sampled_from(VARIANTS), min_size=6, max_size=6), packed=st.booleans())
-def test_memory_layouts_give_identical_results(batch: Batch, hows: list[str], packed: bool) -> None:
+@given(batch=ragged_batches(), hows=st.lists(st.sampled_from(VARIANTS), min_size=6, max_size=6), packed=st.booleans())
+def test_memory_layouts_give_identical_results(batch: RaggedBatch, hows: list[str], packed: bool) -> None:
     r, v, kw = batch.packed() if packed else batch.padded()
     base_gae = cc.gae(r, v, gamma=0.9, lam=0.7, **kw)
     base_td = cc.td_targets(r, v, gamma=0.9, **kw)
@@ -349,30 +350,19 @@ def test_mixed_input_dtypes_are_accepted() -> None:
     np.testing.assert_allclose(ret, want[1], rtol=1e-5, atol=1e-5)
 
 
-class DLPackOnly:
-    """A minimal non-NumPy producer exposing only the DLPack protocol."""
-
-    def __init__(self, a: np.ndarray) -> None:
-        self._a = a
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        return self._a.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self) -> Any:
-        return self._a.__dlpack_device__()
-
-
 def test_dlpack_producers() -> None:
     r, v, g, m = _data()
     want = cc.gae(r, v, gates=g, mask=m, gamma=0.5, lam=0.5)
-    got = cc.gae(DLPackOnly(r), DLPackOnly(v), gates=DLPackOnly(g), mask=DLPackOnly(m), gamma=0.5, lam=0.5)
+    got = cc.gae(
+        DLPackProducer(r), DLPackProducer(v), gates=DLPackProducer(g), mask=DLPackProducer(m), gamma=0.5, lam=0.5
+    )
     assert isinstance(got.advantages, np.ndarray)
     assert_same(got, want)
-    assert_same(cc.td_targets(DLPackOnly(r), DLPackOnly(v), gamma=0.5), cc.td_targets(r, v, gamma=0.5))
-    assert_same(cc.gates_from_concentration(DLPackOnly(v)), cc.gates_from_concentration(v))
+    assert_same(cc.td_targets(DLPackProducer(r), DLPackProducer(v), gamma=0.5), cc.td_targets(r, v, gamma=0.5))
+    assert_same(cc.gates_from_concentration(DLPackProducer(v)), cc.gates_from_concentration(v))
     rp = r.reshape(-1)
     assert_same(
-        cc.gae(DLPackOnly(rp), DLPackOnly(v.reshape(-1)), cu_seqlens=DLPackOnly(np.array([0, 4, 8]))),
+        cc.gae(DLPackProducer(rp), DLPackProducer(v.reshape(-1)), cu_seqlens=DLPackProducer(np.array([0, 4, 8]))),
         cc.gae(rp, v.reshape(-1), cu_seqlens=[0, 4, 8]),
     )
 
@@ -384,8 +374,8 @@ def test_scalar_parameters_accept_numpy_scalars() -> None:
     assert_same(cc.gae(r, v, gamma=1, lam=0), cc.gae(r, v, gamma=1.0, lam=0.0))
 
 
-@given(batch=batches())
-def test_inputs_never_modified_even_on_error(batch: Batch) -> None:
+@given(batch=ragged_batches())
+def test_inputs_never_modified_even_on_error(batch: RaggedBatch) -> None:
     """A failing call leaves the inputs untouched too."""
     r, v, kw = batch.padded()
     before = batch.copies()

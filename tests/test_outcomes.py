@@ -17,10 +17,10 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from strategies import _mask_values, assert_unchanged, ragged
 
 import comppo_core as cc
 from comppo_core import reference
+from comppo_core.testing.strategies import RaggedLayout, assert_unchanged, ragged_layouts
 
 METHODS = ("grpo", "drgrpo", "rloo", "reinforce_baseline")
 THREADS = (1, 2, 3)
@@ -337,6 +337,17 @@ def test_matches_reference_random_floats(b: int, k: int, seed: int, method: str,
     assert (np.abs(got - want) <= atol + 1e-12 * np.abs(want)).all(), (got, want)
 
 
+def verl_batch(scores: np.ndarray, t: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """verl's inputs for ``scores``: a ``[B, t]`` response mask (about 70% valid) and
+    token-level rewards whose row sums are the scores (an outcome reward on one token)."""
+    b = scores.shape[0]
+    rng = np.random.default_rng(seed)
+    mask = (rng.random((b, t)) < 0.7).astype(np.float64)
+    trl = np.zeros((b, t))
+    trl[np.arange(b), rng.integers(0, t, size=b)] = scores
+    return mask, trl
+
+
 @given(
     data=grouped(min_size=2),
     t=st.integers(1, 6),
@@ -350,12 +361,7 @@ def test_grpo_matches_verl(
     """verl's compute_grpo_outcome_advantage, norm_adv_by_std_in_grpo True (grpo) and
     False (drgrpo), on groups of two or more, broadcast over the response mask."""
     scores, groups = data
-    b = scores.shape[0]
-    rng = np.random.default_rng(seed)
-    mask = (rng.random((b, t)) < 0.7).astype(np.float64)
-    # token-level rewards whose row sums are the scores (an outcome reward on one token)
-    trl = np.zeros((b, t))
-    trl[np.arange(b), rng.integers(0, t, size=b)] = scores
+    mask, trl = verl_batch(scores, t, seed)
     index: Any = np.array([f"uid{g}" for g in groups]) if string_ids else groups
     want = verl_grpo(trl, mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=norm)
     a = cc.group_advantages(trl.sum(-1), index, method="grpo" if norm else "drgrpo", eps=1e-6)
@@ -377,11 +383,7 @@ def test_grpo_verl_singleton_is_raw_score_over_one_plus_eps() -> None:
 def test_rloo_matches_verl(data: tuple[np.ndarray, np.ndarray], t: int, seed: int) -> None:
     """verl's compute_rloo_outcome_advantage: s·n/(n−1) − μ·n/(n−1), singletons raw."""
     scores, groups = data
-    b = scores.shape[0]
-    rng = np.random.default_rng(seed)
-    mask = (rng.random((b, t)) < 0.7).astype(np.float64)
-    trl = np.zeros((b, t))
-    trl[np.arange(b), rng.integers(0, t, size=b)] = scores
+    mask, trl = verl_batch(scores, t, seed)
     want = verl_rloo(trl, mask, groups)
     got = cc.broadcast(cc.group_advantages(trl.sum(-1), groups, method="rloo", singleton="raw"), mask=mask)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
@@ -392,12 +394,8 @@ def test_reinforce_pp_baseline_matches_verl(data: tuple[np.ndarray, np.ndarray],
     """verl's compute_reinforce_plus_plus_baseline_outcome_advantage (s − μ_g, singletons
     raw, then whitened over the batch) == masked_whiten(broadcast(a, mask=m), mask=m)."""
     scores, groups = data
-    b = scores.shape[0]
-    rng = np.random.default_rng(seed)
-    mask = (rng.random((b, t)) < 0.7).astype(np.float64)
+    mask, trl = verl_batch(scores, t, seed)
     assume(mask.sum() >= 2)
-    trl = np.zeros((b, t))
-    trl[np.arange(b), rng.integers(0, t, size=b)] = scores
     want = verl_reinforce_pp_baseline(trl, mask, groups)
     a = cc.group_advantages(trl.sum(-1), groups, method="reinforce_baseline", singleton="raw")
     got = cc.masked_whiten(cc.broadcast(a, mask=mask), mask=mask)
@@ -550,17 +548,16 @@ def test_broadcast_by_hand() -> None:
 
 
 @given(
-    lay=ragged(),
+    lay=ragged_layouts(),
     dtype=st.sampled_from([np.float64, np.float32, np.float16, np.int64, np.int32, np.bool_]),
     seed=st.integers(0, 2**32 - 1),
-    data=st.data(),
 )
-def test_broadcast_matches_reference_both_layouts(lay: Any, dtype: Any, seed: int, data: st.DataObject) -> None:
-    lengths, valid, inner, mask_dtype = lay
-    b, t = valid.shape
+def test_broadcast_matches_reference_both_layouts(lay: RaggedLayout, dtype: Any, seed: int) -> None:
+    valid, inner = lay.valid, lay.inner
+    b, t = lay.shape
     rng = np.random.default_rng(seed)
     a = (rng.normal(size=b) * 10).astype(dtype)
-    mask = _mask_values(data.draw, np.dtype(mask_dtype or np.bool_), valid)  # type: ignore[arg-type]
+    mask = valid.copy() if lay.mask is None else lay.mask  # no mask: an all-True bool one
     before: list[np.ndarray | None] = [a.copy(), mask.copy()]
     out_dtype = np.dtype(dtype) if np.dtype(dtype).kind == "f" else np.dtype(np.float64)
 
@@ -572,15 +569,13 @@ def test_broadcast_matches_reference_both_layouts(lay: Any, dtype: Any, seed: in
     np.testing.assert_array_equal(got[valid], np.broadcast_to(a.astype(out_dtype)[:, None], (b, t))[valid])
 
     # packed: the first lengths[b] positions of each row, with or without an inner mask
-    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(data.draw(st.sampled_from([np.int32, np.int64])))
-    flat_mask = np.concatenate([mask[i, : lengths[i]] for i in range(b)]) if b else mask.reshape(-1)[:0]
-    p_mask = flat_mask if inner else None
+    cu = lay.cu_seqlens
+    p_mask = lay.pack(mask) if inner else None
     got_p = cc.broadcast(a, cu_seqlens=cu, mask=p_mask)
     want_p = reference.broadcast(a, cu_seqlens=cu, mask=p_mask)
     assert got_p.shape == (int(cu[-1]),) and got_p.dtype == out_dtype
     np.testing.assert_array_equal(got_p.astype(np.float64), want_p.astype(out_dtype).astype(np.float64))
-    packed_from_padded = np.concatenate([got[i, : lengths[i]] for i in range(b)]) if b else got.reshape(-1)[:0]
-    np.testing.assert_array_equal(got_p, packed_from_padded)
+    np.testing.assert_array_equal(got_p, lay.pack(got))
     assert_unchanged(before, [a, mask])
 
 

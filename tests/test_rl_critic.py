@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
+
+from conftest import tiny_lm  # noqa: E402
 
 import comppo_core as cc  # noqa: E402
 from comppo_core import hf, rl  # noqa: E402
@@ -27,30 +29,10 @@ B, T = 3, 16
 MIXERS = rl.TEMPORAL_MIXERS
 
 
-def build(arch: str = "llama", dtype: Any = torch.float32, seed: int = 0, layers: int = 4) -> Any:
-    torch.manual_seed(seed)
-    common: dict[str, Any] = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        initializer_range=0.25,
-    )
-    if arch == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
-    elif arch == "qwen3":
-        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=16))
-    elif arch == "gpt2":
-        cfg = transformers.GPT2Config(
-            vocab_size=VOCAB, n_embd=32, n_layer=layers, n_head=4, n_positions=64, initializer_range=0.25
-        )
-        model = transformers.GPT2LMHeadModel(cfg)
-    else:
-        raise AssertionError(arch)
-    return model.to(dtype).eval()
+def build(arch: str = "llama", *, dtype: Any = None, layers: int = 4) -> Any:
+    """``conftest.tiny_lm`` with 4 layers (taps to spread over) and the architecture's own
+    special tokens."""
+    return tiny_lm(arch, vocab=VOCAB, layers=layers, max_positions=64, dtype=dtype, special_tokens=False)
 
 
 def batch(padding: str = "left", seed: int = 1) -> tuple[Any, Any, Any]:
@@ -381,12 +363,11 @@ def test_head_starts_at_zero_and_taps_default_spread_over_depth() -> None:
 
 
 def test_size_at_qwen3_0_6b_shape_on_meta() -> None:
-    cfg = transformers.Qwen3Config(
-        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-    )  # fmt: skip
-    with torch.device("meta"):
-        actor = transformers.Qwen3ForCausalLM(cfg)
+    with torch.device("meta"):  # Qwen3-0.6B's config, the architecture's defaults elsewhere
+        actor = tiny_lm(
+            "qwen3", vocab=151936, hidden=1024, intermediate=3072, layers=28, heads=16, kv_heads=8, head_dim=128,
+            tie_word_embeddings=True, max_positions=None, init=None, special_tokens=False,
+        )  # fmt: skip
     critic = rl.TransportAlignedCritic.for_model(actor)
     assert next(critic.parameters()).device.type == "meta"
     n_actor = sum(p.numel() for p in actor.parameters())  # tied embeddings counted once

@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import tolerance
 from hypothesis import given
-from strategies import Batch, assert_unchanged, batches, tolerance, unit_interval
 
 import comppo_core as cc
 from comppo_core import reference
+from comppo_core.testing.strategies import RaggedBatch, assert_unchanged, discounts, ragged_batches
 
 
 def _td_kwargs(kw: dict[str, object]) -> dict[str, object]:
     return {k: kw[k] for k in ("mask", "gates", "last_values", "cu_seqlens") if k in kw}
 
 
-@given(batch=batches(), gamma=unit_interval())
-def test_td_targets_match_reference_both_layouts(batch: Batch, gamma: float) -> None:
+@given(batch=ragged_batches(), gamma=discounts())
+def test_td_targets_match_reference_both_layouts(batch: RaggedBatch, gamma: float) -> None:
     before = batch.copies()
     r, v, kw = batch.padded()
     got = cc.td_targets(r, v, gamma=gamma, **_td_kwargs(kw))  # type: ignore[arg-type]
@@ -35,8 +36,8 @@ def test_td_targets_match_reference_both_layouts(batch: Batch, gamma: float) -> 
     assert_unchanged(before, batch.arrays())
 
 
-@given(batch=batches(dtypes=(np.dtype(np.float32), np.dtype(np.float64))), gamma=unit_interval())
-def test_td_targets_equal_reference_bit_for_bit(batch: Batch, gamma: float) -> None:
+@given(batch=ragged_batches(dtypes=("float32", "float64")), gamma=discounts())
+def test_td_targets_equal_reference_bit_for_bit(batch: RaggedBatch, gamma: float) -> None:
     """No sum is reassociated (each target is ``r + (γ·g)·V_next`` in float64, rounded
     once), so the kernel's four-position blocks and single steps both give the
     reference's bits."""
@@ -46,8 +47,8 @@ def test_td_targets_equal_reference_bit_for_bit(batch: Batch, gamma: float) -> N
     assert got.tobytes() == want.tobytes()
 
 
-@given(batch=batches(dtypes=(np.dtype(np.float16),)), gamma=unit_interval())
-def test_td_targets_float16(batch: Batch, gamma: float) -> None:
+@given(batch=ragged_batches(dtypes="float16"), gamma=discounts())
+def test_td_targets_float16(batch: RaggedBatch, gamma: float) -> None:
     r, v, kw = batch.padded()
     got = cc.td_targets(r, v, gamma=gamma, **_td_kwargs(kw))  # type: ignore[arg-type]
     want = reference.td_targets(r, v, gamma=gamma, **_td_kwargs(kw))  # type: ignore[arg-type]
@@ -55,8 +56,8 @@ def test_td_targets_float16(batch: Batch, gamma: float) -> None:
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), **tolerance(np.dtype(np.float16)))
 
 
-@given(batch=batches(dtypes=(np.dtype(np.float64),)), gamma=unit_interval(), lam=unit_interval())
-def test_td_targets_are_lambda_zero_returns(batch: Batch, gamma: float, lam: float) -> None:
+@given(batch=ragged_batches(dtypes="float64"), gamma=discounts(), lam=discounts())
+def test_td_targets_are_lambda_zero_returns(batch: RaggedBatch, gamma: float, lam: float) -> None:
     """With λ_critic = 0, R_i = δ_i + V_i = r_i + γ·g_i·V_{i+1} = y_i."""
     r, v, kw = batch.padded()
     y = cc.td_targets(r, v, gamma=gamma, **_td_kwargs(kw))  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import DLPackProducer  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -179,19 +180,6 @@ def as_tensor(dtype: Any, **kw: Any) -> Callable[[np.ndarray], Any]:
 
 def plain_tensor(a: np.ndarray) -> Any:
     return torch.from_numpy(a.copy())
-
-
-class DLPackProducer:
-    """A minimal non-torch, non-NumPy ``__dlpack__`` producer delegating to a NumPy array."""
-
-    def __init__(self, a: np.ndarray) -> None:
-        self._a = a
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        return self._a.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self) -> Any:
-        return self._a.__dlpack_device__()
 
 
 # --------------------------------------------------------------------------- #

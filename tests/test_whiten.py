@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from strategies import Batch, assert_unchanged, batches
 
 import comppo_core as cc
 from comppo_core import reference
+from comppo_core.testing.strategies import RaggedBatch, assert_unchanged, ragged_batches
 
 THREADS = (1, 2, 3)
 
@@ -81,7 +81,7 @@ def whiten_tol(x: np.ndarray, valid: np.ndarray, eps: float, dtype: np.dtype) ->
     return {"rtol": 2e-6, "atol": 2e-6 * (1.0 + abs(mean)) + 1e-12 * amp}
 
 
-def packed_args(batch: Batch, x: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+def packed_args(batch: RaggedBatch, x: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
     flat = batch.pack(x)
     assert flat is not None
     return flat, {"mask": batch.packed_mask, "cu_seqlens": batch.cu_seqlens}
@@ -123,8 +123,8 @@ def test_no_mask_means_every_token_valid() -> None:
 # --------------------------------------------------------------------------- #
 
 
-@given(batch=batches(dtypes=(np.dtype(np.float64),)), shift_mean=st.booleans(), eps=st.sampled_from([1e-8, 0.0, 0.25]))
-def test_matches_verl_port(batch: Batch, shift_mean: bool, eps: float) -> None:
+@given(batch=ragged_batches(dtypes="float64"), shift_mean=st.booleans(), eps=st.sampled_from([1e-8, 0.0, 0.25]))
+def test_matches_verl_port(batch: RaggedBatch, shift_mean: bool, eps: float) -> None:
     assume(well_posed(batch.values, batch.valid, eps))
     x = np.where(batch.valid, batch.values, 7.0)  # verl computes values * mask: finite junk only
     m = batch.valid.astype(np.float64)
@@ -137,11 +137,11 @@ def test_matches_verl_port(batch: Batch, shift_mean: bool, eps: float) -> None:
 
 
 @given(
-    batch=st.one_of(batches(), batches(b_max=3, t_max=40)),  # long rows: chunked sums with tails
+    batch=st.one_of(ragged_batches(), ragged_batches(max_rows=3, max_len=40)),  # long rows: chunked sums with tails
     shift_mean=st.booleans(),
     eps=st.sampled_from([1e-8, 0.0, 0.25]),
 )
-def test_matches_reference_both_layouts(batch: Batch, shift_mean: bool, eps: float) -> None:
+def test_matches_reference_both_layouts(batch: RaggedBatch, shift_mean: bool, eps: float) -> None:
     x = batch.values  # junk (NaN, ±inf) at masked positions sometimes
     n = int(batch.valid.sum())
     before = batch.copies()

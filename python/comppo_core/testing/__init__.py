@@ -18,7 +18,10 @@ or torch)::
 * :mod:`comppo_core.testing.strategies`: the strategies they draw from
   (:func:`~strategies.gae_examples`, :func:`~strategies.long_gae_examples`,
   :func:`~strategies.group_examples`), for your own properties, with
-  :func:`expected_gae` and :func:`expected_group_advantages` as the expected values.
+  :func:`expected_gae` and :func:`expected_group_advantages` as the expected values;
+  and strategies for a kernel's input handling (:func:`~strategies.ragged_batches`,
+  :func:`~strategies.concentration_batches`: masks of any dtype, junk at masked
+  positions, both layouts), with :func:`assert_unchanged` for inputs left alone.
 
 Needs Hypothesis: ``pip install 'comppo-core[testing]'``. ``import comppo_core`` alone does
 not import this module or Hypothesis.
@@ -44,15 +47,19 @@ from .checks import (
     expected_gae,
     expected_group_advantages,
 )
-from .strategies import GAEExample, GroupExample
+from .strategies import ConcentrationBatch, GAEExample, GroupExample, RaggedBatch, RaggedLayout, assert_unchanged
 
 __all__ = [
     "GROUP_METHODS",
     "RTOL_ULPS",
     "SEMANTICS",
+    "ConcentrationBatch",
     "ConformanceError",
     "GAEExample",
     "GroupExample",
+    "RaggedBatch",
+    "RaggedLayout",
+    "assert_unchanged",
     "check_gae",
     "check_group_advantages",
     "default_gae_call",

@@ -1,14 +1,18 @@
 """Hypothesis strategies that draw realistic advantage-estimation batches.
 
-Two kinds of example, each a small frozen dataclass with a readable ``repr``:
+Three kinds of example, each a small frozen dataclass:
 
 * :class:`GAEExample`, drawn by :func:`gae_examples` (short rows, every array drawn
   element by element so that Hypothesis shrinks failures to small, readable numbers) and
   :func:`long_gae_examples` (rows of thousands of tokens, drawn from a seeded NumPy
-  generator, for float32 accumulation drift);
-* :class:`GroupExample`, drawn by :func:`group_examples` (outcome scores and group ids).
+  generator, for float32 accumulation drift): batches as training loops build them;
+* :class:`GroupExample`, drawn by :func:`group_examples` (outcome scores and group ids);
+* :class:`RaggedBatch` and :class:`ConcentrationBatch`, drawn by :func:`ragged_batches`
+  and :func:`concentration_batches` on a :class:`RaggedLayout` (:func:`ragged_layouts`):
+  every input a kernel must accept (masks of any dtype or none, float16, int32 or int64
+  ``cu_seqlens``, empty batches, junk at masked positions), in both layouts at once.
 
-What a GAE example contains (docs/design.md §2):
+What a GAE example (:class:`GAEExample`) contains (docs/design.md §2):
 
 * **padded** layout: ``[B, T]`` arrays. Each row holds one response of ``L_b ≤ T``
   tokens, placed at the start of the row (``padding="right"``) or at its end
@@ -36,9 +40,10 @@ This module needs Hypothesis (``pip install 'comppo-core[testing]'``); importing
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from hypothesis import strategies as st
@@ -49,16 +54,28 @@ from ..options import check_choice
 
 __all__ = [
     "ARRAY_KINDS",
+    "ConcentrationBatch",
     "DTYPES",
     "GAEExample",
     "GROUPINGS",
     "GroupExample",
+    "JUNK_GATES",
+    "JUNK_VALUES",
     "LAYOUTS",
     "MASKED_REWARDS",
+    "MASK_DTYPES",
     "PADDINGS",
+    "RAGGED_DTYPES",
+    "RaggedBatch",
+    "RaggedLayout",
+    "assert_unchanged",
+    "concentration_batches",
+    "discounts",
     "gae_examples",
     "group_examples",
     "long_gae_examples",
+    "ragged_batches",
+    "ragged_layouts",
     "to_numpy",
 ]
 
@@ -125,7 +142,7 @@ def _check_subset(name: str, given: str | Iterable[Any], allowed: Sequence[str])
     items = (given,) if isinstance(given, (str, np.dtype, type)) else tuple(given)
     out: list[str] = []
     for item in items:
-        key = np.dtype(item).name if name == "dtypes" and not isinstance(item, str) else item
+        key = np.dtype(item).name if name.endswith("dtypes") and not isinstance(item, str) else item
         if key not in allowed:
             raise ParameterError(f"{name}: expected values from {allowed}, got {item!r}", argument=name)
         if key not in out:
@@ -366,27 +383,31 @@ def _assemble(
     )
 
 
-def _discount(fixed: float | None) -> st.SearchStrategy[float]:
-    if fixed is not None:
-        return st.just(fixed)
+def discounts() -> st.SearchStrategy[float]:
+    """Strategy for γ or λ: the endpoints 0 and 1 and the common settings of
+    ``COMMON_DISCOUNTS`` often (shrinking towards 1), any float in [0, 1] otherwise."""
     return st.one_of(st.sampled_from(COMMON_DISCOUNTS), st.floats(0.0, 1.0))
 
 
-def _width(dtype: str) -> int:
-    return 32 if dtype == "float32" else 64
+def _discount(fixed: float | None) -> st.SearchStrategy[float]:
+    return discounts() if fixed is None else st.just(fixed)
 
 
-def _number_elements(dtype: str, bound: float) -> st.SearchStrategy[float]:
+def _width(dtype: Any) -> int:
+    return 8 * np.dtype(dtype).itemsize
+
+
+def _number_elements(dtype: Any, bound: float) -> st.SearchStrategy[float]:
     # Hypothesis draws 0, ±1, 0.5 and the bounds often and shrinks towards them.
     return st.floats(-bound, bound, width=_width(dtype), allow_subnormal=False)  # type: ignore[arg-type]
 
 
-def _gate_elements(dtype: str) -> st.SearchStrategy[float]:
+def _gate_elements(dtype: Any) -> st.SearchStrategy[float]:
     # the bounds 0 and 1 are drawn often (checked by the test suite)
     return st.floats(0.0, 1.0, width=_width(dtype), allow_subnormal=False)  # type: ignore[arg-type]
 
 
-def _junk_elements(dtype: str) -> st.SearchStrategy[float]:
+def _junk_elements(dtype: Any) -> st.SearchStrategy[float]:
     return st.floats(1.0, 10.0, width=_width(dtype), allow_subnormal=False)  # type: ignore[arg-type]
 
 
@@ -492,8 +513,9 @@ def gae_examples(
         layout = draw(st.sampled_from(cfg.layouts))
         pad = draw(st.sampled_from(cfg.padding)) if layout == "padded" else "right"
         width = draw(st.integers(max(1, min_len), max_len)) if layout == "padded" else None
-        # a list of whole rows: shrinking deletes the rows a failure does not need
-        rows = draw(st.lists(draw_row(dtype, width, pad), min_size=1, max_size=max_rows))
+        # the number of rows, then the rows: Hypothesis shrinks the count and deletes the
+        # rows a failure does not need (from a list of rows it often keeps some)
+        rows = [draw(draw_row(dtype, width, pad)) for _ in range(draw(st.integers(1, max_rows)))]
         return _assemble(cfg, dtype, layout, pad, rows, draw(_discount(g_fixed)), draw(_discount(l_fixed)))
 
     strategy = draw_example()
@@ -690,3 +712,360 @@ def group_examples(
         return GroupExample(scores=scores, groups=groups, dtype=dtype, grouping=grouping)
 
     return draw_example()
+
+
+# --------------------------------------------------------------------------- #
+# Ragged batches: every input a kernel must accept
+# --------------------------------------------------------------------------- #
+
+#: Float dtypes :func:`ragged_batches` and :func:`concentration_batches` can draw.
+RAGGED_DTYPES = ("float16", "float32", "float64")
+#: Mask dtypes :func:`ragged_layouts` draws: what users pass (bool, integers, floats).
+MASK_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "uint64", "float32", "float64")
+#: Junk at masked positions of values and concentrations (``junk=True``).
+JUNK_VALUES = (math.nan, math.inf, -math.inf, 7.0)
+#: Junk at masked positions of gates: JUNK_VALUES and numbers outside [0, 1].
+JUNK_GATES = (*JUNK_VALUES, -3.0, 1.5)
+
+
+def _mask_entries(dtype: np.dtype) -> tuple[float, ...]:
+    """The nonzero values a mask of ``dtype`` holds on valid positions."""
+    if dtype.kind == "f":
+        return (1.0, 0.5, 2.0, -1.0, 1e-3)
+    if dtype.kind == "u":
+        return (1, 2, 255 if dtype.itemsize == 1 else 1000)
+    return (1, 2, -1, 100)
+
+
+def _choices(draw: st.DrawFn, values: Sequence[float], dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """A ``shape`` array of ``dtype`` whose entries are drawn from ``values``."""
+    picks = draw(hnp.arrays(np.int64, shape, elements=st.integers(0, len(values) - 1)))
+    return np.asarray(values, dtype=dtype)[picks]
+
+
+def _put_junk(draw: st.DrawFn, x: np.ndarray, valid: np.ndarray, junk: Sequence[float]) -> None:
+    """Overwrites the masked positions of ``x`` (where ``valid`` is False) with ``junk``."""
+    if (~valid).any():
+        x[~valid] = _choices(draw, junk, x.dtype, x.shape)[~valid]
+
+
+def _check_optional_bool(name: str, value: Any) -> bool | None:
+    return None if value is None else _check_bool(name, value)
+
+
+@dataclass(frozen=True, eq=False)
+class RaggedLayout:
+    """Which positions of a ragged batch are valid, in both layouts of docs/design.md §2.
+
+    Row ``b`` of the padded ``[B, T]`` grid holds ``lengths[b] <= T`` positions at its
+    start (the rest of the row is padding); inside that length an inner (multi-turn) mask
+    may mark observation tokens invalid, whole rows included. The same positions exist
+
+    * padded: ``[B, T]`` arrays with :attr:`mask` (None only when every position is valid);
+    * packed: ``[N]`` arrays, the first ``lengths[b]`` positions of each row concatenated
+      (:meth:`pack`), with :attr:`cu_seqlens` and :attr:`packed_mask` (None when there is
+      no inner mask).
+
+    Attributes:
+      lengths: ``[B]`` int64 row lengths (``B`` may be 0).
+      valid: ``[B, T]`` bool, True inside the row's length and not inner-masked.
+      inner: whether an inner mask was drawn.
+      mask: ``[B, T]`` array of one of :data:`MASK_DTYPES`: 0 where invalid, a nonzero
+        value where valid (1, 2, -1, 0.5, 1e-3, 255, ...: anything nonzero means valid);
+        None when every position is valid.
+      cu_dtype: int32 or int64, the dtype of :attr:`cu_seqlens`.
+    """
+
+    lengths: np.ndarray
+    valid: np.ndarray
+    inner: bool
+    mask: np.ndarray | None
+    cu_dtype: np.dtype
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(B, T)``, the padded grid."""
+        rows, cols = self.valid.shape
+        return int(rows), int(cols)
+
+    @property
+    def cu_seqlens(self) -> np.ndarray:
+        """``[B+1]`` offsets of the packed layout, of dtype :attr:`cu_dtype`."""
+        return np.concatenate([[0], np.cumsum(self.lengths)]).astype(self.cu_dtype)
+
+    @property
+    def packed_mask(self) -> np.ndarray | None:
+        """The packed mask: :attr:`mask` packed when there is an inner mask, else None."""
+        return self.pack(self.mask) if self.inner else None
+
+    @overload
+    def pack(self, x: np.ndarray) -> np.ndarray: ...
+    @overload
+    def pack(self, x: None) -> None: ...
+    def pack(self, x: np.ndarray | None) -> np.ndarray | None:
+        """The packed ``[N]`` version of a padded ``[B, T]`` array (None stays None)."""
+        if x is None:
+            return None
+        parts = [x[b, : self.lengths[b]] for b in range(x.shape[0])]
+        return np.concatenate(parts) if parts else x.reshape(-1)[:0].copy()
+
+    def unpack(self, flat: np.ndarray, fill: float = 0.0) -> np.ndarray:
+        """A packed ``[N]`` array scattered back to ``[B, T]`` (``fill`` beyond each length)."""
+        out = np.full(self.shape, fill, dtype=flat.dtype)
+        cu = self.cu_seqlens
+        for b in range(self.shape[0]):
+            out[b, : self.lengths[b]] = flat[cu[b] : cu[b + 1]]
+        return out
+
+
+def _layout_fields(layout: RaggedLayout) -> dict[str, Any]:
+    return {f.name: getattr(layout, f.name) for f in dataclasses.fields(RaggedLayout)}
+
+
+@dataclass(frozen=True, eq=False)
+class RaggedBatch(RaggedLayout):
+    """A drawn ragged batch (:func:`ragged_batches`): NumPy arrays on a
+    :class:`RaggedLayout`, in the call convention of ``comppo_core.gae``.
+
+    Attributes (besides the layout's):
+      dtype: the NumPy float dtype of rewards, values and gates.
+      rewards: ``[B, T]``, 0 at masked positions.
+      values: ``[B, T]``, junk (NaN, ±inf, 7) at masked positions when drawn with junk.
+      gates: ``[B, T]`` in [0, 1] (exactly 0 and 1 often) or None; junk at masked
+        positions (NaN, ±inf, numbers outside [0, 1]) when drawn with junk.
+      last_values: ``[B]`` float64 bootstrap values, or None.
+    """
+
+    dtype: np.dtype
+    rewards: np.ndarray
+    values: np.ndarray
+    gates: np.ndarray | None
+    last_values: np.ndarray | None
+
+    def padded(self, **extra: Any) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """``(rewards, values, kwargs)`` of the padded call: ``kwargs`` holds ``mask``,
+        ``gates`` and ``last_values``, updated with ``extra``."""
+        kw: dict[str, Any] = {"mask": self.mask, "gates": self.gates, "last_values": self.last_values}
+        kw.update(extra)
+        return self.rewards, self.values, kw
+
+    def packed(self, **extra: Any) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """``(rewards, values, kwargs)`` of the packed call on the same data: ``kwargs``
+        holds ``mask`` (:attr:`packed_mask`), packed ``gates``, ``last_values`` and
+        ``cu_seqlens``, updated with ``extra``."""
+        kw: dict[str, Any] = {
+            "mask": self.packed_mask,
+            "gates": self.pack(self.gates),
+            "last_values": self.last_values,
+            "cu_seqlens": self.cu_seqlens,
+        }
+        kw.update(extra)
+        return self.pack(self.rewards), self.pack(self.values), kw
+
+    def arrays(self) -> list[np.ndarray | None]:
+        """``[rewards, values, mask, gates, last_values]``, the arrays themselves."""
+        return [self.rewards, self.values, self.mask, self.gates, self.last_values]
+
+    def copies(self) -> list[np.ndarray | None]:
+        """Copies of :meth:`arrays`, to compare with :func:`assert_unchanged` after a call."""
+        return [None if a is None else a.copy() for a in self.arrays()]
+
+
+@dataclass(frozen=True, eq=False)
+class ConcentrationBatch(RaggedLayout):
+    """A drawn batch of per-token concentrations (:func:`concentration_batches`).
+
+    Attributes (besides the layout's):
+      dtype: the NumPy float dtype of ``conc``.
+      conc: ``[B, T]`` concentrations on a 1/1000 grid in [-10, 10]; junk (NaN, ±inf, 7)
+        at masked positions when drawn with junk.
+    """
+
+    dtype: np.dtype
+    conc: np.ndarray
+
+
+def ragged_layouts(
+    *,
+    max_rows: int = 6,
+    max_len: int = 12,
+    mask_dtypes: str | Iterable[Any] = MASK_DTYPES,
+    unmasked: bool = True,
+) -> st.SearchStrategy[RaggedLayout]:
+    """Strategy for validity patterns of ragged batches (:class:`RaggedLayout`).
+
+    ``B`` from 0 (an empty batch) to ``max_rows`` rows of ``T`` from 1 to ``max_len``
+    columns. Rows fill the grid or have any length from 0 to ``T``; an inner mask, when
+    drawn, masks out positions and sometimes whole rows.
+
+    Args:
+      max_rows: largest number of rows B.
+      max_len: largest number of columns T.
+      mask_dtypes: the mask dtypes to draw, names from :data:`MASK_DTYPES` or NumPy dtypes.
+      unmasked: also draw layouts without a mask (about a third of them: every position
+        valid, ``mask`` None).
+    """
+    max_rows = _check_int("max_rows", max_rows, 0)
+    max_len = _check_int("max_len", max_len, 1)
+    dts = _check_subset("mask_dtypes", mask_dtypes, MASK_DTYPES)
+    unmasked = _check_bool("unmasked", unmasked)
+    dtype_choice = st.sampled_from([np.dtype(d) for d in dts])
+
+    @st.composite
+    def draw_layout(draw: st.DrawFn) -> RaggedLayout:
+        B = draw(st.integers(0, max_rows))
+        T = draw(st.integers(1, max_len))
+        mask_dtype = draw(st.one_of(st.none(), dtype_choice, dtype_choice) if unmasked else dtype_choice)
+        cu_dtype = np.dtype(draw(st.sampled_from([np.int32, np.int64])))
+        if mask_dtype is None:
+            full = np.full(B, T, dtype=np.int64)
+            return RaggedLayout(
+                lengths=full, valid=np.ones((B, T), dtype=bool), inner=False, mask=None, cu_dtype=cu_dtype
+            )
+        if draw(st.booleans()):
+            lengths = np.full(B, T, dtype=np.int64)
+        else:
+            lengths = np.asarray(draw(st.lists(st.integers(0, T), min_size=B, max_size=B)), dtype=np.int64)
+        valid = np.arange(T)[None, :] < lengths[:, None]
+        inner = draw(st.booleans())
+        if inner:
+            keep = draw(hnp.arrays(np.bool_, (B, T), elements=st.booleans()))
+            dead_rows = draw(hnp.arrays(np.bool_, (B,), elements=st.booleans())) & draw(st.booleans())
+            valid &= keep & ~dead_rows[:, None]
+        if mask_dtype == np.bool_:
+            mask = valid.copy()
+        else:
+            mask = np.zeros((B, T), dtype=mask_dtype)
+            mask[valid] = _choices(draw, _mask_entries(mask_dtype), mask_dtype, (B, T))[valid]
+        return RaggedLayout(lengths=lengths, valid=valid, inner=inner, mask=mask, cu_dtype=cu_dtype)
+
+    return draw_layout()
+
+
+def ragged_batches(
+    *,
+    dtypes: str | Iterable[Any] = DTYPES,
+    gates: bool | None = None,
+    last_values: bool | None = None,
+    junk: bool | None = None,
+    max_rows: int = 6,
+    max_len: int = 12,
+    mask_dtypes: str | Iterable[Any] = MASK_DTYPES,
+    unmasked: bool = True,
+) -> st.SearchStrategy[RaggedBatch]:
+    """Strategy for ragged GAE batches that probe a kernel's input handling
+    (:class:`RaggedBatch`, NumPy arrays in both layouts).
+
+    Where :func:`gae_examples` draws batches as training loops build them, these draw
+    every input a kernel in the convention of ``comppo_core.gae`` must accept: masks of
+    any of :data:`MASK_DTYPES` whose valid entries are any nonzero number, no mask at all,
+    ``cu_seqlens`` of int32 or int64, empty batches and rows, and junk at masked
+    positions, which the contract says is never read. Rewards and values are in
+    [-10, 10].
+
+    Args:
+      dtypes: float dtypes to draw, names from :data:`RAGGED_DTYPES` or NumPy dtypes.
+      gates, last_values: True or False to always or never draw them, None to draw
+        either.
+      junk: put junk at masked positions of values (:data:`JUNK_VALUES`) and gates
+        (:data:`JUNK_GATES`): True, False, or None for either.
+      max_rows, max_len, mask_dtypes, unmasked: as :func:`ragged_layouts`.
+    """
+    dts = _check_subset("dtypes", dtypes, RAGGED_DTYPES)
+    fixed = {name: _check_optional_bool(name, v) for name, v in (("gates", gates), ("last_values", last_values))}
+    fixed["junk"] = _check_optional_bool("junk", junk)
+    layouts = ragged_layouts(max_rows=max_rows, max_len=max_len, mask_dtypes=mask_dtypes, unmasked=unmasked)
+
+    def flag(draw: st.DrawFn, name: str) -> bool:
+        value = fixed[name]
+        return draw(st.booleans()) if value is None else value
+
+    @st.composite
+    def draw_batch(draw: st.DrawFn) -> RaggedBatch:
+        dtype = np.dtype(draw(st.sampled_from(dts)))
+        layout = draw(layouts)
+        shape, valid = layout.shape, layout.valid
+        numbers = _number_elements(dtype, 10.0)
+        rewards = draw(hnp.arrays(dtype, shape, elements=numbers))
+        rewards[~valid] = 0
+        values = draw(hnp.arrays(dtype, shape, elements=numbers))
+        g = None
+        if flag(draw, "gates"):
+            g = draw(hnp.arrays(dtype, shape, elements=st.one_of(st.sampled_from([0.0, 1.0]), _gate_elements(dtype))))
+        if flag(draw, "junk"):
+            _put_junk(draw, values, valid, JUNK_VALUES)
+            if g is not None:
+                _put_junk(draw, g, valid, JUNK_GATES)
+        lv = None
+        if flag(draw, "last_values"):
+            lv = draw(hnp.arrays(np.float64, (shape[0],), elements=_number_elements(np.float64, 10.0)))
+        return RaggedBatch(
+            **_layout_fields(layout), dtype=dtype, rewards=rewards, values=values, gates=g, last_values=lv
+        )
+
+    return draw_batch()
+
+
+def concentration_batches(
+    *,
+    dtypes: str | Iterable[Any] = DTYPES,
+    junk: bool | None = None,
+    max_rows: int = 6,
+    max_len: int = 12,
+    mask_dtypes: str | Iterable[Any] = MASK_DTYPES,
+    unmasked: bool = True,
+) -> st.SearchStrategy[ConcentrationBatch]:
+    """Strategy for ragged batches of per-token concentrations, the input of
+    ``comppo_core.gates_from_concentration`` (:class:`ConcentrationBatch`).
+
+    Concentrations lie on a 1/1000 grid in [-10, 10], with a few levels drawn often so
+    that flat rows and ties occur. The grid keeps every row's spread either exactly 0 or
+    at least 1e-3, so a z-score computed with sequential sums and one computed with
+    pairwise sums agree to about 1e-12 instead of amplifying the rounding noise of nearly
+    equal values by 1/(σ + ε).
+
+    Args:
+      dtypes: float dtypes to draw, names from :data:`RAGGED_DTYPES` or NumPy dtypes.
+      junk: put junk (:data:`JUNK_VALUES`) at masked positions: True, False, or None for
+        either.
+      max_rows, max_len, mask_dtypes, unmasked: as :func:`ragged_layouts`.
+    """
+    dts = _check_subset("dtypes", dtypes, RAGGED_DTYPES)
+    use_junk = _check_optional_bool("junk", junk)
+    layouts = ragged_layouts(max_rows=max_rows, max_len=max_len, mask_dtypes=mask_dtypes, unmasked=unmasked)
+    levels = st.one_of(st.integers(-10_000, 10_000), st.sampled_from([0, 1000, -2500]))
+
+    @st.composite
+    def draw_batch(draw: st.DrawFn) -> ConcentrationBatch:
+        dtype = np.dtype(draw(st.sampled_from(dts)))
+        layout = draw(layouts)
+        conc = (draw(hnp.arrays(np.int64, layout.shape, elements=levels)) / 1000.0).astype(dtype)
+        if draw(st.booleans()) if use_junk is None else use_junk:
+            _put_junk(draw, conc, layout.valid, JUNK_VALUES)
+        return ConcentrationBatch(**_layout_fields(layout), dtype=dtype, conc=conc)
+
+    return draw_batch()
+
+
+def assert_unchanged(before: Sequence[Any], after: Sequence[Any]) -> None:
+    """Checks that a function left its inputs alone: each array of ``after`` (NumPy
+    arrays or torch tensors) equals the one of ``before`` bit for bit (dtype, shape and
+    bytes, NaNs included), and None stays None. ``before`` is copies taken before the call
+    (:meth:`RaggedBatch.copies`), ``after`` the arrays passed (:meth:`RaggedBatch.arrays`).
+
+    Raises:
+      AssertionError: naming the first array that changed.
+    """
+    if len(before) != len(after):
+        raise AssertionError(f"assert_unchanged: {len(before)} arrays before, {len(after)} after")
+    for i, (a, b) in enumerate(zip(before, after)):
+        if a is None or b is None:
+            if a is not b:
+                was, now = ("None", "an array") if a is None else ("an array", "None")
+                raise AssertionError(f"input {i}: {was} before, {now} after")
+            continue
+        a, b = to_numpy(a), to_numpy(b)
+        if a.dtype != b.dtype or a.shape != b.shape:
+            raise AssertionError(f"input {i}: {a.dtype} {a.shape} before, {b.dtype} {b.shape} after")
+        if a.tobytes() != b.tobytes():
+            raise AssertionError(f"input {i} was modified in place")
