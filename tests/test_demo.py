@@ -242,9 +242,9 @@ def test_help_lists_demo_first(capsys: pytest.CaptureFixture[str]) -> None:
         assert flag in text, flag
 
 
-def test_the_demo_is_the_quick_preset_of_comppo() -> None:
-    """Without --steps the demo is ``comppo-core train --arm comppo --preset quick`` (its
-    steps, as the help says); --steps and --quick change only what they name."""
+def test_the_demo_is_the_demo_preset_of_comppo() -> None:
+    """Without --steps the demo is ``comppo-core train --arm comppo --preset demo`` (its
+    steps, as the help says); --steps, --threads and --quick change only what they name."""
     pytest.importorskip("torch")
     from comppo_core import rl
 
@@ -254,9 +254,66 @@ def test_the_demo_is_the_quick_preset_of_comppo() -> None:
     def config(*flags: str) -> Any:
         return demo.config_for(parser.parse_args(["demo", *flags]), "out")
 
-    quick = rl.TrainConfig.from_preset("quick")
-    expected = quick.replace(arm="comppo", seed=0, out="out", progress=True, num_threads=1)
+    preset = rl.TrainConfig.from_preset("demo")
+    expected = preset.replace(arm="comppo", seed=0, out="out", progress=True, num_threads=None)
     assert config() == expected and expected.steps == 40 != rl.TrainConfig().steps
+    assert expected.sft_carry_noise == 0.5 and expected.warmup_sft_steps == 240
     assert config("--steps", "7") == expected.replace(steps=7)
+    assert config("--threads", "2") == expected.replace(num_threads=2)
     assert config("--quick") == expected.replace(steps=demo.QUICK_STEPS, **demo.QUICK)
     assert config("--quick", "--steps", "5").steps == 5
+
+
+def test_forgetting_the_carries_is_a_consistent_wrong_procedure() -> None:
+    from comppo_core.rl.tasks import has_carry, worked_solution
+
+    carrying = 0
+    for a in range(100):
+        for b in range(100):
+            right, forgot = worked_solution(a, b), worked_solution(a, b, carries=False)
+            assert right.endswith(f";{a + b}")
+            if not has_carry(a, b):
+                assert forgot == right
+                continue
+            carrying += 1
+            steps, answer = forgot.split(";")
+            assert all(c.count("+") == 1 for c in steps.split(",")) and int(answer) != a + b  # no carry, wrong
+            assert steps.count(",") == right.split(";")[0].count(",")  # the same columns
+    assert carrying == 4455  # 2-digit pairs whose columns carry
+
+
+def test_the_noisy_warm_start_forgets_the_carries_of_the_share_asked() -> None:
+    pytest.importorskip("torch")
+    import numpy as np
+
+    from comppo_core.rl import build
+    from comppo_core.rl.config import TrainConfig
+    from comppo_core.rl.tasks import AdditionTask
+
+    task = AdditionTask(2)
+    seen: list[str] = []  # the demonstrations the warm start trained on
+    encode = task.tokenizer.encode
+
+    def spy(text: str, **kw: Any) -> list[int]:
+        if kw.get("add_eos"):
+            seen.append(text)
+        return encode(text, **kw)
+
+    task.tokenizer.encode = spy  # type: ignore[method-assign]
+    model = build.build_policy(TrainConfig(), task.tokenizer.vocab_size)
+    build.sft_warm_start(model, task, steps=2, batch_size=400, lr=1e-4, rng=np.random.default_rng(0), carry_noise=0.5)
+    assert len(seen) == 800
+
+    # a column before the last that reaches 10 carries: its right demonstration adds "+1" next
+    def carries(d: str) -> bool:
+        return any(int(c.split("=")[1]) >= 10 for c in d.split(";")[0].split(",")[:-1])
+
+    def writes_a_carry(d: str) -> bool:
+        return any(c.count("+") == 2 for c in d.split(";")[0].split(","))
+
+    carrying = [d for d in seen if carries(d)]
+    forgetting = [d for d in carrying if not writes_a_carry(d)]
+    assert 0.4 < len(forgetting) / len(carrying) < 0.6, (len(forgetting), len(carrying))
+    seen.clear()
+    build.sft_warm_start(model, task, steps=1, batch_size=400, lr=1e-4, rng=np.random.default_rng(0))
+    assert all(writes_a_carry(d) for d in seen if carries(d))  # without noise every carry is written

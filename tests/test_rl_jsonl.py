@@ -58,22 +58,11 @@ def save_tokenizer(path: Path, *, bos: bool = True) -> None:
 
 
 def save_model(path: Path, vocab_size: int) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A tiny random Llama with this tokenizer's special ids (pad 0, bos 1, eos 2), saved."""
+    from conftest import tiny_lm
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    special = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    tiny_lm("llama", vocab=vocab_size, init=None, special_tokens=False, **special).save_pretrained(path)
 
 
 @pytest.fixture(scope="module")

@@ -134,8 +134,9 @@ def test_logprobs_and_concentration_on_device_match_cpu(device: Any) -> None:
 def test_comp_gae_batch_on_device_matches_cpu(device: Any) -> None:
     cpu_model, model = models("qwen3", "float32", device)
     ids_cpu, am_cpu = suite.batch("both")
-    response_mask = am_cpu.clone()
-    response_mask[:, :8] = 0  # the first 8 positions are the prompt
+    tokens = am_cpu.clone()
+    tokens[:, :8] = 0  # the first 8 positions are the prompt
+    response_mask = tokens[:, 1:]  # the response columns [B, T-1]: column j is token j+1
     scores = torch.tensor([1.0, -0.5, 0.25])
 
     def run(m: Any, dev: Any) -> Any:

@@ -2,15 +2,18 @@
 
 1. **Warm start.** :class:`comppo_core.rl.Trainer` builds the built-in policy (a tiny
    randomly initialised Llama) and trains it by SFT on the addition task's worked
-   solutions (:mod:`comppo_core.rl.tasks`: ``"27+45="`` → ``"7+5=12,2+4+1=7;72"``).
+   solutions (:mod:`comppo_core.rl.tasks`: ``"27+45="`` → ``"7+5=12,2+4+1=7;72"``), half
+   of the carrying problems' demonstrations forgetting the carries (``"7+5=12,2+4=6;62"``):
+   the policy learns the format but hesitates at the pivotal ``+1`` tokens.
 2. **CompPO.** ``--steps`` PPO steps of the ``comppo`` arm (Comp-GAE with gates from the
-   attention concentration, the transport-aligned critic) with the tqdm progress bar.
-   Every setting is the ``quick`` preset's (:data:`comppo_core.rl.PRESETS`: the
-   defaults with 40 steps, the run ``comppo-core train --preset quick`` makes) except
-   ``arm``, ``steps`` (``--steps``), ``seed``, ``out`` and ``num_threads`` (``--threads``, default 1: for a model
-   this small one thread is the fastest, and several fight other processes for the cores);
-   ``--quick`` also shrinks the warm start and the batches, a smoke run whose accuracies
-   mean nothing.
+   attention concentration, the transport-aligned critic) with the tqdm progress bar:
+   the verifier's reward teaches the carries. Every setting is the ``demo`` preset's
+   (:data:`comppo_core.rl.config.PRESETS`: 40 steps after 240 SFT steps with
+   ``sft_carry_noise=0.5``, the run ``comppo-core train --preset demo`` makes) except
+   ``arm``, ``steps`` (``--steps``), ``seed``, ``out`` and ``num_threads`` (``--threads``,
+   default the trainer's choice, one on CPU: for a model this small one thread is the
+   fastest, and several fight other processes for the cores); ``--quick`` also shrinks the warm start and the batches, a
+   smoke run whose accuracies mean nothing.
 3. **Accuracy.** Held-out greedy accuracy at step 0 (the warm start) and after the last
    step, as the trainer measures it (``summary.json``).
 4. **Credit.** The trained policy answers ``--responses`` held-out problems greedily; one
@@ -63,7 +66,7 @@ MISSING_EXTRA = (
 )
 
 #: The preset the demo runs (its steps unless ``--steps`` says otherwise; ``--quick``: :data:`QUICK_STEPS`).
-PRESET = "quick"
+PRESET = "demo"
 QUICK_STEPS = 3
 #: What ``--quick`` changes in the TrainConfig (a smoke run, for tests).
 QUICK = {"warmup_sft_steps": 20, "eval_size": 32, "prompts_per_step": 4}
@@ -107,15 +110,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="a short CompPO training run on a tiny Llama: warm start, comppo steps, accuracy before -> after, "
         "per-token credit table, HTML heatmap, learning curve (needs [rl])",
         description=(
-            "Warm-start a tiny Llama (SFT) on the built-in addition task, train it for a few dozen comppo "
-            "steps (Comp-GAE with attention-concentration gates and the transport-aligned critic; "
-            "TrainConfig defaults otherwise), print held-out accuracy before -> after and one response's "
+            "Warm-start a tiny Llama (SFT) on the built-in addition task from demonstrations half of which "
+            "forget the carries, train it for 40 comppo steps (Comp-GAE with attention-concentration gates "
+            "and the transport-aligned critic; the demo preset), print held-out accuracy before -> after and one response's "
             "per-token table (log-prob, concentration, gate, value, GAE and Comp-GAE advantage), and write "
             "an HTML credit heatmap and a PNG learning curve."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     cmd.add_argument("--out", default=None, help="output directory (default: a new temporary directory, printed)")
+    cmd.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     cmd.add_argument(
         "--steps",
         type=positive_int,
@@ -137,8 +141,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cmd.add_argument(
         "--threads",
         type=positive_int,
-        default=1,
-        help="torch threads during the run (one is the fastest for a model this small, and leaves other cores alone)",
+        default=None,
+        help="torch threads during the run (default: the trainer's choice, one on CPU: the fastest for a model "
+        "this small, and it leaves other cores alone)",
     )
     cmd.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     cmd.set_defaults(run=run)
@@ -357,6 +362,14 @@ def plot_curve(rows: Sequence[dict[str, Any]], evals: Sequence[Sequence[float]],
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``comppo-core demo``; returns the exit status."""
+    from ..errors import ParameterError
+    from ..rl import run_dir
+
+    if args.out is not None:  # before torch: never replace a run unasked
+        try:
+            run_dir.check_out(args.out, resume=False, overwrite=args.overwrite)
+        except ParameterError as exc:
+            parser.exit(2, f"comppo-core demo: error: --{str(exc)}\n")
     try:
         import matplotlib  # noqa: F401
         import torch
@@ -385,7 +398,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.quick:
         print("--quick: a smoke run (short warm start, small batches); its accuracies mean nothing", flush=True)
-    trainer = rl.Trainer(config)
+    trainer = rl.Trainer(config, overwrite=args.overwrite)
     n_actor = sum(p.numel() for p in trainer.actor.parameters())
     n_critic = 0 if trainer.critic is None else sum(p.numel() for p in trainer.critic.parameters())
     ws = trainer.warm_start
@@ -404,7 +417,7 @@ def _run(args: argparse.Namespace) -> int:
     n_eval = len(trainer.eval_problems)
     print(
         f"held-out accuracy (greedy, {n_eval} problems): {before:.3f} -> {after:.3f} "
-        f"(warm start -> after {config.steps} comppo steps)"
+        f"({100 * (after - before):+.1f} points: warm start -> after {config.steps} comppo steps)"
     )
     phases = summary["mean_step_s"]
     print(

@@ -23,7 +23,7 @@ from .evaluation import build_task
 from .pretrained import load_tokenizer
 from .standard_critic import StandardCritic
 from .tac import TransportAlignedCritic
-from .tasks import AdditionTask
+from .tasks import AdditionTask, worked_solution
 
 __all__ = ["build_policy", "make_critic", "make_reference", "make_task", "sft_warm_start"]
 
@@ -58,13 +58,27 @@ def build_policy(config: TrainConfig, vocab_size: int) -> Any:
 
 
 def sft_warm_start(
-    model: nn.Module, task: AdditionTask, *, steps: int, batch_size: int, lr: float, rng: np.random.Generator
+    model: nn.Module,
+    task: AdditionTask,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    rng: np.random.Generator,
+    carry_noise: float = 0.0,
 ) -> list[float]:
     """Supervised warm start on the task's worked solutions; returns the loss per step.
 
     Cross-entropy on the response tokens (EOS included) of ``bos + prompt + solution +
     eos``, right-padded; AdamW (no weight decay), linear warm-up over 50 steps then
-    linear decay to 0, gradients clipped at norm 1. Training problems only."""
+    linear decay to 0, gradients clipped at norm 1. Training problems only.
+
+    ``carry_noise``: the share of the demonstrations of problems that carry which forget
+    every carry (:func:`~comppo_core.rl.tasks.worked_solution` with ``carries=False``: right
+    format, wrong answer), drawn per sequence with ``rng`` after the batch's problems. The
+    warm-started policy then hesitates at the pivotal carry tokens, which the verifier's
+    reward can teach (the demo's setting). 0 draws nothing: the stream of problems is the
+    same as without the option."""
     tok = task.tokenizer
     device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -72,9 +86,16 @@ def sft_warm_start(
     model.train()
     out: list[float] = []
     for _ in range(steps):
+        problems = task.sample(rng, batch_size)
+        solutions = [p.solution for p in problems]
+        if carry_noise > 0.0:
+            forget = rng.random(batch_size) < carry_noise
+            solutions = [
+                worked_solution(*map(int, p.prompt[:-1].split("+")), carries=False) if f else sol
+                for p, sol, f in zip(problems, solutions, forget)
+            ]
         seqs = [
-            (tok.encode(p.prompt, add_bos=True), tok.encode(p.solution, add_eos=True))
-            for p in task.sample(rng, batch_size)
+            (tok.encode(p.prompt, add_bos=True), tok.encode(sol, add_eos=True)) for p, sol in zip(problems, solutions)
         ]
         width = max(len(a) + len(b) for a, b in seqs)
         ids = torch.full((batch_size, width), tok.pad_token_id, dtype=torch.long)

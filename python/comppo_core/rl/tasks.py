@@ -171,17 +171,29 @@ class Problem(NamedTuple):
     solution: str
 
 
-def worked_solution(a: int, b: int) -> str:
-    """The worked response for ``a + b`` (module docstring), without EOS."""
+def worked_solution(a: int, b: int, *, carries: bool = True) -> str:
+    """The worked response for ``a + b`` (module docstring), without EOS.
+
+    ``carries=False`` is the same procedure with every carry forgotten: each column is
+    ``a_i + b_i`` alone and the answer is its last digits read back (``"7+5=12,2+4=6;62"``
+    for 27+45), a consistent but wrong response whenever a column carries (the noisy
+    demonstrations of :func:`comppo_core.rl.build.sft_warm_start`'s ``carry_noise``)."""
     da, db = str(a)[::-1], str(b)[::-1]
-    steps, carry = [], 0
+    steps, value, carry, s = [], 0, 0, 0
     for i in range(max(len(da), len(db))):
         x = int(da[i]) if i < len(da) else 0
         y = int(db[i]) if i < len(db) else 0
         s = x + y + carry
         steps.append(f"{x}+{y}" + (f"+{carry}" if carry else "") + f"={s}")
-        carry = s // 10
-    return ",".join(steps) + ";" + str(a + b)
+        value += (s % 10) * 10**i
+        carry = s // 10 if carries else 0
+    value += (s // 10) * 10 ** len(steps)  # the last column's own overflow (a + b with carries)
+    return ",".join(steps) + ";" + str(value)
+
+
+def has_carry(a: int, b: int) -> bool:
+    """Whether some column of ``a + b`` carries (its worked response writes a ``+1``)."""
+    return worked_solution(a, b) != worked_solution(a, b, carries=False)
 
 
 class AdditionTask:

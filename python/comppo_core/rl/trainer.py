@@ -163,9 +163,8 @@ class Trainer:
         else:
             actor = build_policy(cfg, self.tokenizer.vocab_size).to(self.device)
             sft_rng = np.random.default_rng([cfg.seed, 1])
-            sft_losses = sft_warm_start(
-                actor, self.task, steps=cfg.warmup_sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr, rng=sft_rng
-            )
+            sft: dict[str, Any] = {"steps": cfg.warmup_sft_steps, "batch_size": cfg.sft_batch_size, "lr": cfg.sft_lr}
+            sft_losses = sft_warm_start(actor, self.task, rng=sft_rng, carry_noise=cfg.sft_carry_noise, **sft)
         actor.eval()
         self.dist.broadcast_module(actor)  # one set of weights, whatever each rank's warm start did
         self.warm_start = {
