@@ -161,3 +161,15 @@ def tiny_lm_fixture() -> Callable[..., Any]:
     """:func:`tiny_lm`, for a test that takes it as an argument (skips without transformers)."""
     pytest.importorskip("transformers")
     return tiny_lm
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread for the test (the trainer's own choice on CPU; timings and float
+    reductions do not depend on the machine's cores), torch's setting back after it.
+    A module of training tests uses it with ``pytestmark = pytest.mark.usefixtures(...)``."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

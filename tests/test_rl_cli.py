@@ -35,12 +35,7 @@ from comppo_core.rl.tasks import AdditionTask
 TINY = as_flags({**TINY_SETTINGS, "eval_size": 8, "eval_every": 1})
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

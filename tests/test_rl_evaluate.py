@@ -48,12 +48,7 @@ LINE = re.compile(
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

@@ -33,12 +33,7 @@ from comppo_core.rl.trainer import METRIC_KEYS, Trainer, train
 CHARS = "0123456789+-*= abcdefghijklmnopqrstuvwxyz:#?."
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def save_tokenizer(path: Path, *, bos: bool = True) -> None:
@@ -234,7 +229,9 @@ def test_hf_tokenizer_wrapper(model_dir: Path, tmp_path: Path) -> None:
     wrapped = load_tokenizer(chat, chat_template=True)
     assert wrapped.chat_template and wrapped.decode(wrapped.encode_prompt("2+3?")) == "q: 2+3? a: "
     assert not load_tokenizer(chat).chat_template  # off unless asked for
-    assert not load_tokenizer(model_dir, chat_template=True).chat_template  # a tokenizer without one
+    with pytest.raises(ParameterError, match="chat_template: the tokenizer in .* has no chat template") as info:
+        load_tokenizer(model_dir, chat_template=True)  # a tokenizer without one: asked for, refused
+    assert info.value.argument == "chat_template"
     no_bos = tmp_path / "nobos"
     save_tokenizer(no_bos, bos=False)
     assert load_tokenizer(no_bos).encode_prompt("12") == load_tokenizer(model_dir).encode("12")

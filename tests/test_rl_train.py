@@ -34,12 +34,7 @@ from comppo_core.rl.trainer import METRIC_KEYS, Trainer, train
 TIMES = tuple(k for k in METRIC_KEYS if k.startswith("time_"))
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny(**changes: Any) -> TrainConfig:

@@ -12,7 +12,8 @@ Prompts are encoded with the tokenizer's own special tokens (``add_special_token
 Llama's BOS, nothing for Qwen); with ``chat_template=True`` and a tokenizer that has a
 chat template, the prompt is one user turn with the generation prompt appended
 (``apply_chat_template(..., add_generation_prompt=True)``), encoded without adding
-special tokens again. A tokenizer without a pad token pads with EOS (the attention mask
+special tokens again (``chat_template=True`` with a tokenizer that has none is a
+ParameterError naming ``chat_template``). A tokenizer without a pad token pads with EOS (the attention mask
 marks the real tokens, and a response ends at its first EOS).
 
 ``save_tokenizer(tokenizer, directory)`` writes the run's tokenizer beside a saved model so
@@ -63,7 +64,13 @@ class HFTokenizer:
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = pad if isinstance(pad, int) else eos
         self.bos_token_id: int | None = tokenizer.bos_token_id
-        self.chat_template = bool(chat_template and getattr(tokenizer, "chat_template", None))
+        if chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ParameterError(
+                f"chat_template: the tokenizer in {where!r} has no chat template; encode the prompts as plain "
+                "text (chat_template=False) or give the tokenizer one",
+                argument="chat_template",
+            )
+        self.chat_template = bool(chat_template)
 
     @property
     def vocab_size(self) -> int:
