@@ -70,7 +70,7 @@ def test_train_refuses_an_out_that_holds_a_run_unless_resume_or_overwrite(
     assert cli.main(["train", "--arm", "grpo", *TINY, "--steps", "1", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--out: " in err and "--resume" in err and "--overwrite" in err
-    assert "a run of grpo, seed 0, 2 steps (checkpoint at step 2)" in err
+    assert "a run of grpo, seed 0, 2 steps (a checkpoint after 2 steps)" in err
     assert (out / "metrics.jsonl").read_text() == before  # untouched
     (out / "notes.txt").write_text("mine")
     assert cli.main(["train", "--arm", "grpo", *TINY, "--steps", "1", "--out", str(out), "--overwrite"]) == 0
@@ -218,7 +218,8 @@ def test_an_interrupt_finishes_the_step_keeps_a_checkpoint_and_resumes_bit_for_b
         assert cli.main([*argv, "--out", str(out)]) == status
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert f"stopped before step {step + 1}" in err and f"comppo-core train --out {out} --resume" in err
+    assert f"stopped after step {step + 1}" in err and f"comppo-core train --out {out} --resume" in err
+    assert f"the checkpoint after {step + 1} of 4 steps is kept" in err
     assert json.loads((out / "checkpoint" / "progress.json").read_text()) == {"next_step": step + 1}
     assert [r["step"] for r in lines(out / "metrics.jsonl")] == list(range(step + 1))
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
@@ -257,9 +258,9 @@ def test_ctrl_c_in_a_real_process_prints_one_line_and_exits_130(tmp_path: Path) 
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("comppo-core train: stopped before step")
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("comppo-core train: stopped after step")
     next_step = json.loads((out / "checkpoint" / "progress.json").read_text())["next_step"]
-    assert next_step >= 1 and f"continues at step {next_step}" in err
+    assert next_step >= 1 and f"the checkpoint after {next_step} of 200 steps is kept" in err
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -290,6 +291,12 @@ def test_the_trainer_uses_one_thread_per_process_on_cpu_unless_told() -> None:
         (["train", "--arm", "foo"], "--arm: expected one of"),
         (["train", "--init-from", "{missing}"], "--init-from: expected a local model directory"),
         (["compare", "--out", "{file}"], "--out: expected a directory"),
+        (["compare", "--out", "{run}"], "--out: '{run}' holds a run of comppo-core train"),
+        (
+            ["train", "--out", "{compare}", "--overwrite"],
+            "--out: '{compare}' holds a compare (compare.json), not a run",
+        ),
+        (["train", "--out", "{empty}", "--report-to", "wandb"], "--report-to: 'wandb' needs the wandb package"),
     ],
 )
 def test_flag_and_path_errors_answer_in_one_line_before_torch(tmp_path: Path, argv: list[str], message: str) -> None:
@@ -305,6 +312,9 @@ def test_flag_and_path_errors_answer_in_one_line_before_torch(tmp_path: Path, ar
     paths["run"].mkdir()
     (paths["run"] / "config.json").write_text("{}")
     paths["empty"].mkdir()
+    paths["compare"] = tmp_path / "cmp"
+    paths["compare"].mkdir()
+    (paths["compare"] / "compare.json").write_text("{}")
     paths["notemplate"] = tmp_path / "notemplate"
     save_tokenizer(paths["notemplate"])
     filled = [a.format(**paths) for a in argv]
@@ -402,3 +412,30 @@ def test_a_saved_actor_is_a_model_directory_for_train_and_evaluate(
     assert cli.main([*argv, "--prompts-per-step", "4", "--group-size", "2", "--no-progress", "--out", str(again)]) == 0
     first = json.loads((again / "summary.json").read_text())["initial_eval_accuracy"]
     assert first == summary["final_eval_accuracy"]  # the checkpoint's actor, read back with its tokenizer
+
+
+def test_a_checkpoint_left_as_checkpoint_old_by_a_crash_is_found_everywhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A crash between the two renames of a save leaves only checkpoint.old: the refusal,
+    the resume and compare all treat it as the run's checkpoint (nothing is deleted)."""
+    out = tmp_path / "cmp"
+    argv = ["compare", "--arms", "grpo", "--seeds", "1", *TINY, "--steps", "3", "--out", str(out)]
+    assert cli.main(argv) == 0
+    straight = actor_weights(out / "grpo" / "seed0")
+    run = out / "grpo" / "seed0"
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "checkpoint")
+    polls = iter([False, True])
+    with pytest.raises(TrainingInterrupted):
+        Trainer(TrainConfig.from_json((run / "config.json").read_text()), overwrite=True).train(
+            stop=lambda: next(polls)
+        )
+    (run / "checkpoint").rename(run / "checkpoint.old")
+    assert run_dir.saved_checkpoint(run) == (run / "checkpoint.old", 1)
+    assert run_dir.describe_run(run) == "a run of grpo, seed 0, 3 steps (a checkpoint after 1 steps)"
+    capsys.readouterr()
+    assert cli.main([*argv, "--resume"]) == 0
+    assert "resumed" in capsys.readouterr().out  # resumed from checkpoint.old, not restarted
+    resumed = actor_weights(run)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)

@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     except errors.ComppoError as exc:
         print(f"comppo-core: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C outside a run's own handling (loading, the demo's table)
+        print("comppo-core: stopped (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

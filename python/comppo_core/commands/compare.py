@@ -368,6 +368,8 @@ def _check_out(
         return f"--out: expected a directory, got {str(out)!r}, a file"
     if resume and overwrite:
         return "--overwrite: expected --resume or --overwrite, not both"
+    if (out / "config.json").is_file() and not (out / "compare.json").is_file():
+        return f"--out: {str(out)!r} holds a run of comppo-core train ({run_dir.describe_run(out)}), not a compare"
     if overwrite or not _holds_compare(out):
         return None
     if not resume:
@@ -376,11 +378,14 @@ def _check_out(
             "replace it with --overwrite"
         )
     try:
-        saved = json.loads((out / "compare.json").read_text())["settings"]
+        record = json.loads((out / "compare.json").read_text())
+        saved = record["settings"]
     except (OSError, ValueError, KeyError, TypeError):
-        saved = None
+        record, saved = {}, None
     if saved is not None and (why := _differing(saved, base)):
         return why
+    if "init_from" in record and record["init_from"] != base.init_from:  # every run's starting policy
+        return f"--init-from: the runs in --out started from {record['init_from']!r}, got {base.init_from!r}"
     for (arm, seed), config in configs.items():  # the runs themselves (also a compare without compare.json)
         saved_run = _saved_config(out / arm / f"seed{seed}")
         if saved_run is not None and (why := _differing(saved_run, config)):
@@ -452,7 +457,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.overwrite:
         _clear_compare(out)
     out.mkdir(parents=True, exist_ok=True)
-    run_dir.write_json_atomic(out / "compare.json", {"settings": _settings(base), "arms": arms, "seeds": n_seeds})
+    record = {"settings": _settings(base), "init_from": base.init_from, "arms": arms, "seeds": n_seeds}
+    run_dir.write_json_atomic(out / "compare.json", record)
     warm_needed = base.init_from is None and base.model is None
 
     t_start = time.perf_counter()
@@ -494,7 +500,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     t0 = time.perf_counter()
                     status = "reused"
                     if summary is None:
-                        go_on = (run_out / "checkpoint" / "progress.json").is_file() and _saved_config(run_out)
+                        go_on = run_dir.saved_checkpoint(run_out) is not None and _saved_config(run_out) is not None
                         try:
                             trainer = Trainer(config.replace(resume=bool(go_on)), overwrite=not go_on)
                         except ParameterError as exc:  # a bad --init-from, --model or --task
@@ -515,10 +521,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                         f"({status})",
                         flush=True,
                     )
-                    if stop():
-                        raise TrainingInterrupted(config.steps, run_out / "checkpoint")
+                    if stop():  # between two runs: this one is finished
+                        print(f"comppo-core compare: stopped after {arm} seed {seed}; {hint}", file=sys.stderr)
+                        return exit_status(stop.signum or 2)
         except TrainingInterrupted as exc:
-            print(f"comppo-core compare: stopped ({exc}); {hint}", file=sys.stderr)
+            print(f"comppo-core compare: stopped after step {exc.next_step} of a run; {hint}", file=sys.stderr)
             return exit_status(stop.signum or 2)
         except KeyboardInterrupt:
             print(f"comppo-core compare: stopped at once; the checkpoints written are kept; {hint}", file=sys.stderr)

@@ -369,7 +369,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         try:
             run_dir.check_out(args.out, resume=False, overwrite=args.overwrite)
         except ParameterError as exc:
-            parser.exit(2, f"comppo-core demo: error: --{str(exc)}\n")
+            message = (
+                str(exc)
+                .replace("continue it with resume (--resume) or ", "")
+                .replace("with overwrite (--overwrite)", "with --overwrite")
+            )
+            parser.exit(2, f"comppo-core demo: error: --{message}\n")
     try:
         import matplotlib  # noqa: F401
         import torch

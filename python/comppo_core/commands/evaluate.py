@@ -137,7 +137,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=_integer,
         default=None,
         metavar="N",
-        help="torch.set_num_threads (default: torch's own choice)",
+        help="torch threads (default: 1, as the trainer on CPU)",
     )
     cmd.add_argument(
         "--json",
@@ -258,8 +258,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         actor = load_policy(model_dir).to(device)
     except ParameterError as exc:
         usage_error(cmd, exc)
-    if config.num_threads is not None:
-        torch.set_num_threads(config.num_threads)
+    torch.set_num_threads(1 if config.num_threads is None else config.num_threads)  # the trainer's rule on CPU
     max_new_tokens = config.max_new_tokens or task.max_new_tokens
     scores = heldout_scores(actor, tokenizer, task, problems, max_new_tokens=max_new_tokens, device=device)
     correct = sum(scores)

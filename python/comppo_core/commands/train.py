@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import logging
 import sys
@@ -127,6 +128,12 @@ def check_paths(config: TrainConfig, *, overwrite: bool) -> None:
                 "encode prompts as plain text",
                 argument="chat_template",
             )
+    package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(config.report_to)
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise ParameterError(
+            f"report_to: {config.report_to!r} needs the {package} package: pip install 'comppo-core[{package}]'",
+            argument="report_to",
+        )
     if config.task.endswith(".jsonl") and not Path(config.task).is_file():
         raise ParameterError(f"task: expected a JSONL file, got {config.task!r}, which is not a file", argument="task")
 
@@ -233,7 +240,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 print(describe_start(trainer), flush=True)
             summary = trainer.train(stop=stop)
         except TrainingInterrupted as exc:
-            print(f"comppo-core train: stopped before step {exc.next_step}; {_resume_hint(config)}", file=sys.stderr)
+            print(f"comppo-core train: stopped after step {exc.next_step}; {_resume_hint(config)}", file=sys.stderr)
             return exit_status(stop.signum or 2)
         except KeyboardInterrupt:
             print(f"comppo-core train: stopped at once; {_resume_hint(config)}", file=sys.stderr)
@@ -259,11 +266,11 @@ def _resume_hint(config: TrainConfig) -> str:
     """How to continue an interrupted run (or why it cannot be)."""
     if config.out is None:
         return "nothing was written (no --out), so there is nothing to resume"
-    ckpt = Path(config.out) / "checkpoint"
-    if not (ckpt / "progress.json").is_file():
+    found = run_dir.saved_checkpoint(Path(config.out))
+    if found is None:
         return f"no checkpoint was written; start again with --out {config.out} --overwrite"
-    step = json.loads((ckpt / "progress.json").read_text())["next_step"]
-    return f"the checkpoint continues at step {step}: comppo-core train --out {config.out} --resume"
+    done = "" if found[1] is None else f"after {found[1]} of {config.steps} steps "
+    return f"the checkpoint {done}is kept: comppo-core train --out {config.out} --resume"
 
 
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]

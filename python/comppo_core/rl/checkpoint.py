@@ -34,7 +34,14 @@ from torch import nn
 from ..errors import ParameterError
 from .config import RESUMABLE_CHANGES, TrainConfig
 from .pretrained import quiet_transformers, save_tokenizer
-from .run_dir import INPUT_FIELDS, check_moved_input, fingerprint, write_json_atomic, write_text_atomic
+from .run_dir import (
+    INPUT_FIELDS,
+    check_moved_input,
+    fingerprint,
+    saved_checkpoint,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 __all__ = [
     "RESUMABLE_CHANGES",
@@ -92,16 +99,14 @@ def save_checkpoint(
 
 def find_checkpoint(out: Path) -> Path:
     """The complete checkpoint under ``out`` (``checkpoint``, or ``checkpoint.old`` after a
-    crash between the two renames of :func:`save_checkpoint`), or a ParameterError naming
-    ``resume``."""
-    ckpt = out / "checkpoint"
-    if not ckpt.is_dir() and (out / "checkpoint.old").is_dir():
-        ckpt = out / "checkpoint.old"
-    if not (ckpt / "state.pt").is_file():
+    crash between the two renames of :func:`save_checkpoint`:
+    :func:`comppo_core.rl.run_dir.saved_checkpoint`), or a ParameterError naming ``resume``."""
+    found = saved_checkpoint(out)
+    if found is None:
         raise ParameterError(
             f"resume: expected a checkpoint in {str(out / 'checkpoint')!r}, found none", argument="resume"
         )
-    return ckpt
+    return found[0]
 
 
 def check_resumable(ckpt: Path, config: TrainConfig) -> None:
@@ -166,8 +171,17 @@ def keep_metrics_before(out: Path, step: int) -> None:
     """Drop the rows of ``out/metrics.jsonl`` from ``step`` on (a resumed run rewrites them)."""
     path = out / "metrics.jsonl"
     rows = [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
-    kept = [ln for ln in rows if json.loads(ln)["step"] < step]
+    kept = [ln for ln in rows if _step_of(ln) < step]
     write_text_atomic(path, "".join(ln + "\n" for ln in kept))
+
+
+def _step_of(line: str) -> float:
+    """A metrics row's step; a line cut short by a crash while it was appended counts as
+    after every step (dropped on resume)."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 def describe_kept(out: Path | None) -> str:

@@ -101,8 +101,25 @@ def final_row(step: int, arm: str, seed: int, eval_accuracy: float) -> dict[str,
     return row
 
 
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl``; a last line cut short by a crash is left out."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def _mean(values: list[Any]) -> float | None:
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    return float(np.mean(numbers)) if numbers else None
+
+
 def append_row(out: Path, row: dict[str, Any]) -> None:
-    """Append ``row`` to ``out/metrics.jsonl`` as one JSON line."""
+    """Append ``row`` to ``out/metrics.jsonl`` as one JSON line (one write of the whole line;
+    a line cut short by a crash is skipped by :func:`read_rows` and dropped on resume)."""
     with open(out / "metrics.jsonl", "a") as fh:
         fh.write(json.dumps(row) + "\n")
 
@@ -122,10 +139,8 @@ def summarize(
     last step (``final_step``)."""
     history = rows
     if out is not None:
-        text = (out / "metrics.jsonl").read_text()
-        history = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+        history = read_rows(out / "metrics.jsonl")
     history = [h for h in history if h["step"] < final_step]  # the steps run (not the final row)
-    rows = [h for h in rows if h["step"] < final_step]
     evals = [[h["step"], h["eval_accuracy"]] for h in history if h["eval_accuracy"] is not None]
     if final_eval is not None:
         evals.append([final_step, final_eval])
@@ -137,7 +152,7 @@ def summarize(
         "final_eval_accuracy": final_eval,
         "eval": evals,
         "final_reward_mean": history[-1]["reward_mean"] if history else None,
-        "mean_step_s": {p: float(np.mean([h[p] for h in rows])) if rows else None for p in PHASES},
+        "mean_step_s": {p: _mean([h[p] for h in history]) for p in PHASES},
         "steps_without_signal": all_equal,
         **{k: v for k, v in run.items() if k not in first},
     }
@@ -255,7 +270,7 @@ class RunLog:
                 "step %d: every reward of the batch is %g, so the step has no learning signal; check the task's "
                 "verifier and the response budget (max_new_tokens = %d). Such steps are counted in metrics.jsonl "
                 "(rewards_all_equal) and summary.json (steps_without_signal).",
-                row["step"],
+                row["step"] + 1,
                 row["reward_mean"],
                 max_new_tokens,
             )

@@ -39,6 +39,7 @@ __all__ = [
     "describe_run",
     "fingerprint",
     "holds_run",
+    "saved_checkpoint",
     "write_json_atomic",
     "write_text_atomic",
 ]
@@ -90,28 +91,42 @@ def holds_run(out: Path) -> bool:
     return out.is_dir() and any((out / name).exists() for name in RUN_ENTRIES)
 
 
+def saved_checkpoint(out: Path) -> tuple[Path, int | None] | None:
+    """The complete checkpoint in ``out`` and the step it continues at (None when it
+    predates ``progress.json``): ``checkpoint/``, or ``checkpoint.old/`` after a crash
+    between the two renames of a save; None when there is none. Imports no torch."""
+    for name in ("checkpoint", "checkpoint.old"):
+        ckpt = out / name
+        if (ckpt / "state.pt").is_file():
+            try:
+                return ckpt, int(json.loads((ckpt / "progress.json").read_text())["next_step"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return ckpt, None
+    return None
+
+
 def describe_run(out: Path) -> str:
     """A few words on the run in ``out``: its arm and seed, and how far it got."""
+    if (out / "compare.json").is_file():
+        return "a compare (compare.json)"
     what = "a run"
     try:
         saved = json.loads((out / "config.json").read_text())
         what = f"a run of {saved.get('arm')}, seed {saved.get('seed')}, {saved.get('steps')} steps"
     except (OSError, ValueError, AttributeError):
         pass
-    try:
-        progress = json.loads((out / "checkpoint" / "progress.json").read_text())
-        return f"{what} (checkpoint at step {progress['next_step']})"
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    if (out / "checkpoint").is_dir():
-        return f"{what} (with a checkpoint)"
-    return f"{what} (no checkpoint: stopped before its first step)"
+    found = saved_checkpoint(out)
+    if found is None:
+        return f"{what} (no checkpoint: stopped before its first step)"
+    step = found[1]
+    return f"{what} (a checkpoint after {step} steps)" if step is not None else f"{what} (with a checkpoint)"
 
 
 def check_out(out: str | Path, *, resume: bool, overwrite: bool) -> None:
-    """The rule for a run's ``out``: not an existing file; for a fresh run (``resume``
-    False) a directory that holds no run, unless ``overwrite``. A ParameterError naming
-    ``out`` otherwise (``resume`` itself is checked by the checkpoint's reader)."""
+    """The rule for a run's ``out``: not an existing file, not a compare's directory; for
+    a fresh run (``resume`` False) a directory that holds no run, unless ``overwrite``. A
+    ParameterError naming ``out`` otherwise (``resume`` itself is checked by the
+    checkpoint's reader)."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ParameterError(
@@ -119,10 +134,14 @@ def check_out(out: str | Path, *, resume: bool, overwrite: bool) -> None:
         )
     if resume and overwrite:
         raise ParameterError("overwrite: expected resume or overwrite, not both", argument="overwrite")
-    if not resume and not overwrite and holds_run(path):
+    if (path / "compare.json").is_file():
         raise ParameterError(
-            f"out: {str(path)!r} already holds {describe_run(path)}; continue it with resume (--resume) or "
-            "replace it with overwrite (--overwrite)",
+            f"out: {str(path)!r} holds a compare (compare.json), not a run; choose another directory", argument="out"
+        )
+    if not resume and not overwrite and holds_run(path):
+        how = "continue it with resume (--resume) or " if saved_checkpoint(path) is not None else ""
+        raise ParameterError(
+            f"out: {str(path)!r} already holds {describe_run(path)}; {how}replace it with overwrite (--overwrite)",
             argument="out",
         )
 

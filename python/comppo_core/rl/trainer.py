@@ -586,7 +586,7 @@ def train(config: TrainConfig, *, overwrite: bool = False) -> dict[str, Any]:
 
     Keys: ``arm, seed, steps, initial_eval_accuracy`` (step 0, the warm start),
     ``final_eval_accuracy`` (after the last step), ``eval`` (``[step, accuracy]`` pairs),
-    ``final_reward_mean``, ``mean_step_s`` (per phase, over this process's steps),
+    ``final_reward_mean``, ``mean_step_s`` (per phase, over the run's steps),
     ``parameters`` (actor, its trainable part, critic), ``world_size`` and ``warm_start``
     (SFT steps, seconds, final loss). Under ``torchrun`` every rank calls it and gets the
     summary; a process group it initialised is destroyed before it returns."""
