@@ -403,7 +403,7 @@ def test_a_saved_actor_is_a_model_directory_for_train_and_evaluate(
     assert (actor / "tokenizer.json").is_file() and (actor / "task.json").is_file()
     report = tmp_path / "eval.json"
     capsys.readouterr()
-    assert cli.main(["evaluate", "--model", str(actor), "--eval-size", "8", "--json", str(report)]) == 0
+    assert cli.main(["evaluate", "--model", str(actor), "--json", str(report)]) == 0  # task.json: the run's set
     result = json.loads(report.read_text())
     assert result["accuracy"] == summary["final_eval_accuracy"]  # the run's own held-out set and number
     assert "held-out accuracy" in capsys.readouterr().out

@@ -42,7 +42,7 @@ from .train import require_rl_extra, usage_error
 __all__ = ["add_parser", "run", "saved_task_settings", "write_json_atomic"]
 
 #: The TrainConfig fields ``DIR/task.json`` can give defaults for.
-_FROM_TASK_JSON = ("task", "digits", "split_seed", "heldout_fraction", "chat_template")
+_FROM_TASK_JSON = ("task", "digits", "split_seed", "heldout_fraction", "chat_template", "eval_size", "max_new_tokens")
 
 
 def _integer(text: str) -> int:
@@ -180,6 +180,9 @@ def saved_task_settings(model_dir: Path) -> tuple[dict[str, Any], Path | None]:
     tokenizer = saved.get("tokenizer")
     if isinstance(tokenizer, dict) and "chat_template" in tokenizer:
         out["chat_template"] = tokenizer["chat_template"]
+    evaluation = saved.get("evaluation")  # the run's own evaluation set and response budget
+    if isinstance(evaluation, dict):
+        out.update({k: evaluation[k] for k in ("eval_size", "max_new_tokens") if k in evaluation})
     return out, path
 
 

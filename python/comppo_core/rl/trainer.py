@@ -472,8 +472,9 @@ class Trainer:
         return float(total.item()) / len(problems)
 
     def _task_record(self) -> dict[str, Any]:
-        """``task.json`` beside a saved actor: the task and tokenizer it was trained with."""
-        return {**self.task.to_dict(), "tokenizer": self.tokenizer.to_dict()}
+        """``task.json`` beside a saved actor: the task, tokenizer and evaluation of its run."""
+        evaluation = {"eval_size": self.config.eval_size, "max_new_tokens": self.max_new_tokens}
+        return {**self.task.to_dict(), "tokenizer": self.tokenizer.to_dict(), "evaluation": evaluation}
 
     # ---- one step and the loop
 
