@@ -112,21 +112,27 @@ def test_compare_refuses_other_settings_and_names_the_setting(
     assert json.loads((out / "compare.json").read_text())["settings"]["steps"] == 1
 
 
-def test_compare_resumes_an_interrupted_run_from_its_checkpoint(tmp_path: Path) -> None:
-    out = tmp_path / "cmp"
+def _compare_with_an_interrupted_run(out: Path) -> tuple[list[str], Path, dict[str, Any]]:
+    """A finished one-run compare whose run is then redone and stopped after its first
+    step (its checkpoint continues at step 1): ``(argv, the run, its straight weights)``."""
     argv = ["compare", "--arms", "grpo", "--seeds", "1", *TINY, "--steps", "3", "--out", str(out)]
     assert cli.main(argv) == 0
-    straight = actor_weights(out / "grpo" / "seed0")
-    # as if the run had stopped after its first step (its checkpoint continues at step 1)
     run = out / "grpo" / "seed0"
+    straight = actor_weights(run)
     (run / "summary.json").unlink()
     shutil.rmtree(run / "checkpoint")
-    config = TrainConfig.from_json((run / "config.json").read_text())
     polls = iter([False, True])  # stop before step 1
     with pytest.raises(TrainingInterrupted):
-        Trainer(config, overwrite=True).train(stop=lambda: next(polls))
+        Trainer(TrainConfig.from_json((run / "config.json").read_text()), overwrite=True).train(
+            stop=lambda: next(polls)
+        )
     assert json.loads((run / "checkpoint" / "progress.json").read_text()) == {"next_step": 1}
     assert not (run / "summary.json").exists()
+    return argv, run, straight
+
+
+def test_compare_resumes_an_interrupted_run_from_its_checkpoint(tmp_path: Path) -> None:
+    argv, run, straight = _compare_with_an_interrupted_run(tmp_path / "cmp")
     assert cli.main([*argv, "--resume"]) == 0
     resumed = actor_weights(run)
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
@@ -419,18 +425,7 @@ def test_a_checkpoint_left_as_checkpoint_old_by_a_crash_is_found_everywhere(
 ) -> None:
     """A crash between the two renames of a save leaves only checkpoint.old: the refusal,
     the resume and compare all treat it as the run's checkpoint (nothing is deleted)."""
-    out = tmp_path / "cmp"
-    argv = ["compare", "--arms", "grpo", "--seeds", "1", *TINY, "--steps", "3", "--out", str(out)]
-    assert cli.main(argv) == 0
-    straight = actor_weights(out / "grpo" / "seed0")
-    run = out / "grpo" / "seed0"
-    (run / "summary.json").unlink()
-    shutil.rmtree(run / "checkpoint")
-    polls = iter([False, True])
-    with pytest.raises(TrainingInterrupted):
-        Trainer(TrainConfig.from_json((run / "config.json").read_text()), overwrite=True).train(
-            stop=lambda: next(polls)
-        )
+    argv, run, straight = _compare_with_an_interrupted_run(tmp_path / "cmp")
     (run / "checkpoint").rename(run / "checkpoint.old")
     assert run_dir.saved_checkpoint(run) == (run / "checkpoint.old", 1)
     assert run_dir.describe_run(run) == "a run of grpo, seed 0, 3 steps (a checkpoint after 1 steps)"

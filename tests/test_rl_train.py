@@ -504,7 +504,7 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_checkpoint(
     with pytest.raises(
         NonFiniteError,
         match=r"^loss: expected a finite value, got nan \(epoch 0, minibatch 0\) at step 2; "
-        r"training stopped, the last good checkpoint \(continuing at step 2\) is kept at",
+        r"training stopped, the last good checkpoint \(after 2 steps\) is kept at",
     ) as info:
         trainer.train()
     assert info.value.argument == "loss"
@@ -536,7 +536,7 @@ def test_non_finite_values_name_the_step(tmp_path: Path, monkeypatch: Any, signa
     with pytest.raises(
         NonFiniteError,
         match=r"^values: expected finite values.* at step 1; training stopped, "
-        r"the last good checkpoint \(continuing at step 1\)",
+        r"the last good checkpoint \(after 1 steps\)",
     ) as info:
         trainer.train()
     assert (info.value.argument, info.value.row) == ("values", 0)

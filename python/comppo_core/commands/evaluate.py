@@ -27,19 +27,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import ParameterError
+from ..rl import run_dir
 from ..rl.config import TrainConfig
 from ..rl.evaluation import build_task, describe_task
 from ..rl.pretrained import check_model_directory
 from .train import require_rl_extra, usage_error
 
-__all__ = ["add_parser", "run", "saved_task_settings", "write_json_atomic"]
+__all__ = ["add_parser", "run", "saved_task_settings"]
 
 #: The TrainConfig fields ``DIR/task.json`` can give defaults for.
 _FROM_TASK_JSON = ("task", "digits", "split_seed", "heldout_fraction", "chat_template", "eval_size", "max_new_tokens")
@@ -207,22 +206,6 @@ def _config(args: argparse.Namespace, cmd: argparse.ArgumentParser, model_dir: P
     return config, task_json
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """``data`` as indented JSON in ``path``, written to a temporary file beside it and
-    renamed into place (``os.replace``): a reader sees the old file or the whole new one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _count(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
 
@@ -273,7 +256,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         f"{len(scores)} problems, {description}) in {seconds:.0f} s"
     )
     if json_path is not None:
-        write_json_atomic(
+        run_dir.write_json_atomic(
             json_path,
             {
                 "model": str(model_dir.resolve()),

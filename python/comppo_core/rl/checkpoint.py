@@ -188,8 +188,9 @@ def describe_kept(out: Path | None) -> str:
     """What a failed run leaves behind, for its error message."""
     if out is None:
         return "no checkpoint is written without out"
-    ckpt = out / "checkpoint"
-    if not ckpt.is_dir():
+    found = saved_checkpoint(out)
+    if found is None:
         return "no checkpoint had been written yet"
-    saved = torch.load(ckpt / "state.pt", weights_only=True, map_location="cpu")["next_step"]
-    return f"the last good checkpoint (continuing at step {saved}) is kept at {str(ckpt)!r}"
+    ckpt, step = found
+    after = "" if step is None else f" (after {step} steps)"
+    return f"the last good checkpoint{after} is kept at {str(ckpt)!r}"
