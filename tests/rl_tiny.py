@@ -1,6 +1,7 @@
 """The tiny training run the trainer's tests share: about a second on one CPU thread.
 
-A 2-layer width-32 Llama, 1-digit addition, 3 SFT steps, 4 prompts × 2 samples, 2 steps.
+A 2-layer width-32 Llama, 1-digit addition, 3 SFT steps, 4 prompts × 2 samples, 2 steps,
+no critic warm-up.
 Each test file adds what it pins (its evaluation size and schedule, its device) on top.
 """
 
@@ -21,6 +22,7 @@ TINY_SETTINGS: dict[str, Any] = {
     "prompts_per_step": 4,
     "group_size": 2,
     "steps": 2,
+    "critic_warmup": 0,
     "save_every": 0,
     "tac_width": 16,
     "progress": False,

@@ -104,13 +104,17 @@ def test_forward_default_response_mask_is_every_scored_column() -> None:
     assert out.values is None and out.critic_gates is None
 
 
-def test_given_gates_replace_concentration_gates_everywhere() -> None:
+def test_given_gates_replace_comp_gaes_gates_not_the_critics() -> None:
     model = build()
     ids, am, resp = batch("left")
     const = torch.full((B, T - 1), 0.95)
-    out = rl.forward(model, ids, am, critic=tac(model), response_mask=resp, gates=const)
+    critic = tac(model)
+    out = rl.forward(model, ids, am, critic=critic, response_mask=resp, gates=const)
+    own = rl.forward(model, ids, am, critic=critic, response_mask=resp)
     assert torch.all(out.gates[resp] == 0.95) and torch.all(out.gates[~resp] == 1)
-    assert torch.equal(out.critic_gates, out.gates)
+    assert out.concentration is not None and out.critic_gates is not None
+    assert torch.equal(out.critic_gates, rl.causal_gates(out.concentration, resp, rl.GateParams()))
+    assert torch.equal(out.values, own.values)  # the critic reads the prefix, whatever Comp-GAE's gates
 
 
 def test_gates_as_a_function_of_the_concentration_gates_equal_two_passes() -> None:
@@ -181,21 +185,28 @@ def test_standard_critic_values_are_causal() -> None:
     torch.testing.assert_close(v1[:, : T - 4], v2[:, : T - 4], rtol=1e-5, atol=1e-5)
 
 
-def test_causality_test_catches_a_row_normalised_gate() -> None:
+def test_causality_test_catches_a_row_normalised_gate(monkeypatch: Any) -> None:
     """Feeding TAC the whole-row z-scored gates (what Comp-GAE uses) breaks causality,
-    and the check above sees it: the reason TAC normalises causally."""
+    and the check above sees it: the reason TAC normalises causally. Given gates (a
+    control, a constant) replace Comp-GAE's gates only, so they cannot do this."""
+    params = cc.GateParams(low=0.2, high=1.0, sharpness=4.0)
 
     def row_normalised(model: Any, ids: Any, am: Any, resp: Any) -> Any:
         conc = rl.forward(model, ids, am).concentration
-        return cc.gates_from_concentration(conc, mask=resp, params=cc.GateParams(low=0.2, high=1.0, sharpness=4.0))
+        return cc.gates_from_concentration(conc, mask=resp, params=params)
 
     model = build()
     critic = tac(model)
     k = T - 4
-    v1, v2 = _values_after_changing_tail(model, critic, k, row_normalised)
-    early = (v1[:, :k] - v2[:, :k]).abs().max()
-    print("early", float(early))
-    assert float(early) > 1e-2
+    v1, v2 = _values_after_changing_tail(model, critic, k, row_normalised)  # Comp-GAE's gates only
+    torch.testing.assert_close(v1[:, :k], v2[:, :k], rtol=1e-5, atol=1e-5)
+
+    def whole_row_features(conc: Any, mask: Any, _: Any) -> Any:
+        return torch.as_tensor(cc.gates_from_concentration(conc, mask=mask, params=params), dtype=torch.float32)
+
+    monkeypatch.setattr("comppo_core.rl.policy_forward.causal_gates", whole_row_features)
+    v1, v2 = _values_after_changing_tail(model, critic, k)
+    assert float((v1[:, :k] - v2[:, :k]).abs().max()) > 1e-2
 
 
 # --------------------------------------------------------------------------- #

@@ -11,6 +11,7 @@ the step and leaves the last checkpoint as it was; bad settings name the field.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -224,7 +225,9 @@ def test_bad_settings_name_the_field(changes: dict[str, Any], field: str) -> Non
 
 
 def test_unknown_arm_lists_the_arms() -> None:
-    with pytest.raises(ParameterError, match=r"arm: expected one of 'grpo', 'ppo', 'comp_gae', .*got 'gae'"):
+    with pytest.raises(
+        ParameterError, match=r"arm: expected one of 'grpo', 'ppo', 'ppo_fixed', 'comp_gae', .*got 'gae'"
+    ):
         get_arm("gae")
     with pytest.raises(ParameterError, match=r"^arm: "):
         train(tiny(arm="gae"))
@@ -256,8 +259,15 @@ def signal(monkeypatch: Any) -> None:
     monkeypatch.setattr(AdditionTask, "score", parity_reward)
 
 
+def answer_is_pivotal(self: AdditionTask, problem: Any, response: str) -> list[bool]:
+    """A test oracle for the addition task: the characters after the response's ``;``."""
+    cut = response.find(";")
+    return [0 <= cut < k for k in range(len(response))]
+
+
 @pytest.mark.parametrize("arm", list(ARMS))
-def test_two_steps_of_every_arm(arm: str, tmp_path: Path, signal: None) -> None:
+def test_two_steps_of_every_arm(arm: str, tmp_path: Path, signal: None, monkeypatch: Any) -> None:
+    monkeypatch.setattr(AdditionTask, "pivotal", answer_is_pivotal, raising=False)
     trainer = Trainer(tiny(arm=arm, out=str(tmp_path)))
     before = params(trainer)
     summary = trainer.train()
@@ -295,7 +305,7 @@ def test_two_steps_of_every_arm(arm: str, tmp_path: Path, signal: None) -> None:
         if spec.gates == "none":
             assert r["gate_mean"] is None
         else:
-            assert 0.9 <= r["gate_min"] <= r["gate_mean"] <= r["gate_max"] <= 1.0
+            assert 0.9 - 1e-6 <= r["gate_min"] <= r["gate_mean"] <= r["gate_max"] <= 1.0
         if spec.gates == "constant":
             assert r["gate_min"] == pytest.approx(r["gate_max"], abs=1e-6)
     after = params(trainer)
@@ -309,21 +319,25 @@ def test_two_steps_of_every_arm(arm: str, tmp_path: Path, signal: None) -> None:
     assert (tmp_path / "checkpoint" / "actor").is_dir() and (tmp_path / "warmstart").is_dir()
 
 
-def test_each_arm_gets_its_gates() -> None:
-    """Control gates are functions of the concentration gates over the response columns."""
+def test_each_arm_gets_its_gates(monkeypatch: Any) -> None:
+    """An arm's gate source replaces Comp-GAE's gates, computed from the concentration gates
+    over the response columns; the critic reads the same causal features in every arm."""
+    monkeypatch.setattr(AdditionTask, "pivotal", answer_is_pivotal, raising=False)
     trainer = Trainer(tiny(arm="comppo"))
     r = trainer.rollout()
     m = r.response_mask
     base = trainer.score(r, 0)
-    conc = base.gates
-    assert conc is not None and base.critic_gates is None
+    conc, values = base.gates, base.old_values
+    assert conc is not None and values is not None
     assert torch.all(conc[~m] == 1.0)
-    for arm in ("comppo_shuffle", "comppo_position", "tac_fixed"):
+    low, high = trainer.config.gate_low, trainer.config.gate_high
+    for arm in ("comppo_shuffle", "comppo_position", "tac_fixed", "ppo_fixed", "comppo_inverted", "comppo_oracle"):
         trainer.arm = ARMS[arm]
         batch = trainer.score(r, 0)
-        g = batch.critic_gates  # the critic reads the control
+        g = batch.gates
         assert g is not None and torch.all(g[~m] == 1.0)
-        assert torch.equal(batch.gates, g)  # and so does Comp-GAE
+        if ARMS[arm].critic == "tac":  # the same critic on the same prefix features: the same values
+            assert batch.old_values is not None and torch.equal(batch.old_values, values)
         if arm == "comppo_shuffle":
             for b in range(m.shape[0]):
                 assert torch.equal(torch.sort(g[b][m[b]]).values, torch.sort(conc[b][m[b]]).values)
@@ -333,12 +347,95 @@ def test_each_arm_gets_its_gates() -> None:
                 col = g[:, j][m[:, j]]
                 if col.numel():
                     assert torch.allclose(col, conc[:, j][m[:, j]].double().mean().float().expand_as(col))
-        else:
+        elif arm == "comppo_inverted":
+            torch.testing.assert_close(g[m], (low + high) - conc[m], rtol=0, atol=1e-6)
+        elif arm == "comppo_oracle":
+            pivotal = torch.zeros_like(m)
+            for b, response in enumerate(r.responses):
+                flags = answer_is_pivotal(trainer.task, r.problems[b], response)
+                columns = torch.nonzero(m[b]).flatten()[: len(flags)]  # one character per token, then EOS
+                pivotal[b, columns] = torch.tensor(flags, dtype=torch.bool)
+            assert bool(pivotal.any()) and bool((m & ~pivotal).any())
+            assert torch.all(g[pivotal] == high) and torch.all(g[m & ~pivotal] == torch.tensor(low, dtype=g.dtype))
+        else:  # the constant gate of tac_fixed and ppo_fixed: the batch mean
             assert torch.allclose(g[m], conc[m].double().mean().float().expand_as(g[m]))
+    trainer.arm = ARMS["tac_fixed"]
     trainer.scoring = step.ScoringSettings.from_config(trainer.config.replace(fixed_gate=0.97))
     fixed = step.step_gates(trainer.arm, trainer.scoring, step=0, seed=0, shape=tuple(m.shape), device=m.device)
     assert isinstance(fixed, torch.Tensor) and torch.all(fixed[m] == 0.97)
-    assert torch.all(trainer.score(r, 0).critic_gates[m] == 0.97)
+    scored = trainer.score(r, 0)
+    assert scored.gates is not None and torch.all(scored.gates[m] == 0.97)
+    assert scored.old_values is not None and torch.equal(scored.old_values, values)
+
+
+def test_causal_gates_are_the_running_mapping_and_read_only_the_prefix() -> None:
+    """``gate_causal``: Comp-GAE's gates are the gate mapping of the row's running z-score
+    (``rl.tac.causal_gates``), so g_t does not move when later tokens change; the
+    whole-row gates do."""
+    from comppo_core.rl.tac import causal_gates
+
+    trainer = Trainer(tiny(arm="comppo", gate_causal=True, gate_low=0.2, prompts_per_step=8))
+    whole = Trainer(tiny(arm="comppo", gate_low=0.2, prompts_per_step=8))
+    r = trainer.rollout()
+    m = r.response_mask
+    out = rl.forward(
+        trainer.actor, r.input_ids, r.attention_mask, response_mask=m, gate_params=trainer.config.gate_params
+    )
+    assert out.concentration is not None
+    g = trainer.score(r, 0).gates
+    assert g is not None
+    torch.testing.assert_close(g, causal_gates(out.concentration, m, trainer.config.gate_params), rtol=0, atol=0)
+    k = int(torch.nonzero(m.any(0)).min()) + 2
+    changed = r.input_ids.clone()
+    tail = torch.zeros_like(m)
+    tail[:, k:] = True
+    tail &= m
+    changed[:, 1:][tail] = torch.tensor(trainer.tokenizer.encode("7"))[0]
+    other = dataclasses.replace(r, input_ids=changed)
+    before_k = m.clone()
+    before_k[:, k:] = False
+    g2 = trainer.score(other, 0).gates
+    assert g2 is not None and float((g - g2)[before_k].abs().max()) <= 1e-6
+    w1, w2 = whole.score(r, 0).gates, whole.score(other, 0).gates
+    assert w1 is not None and w2 is not None and float((w1 - w2)[before_k].abs().max()) > 1e-4
+
+
+@pytest.mark.parametrize("arm", [name for name, a in ARMS.items() if a.critic is not None])
+def test_every_arms_critic_reads_only_the_prefix(arm: str, monkeypatch: Any) -> None:
+    """A critic is a baseline: through the trainer's own scoring path, changing the tokens
+    from column k on (in every row, which moves every batch statistic) leaves every value
+    before column k as it was, in every arm (a control or a whole-row z-score in the
+    critic's inputs moved them by 1e-2)."""
+    monkeypatch.setattr(AdditionTask, "pivotal", answer_is_pivotal, raising=False)
+    trainer = Trainer(tiny(arm=arm, gate_low=0.2, prompts_per_step=8))
+    assert trainer.critic is not None
+    with torch.no_grad():  # a critic that reads its inputs (a fresh TAC's value head starts at 0)
+        generator = torch.Generator().manual_seed(0)
+        for p in trainer.critic.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=generator))
+    r = trainer.rollout()
+    m = r.response_mask
+    first = int(torch.nonzero(m.any(0)).min())
+    k = first + 2  # the third response column of the longest-prompt rows
+    changed = r.input_ids.clone()
+    generator = torch.Generator().manual_seed(0)
+    digits = torch.tensor(trainer.tokenizer.encode("0123456789"))
+    after = torch.zeros_like(changed, dtype=torch.bool)
+    after[:, k + 1 :] = True  # the tokens that columns >= k score
+    after &= r.attention_mask
+    after[:, 1:] &= m  # response tokens only
+    new = digits[torch.randint(len(digits), changed.shape, generator=generator)]
+    changed = torch.where(after, new, changed)
+    assert not torch.equal(changed, r.input_ids)
+    responses = [trainer.tokenizer.decode(changed[b, 1:][m[b]].tolist()) for b in range(m.shape[0])]
+    other = dataclasses.replace(r, input_ids=changed, responses=responses)
+    v0, v1 = trainer.score(r, 0).old_values, trainer.score(other, 0).old_values
+    assert v0 is not None and v1 is not None
+    before_k = m.clone()
+    before_k[:, k:] = False
+    assert bool(before_k.any())
+    assert float((v0 - v1)[before_k].abs().max()) <= 1e-5
+    assert float((v0 - v1)[m & ~before_k].abs().max()) > 1e-5  # the test can see a change
 
 
 @pytest.mark.parametrize("arm", ["comppo", "comppo_shuffle", "comppo_position", "tac_fixed"])
@@ -375,7 +472,7 @@ def test_every_logprob_is_of_the_sampling_distribution(arm: str) -> None:
     expected = tempered(trainer.actor)
     assert (batch.old_logprobs.double() - expected)[m].abs().max() <= 1e-5
     assert (batch.ref_logprobs.double() - tempered(trainer.reference))[m].abs().max() <= 1e-5
-    new = trainer._score(batch, grad=True, gates=batch.critic_gates).logprobs  # the update's forward
+    new = trainer._score(batch, grad=True, gates=None).logprobs  # the update's forward
     assert new.requires_grad
     assert (new.detach().double() - expected)[m].abs().max() <= 1e-5
 
@@ -442,13 +539,24 @@ def test_kl_modes(signal: None) -> None:
     assert any(not torch.equal(runs["reward"][k], runs["loss"][k]) for k in runs["reward"])
 
 
-def test_critic_warmup_freezes_the_actor(signal: None) -> None:
-    trainer = Trainer(tiny(arm="comppo", critic_warmup=1, steps=1, eval_every=0))
-    before = params(trainer)
-    trainer.train()
-    after = params(trainer)
+def test_critic_warmup_trains_the_critic_alone_before_the_first_step(tmp_path: Path, signal: None) -> None:
+    cold = Trainer(tiny(arm="comppo", critic_warmup=0, steps=1, eval_every=0))
+    warm = Trainer(tiny(arm="comppo", critic_warmup=3, steps=1, eval_every=0, out=str(tmp_path / "warm")))
+    before, after = params(cold), params(warm)
+    # the actor has not moved; the critic has
     assert all(torch.equal(before[k], after[k]) for k in before if k.startswith("actor."))
     assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("critic."))
+    rounds = warm.warm_start["critic_warmup"]
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert all(r["value_loss"] is not None and r["value_loss"] >= 0.0 for r in rounds)
+    logged = [json.loads(line) for line in (tmp_path / "warm" / "critic_warmup.jsonl").read_text().splitlines()]
+    assert logged == rounds
+    # the rounds have their own prompts, keys and RNG: step 0 is the same batch in both runs
+    assert torch.equal(cold.rollout(0).input_ids, warm.rollout(0).input_ids)
+    assert torch.equal(cold.torch_rng, warm.torch_rng)
+    # every arm with a critic warms up by default; grpo has nothing to warm up
+    assert TrainConfig(arm="ppo").critic_warmup_rounds == rl.config.DEFAULT_CRITIC_WARMUP > 0
+    assert TrainConfig(arm="grpo").critic_warmup_rounds == 0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -677,3 +785,26 @@ def test_lora_unknown_target_modules_name_the_field() -> None:
     with pytest.raises(ParameterError, match=r"^lora_target_modules: peft could not add the adapter") as info:
         Trainer(tiny(lora_rank=4, lora_target_modules="no_such_proj"))
     assert info.value.argument == "lora_target_modules"
+
+
+def test_the_oracle_arm_needs_a_task_that_marks_pivotal_tokens(monkeypatch: Any) -> None:
+    from comppo_core.rl import oracle
+
+    with pytest.raises(ParameterError, match=r"arm: the comppo_oracle arm needs a task that marks its pivotal tokens"):
+        Trainer(tiny(arm="comppo_oracle"))
+    monkeypatch.setattr(AdditionTask, "pivotal", answer_is_pivotal, raising=False)
+    trainer = Trainer(tiny(arm="comppo_oracle"))
+    r = trainer.rollout()
+    marks = oracle.pivotal_columns(trainer.task, trainer.tokenizer, r)
+    assert marks.dtype == torch.bool and not bool((marks & ~r.response_mask).any())
+    monkeypatch.setattr(AdditionTask, "pivotal", lambda self, problem, response: [True], raising=False)
+    with pytest.raises(
+        ParameterError, match=r"pivotal: expected one flag per character of the response \(\d+\), got 1 at row 0"
+    ):
+        oracle.pivotal_columns(trainer.task, trainer.tokenizer, r)
+    monkeypatch.setattr(AdditionTask, "pivotal", answer_is_pivotal, raising=False)
+    wrong = dataclasses.replace(r, responses=["x" * len(text) for text in r.responses])
+    with pytest.raises(
+        ParameterError, match=r"pivotal: the response tokens of row 0 do not spell its decoded response"
+    ):
+        oracle.pivotal_columns(trainer.task, trainer.tokenizer, wrong)

@@ -106,7 +106,18 @@ TEMPORAL_MIXERS = ("none", "gru", "attention")
 #: (``OUT/tensorboard``), or Weights & Biases (its own settings; ``WANDB_MODE=offline`` works).
 REPORT_TO = ("none", "tensorboard", "wandb")
 #: The arms of :mod:`comppo_core.rl.arms`, in the order the docs and ``compare`` list them.
-ARM_NAMES = ("grpo", "ppo", "comp_gae", "tac_fixed", "comppo", "comppo_shuffle", "comppo_position")
+ARM_NAMES = (
+    "grpo",
+    "ppo",
+    "ppo_fixed",
+    "comp_gae",
+    "tac_fixed",
+    "comppo",
+    "comppo_shuffle",
+    "comppo_position",
+    "comppo_inverted",
+    "comppo_oracle",
+)
 
 
 def check_choice(name: str, value: Any, choices: Collection[str]) -> str:

@@ -2,33 +2,48 @@
 
 Every arm runs the same step (:mod:`comppo_core.rl.step`); an arm is data, two fields:
 its ``critic`` (none, ``"standard"`` or ``"tac"``) and the source of its transport
-``gates``; the step reads them through the properties of :class:`Arm` and decides a
-step's gates once (:func:`comppo_core.rl.step.step_gates`). This table is the one list of
-the arms; the docs link here.
+``gates`` (Comp-GAE's γ·λ·g_t); the step reads them through the properties of
+:class:`Arm` and decides a step's gates once (:func:`comppo_core.rl.step.step_gates`).
+This table is the one list of the arms; the docs link here.
 
-================  ================  ==========================================================
-arm               critic            advantages
-================  ================  ==========================================================
-``grpo``          none              group-relative outcome (``cc.group_advantages``, verl's
-                                    GRPO) broadcast to the response tokens (``cc.broadcast``)
-``ppo``           ``StandardCritic``  GAE (``cc.gae``, no gates), whitened
-``comp_gae``      ``StandardCritic``  Comp-GAE, gates from the attention concentration
-``tac_fixed``     TAC               GAE with a constant gate, in the critic's inputs too
-                                    (``fixed_gate``, default the batch mean of the
-                                    concentration gates: ``cc.controls.constant``)
-``comppo``        TAC               Comp-GAE, gates from concentration (full CompPO); TAC
-                                    reads the causal gates (``rl.causal_gates``)
-``comppo_shuffle``  TAC             as ``comppo``, gates by ``cc.controls.shuffle`` (each
-                                    row's gates permuted), in the critic's inputs too
-``comppo_position`` TAC             as ``comppo``, gates by ``cc.controls.by_position`` (the
-                                    batch mean gate at each response position), in the
-                                    critic's inputs too
-================  ================  ==========================================================
+=====================  ==================  ===================================================
+arm                    critic              advantages
+=====================  ==================  ===================================================
+``grpo``               none                group-relative outcome (``cc.group_advantages``,
+                                           verl's GRPO) broadcast to the response tokens
+``ppo``                ``StandardCritic``  GAE (``cc.gae``, no gates), whitened
+``ppo_fixed``          ``StandardCritic``  GAE with a constant gate (as ``tac_fixed``)
+``comp_gae``           ``StandardCritic``  Comp-GAE, gates from the attention concentration
+``tac_fixed``          TAC                 GAE with a constant gate (``fixed_gate``, default
+                                           the batch mean of the concentration gates:
+                                           ``cc.controls.constant``)
+``comppo``             TAC                 Comp-GAE, gates from concentration (full CompPO)
+``comppo_shuffle``     TAC                 as ``comppo``, each row's gates permuted
+                                           (``cc.controls.shuffle``)
+``comppo_position``    TAC                 as ``comppo``, gates replaced by their batch mean
+                                           at each response position (``cc.controls.by_position``)
+``comppo_inverted``    TAC                 as ``comppo``, the gate mapping reversed: high
+                                           concentration gives a low gate (``low + high − g``)
+``comppo_oracle``      TAC                 diagnostic: gates ``high`` on the tokens the task
+                                           marks pivotal (``task.pivotal``), ``low`` elsewhere
+=====================  ==================  ===================================================
 
-``gates`` names where the gates come from: ``"none"`` (plain GAE, or no GAE at all),
-``"concentration"`` (the gate mapping of the scoring pass's concentration), or a control
-of those gates (``"constant"``, ``"shuffle"``, ``"by_position"``). A control replaces the
-gates wherever they are used: in Comp-GAE and as the critic's gate features.
+The four cells ``ppo_fixed``, ``comp_gae``, ``tac_fixed``, ``comppo`` are the paper's 2×2
+{standard critic, TAC} × {constant gate, concentration gates}; ``ppo_fixed`` and
+``tac_fixed`` use the same constant gate, chosen the same way.
+
+**The critic is a baseline in every arm: it reads only the prefix.** An arm's gate
+source changes Comp-GAE's gates and nothing else. A TAC reads, in every arm, the causal
+gate features of the concentration (:func:`comppo_core.rl.tac.causal_gates`: the gate
+mapping with the row's running z-score, so ``V_t`` depends on tokens ``≤ t`` only) and the
+actor's hidden states; a ``StandardCritic`` reads the tokens. A control, a constant or an
+oracle gate is a function of the whole batch or response, so it never reaches a critic.
+
+``gates`` names where Comp-GAE's gates come from (:data:`GATE_SOURCES`): ``"none"``
+(plain GAE, or no GAE at all), ``"concentration"`` (the gate mapping of the scoring
+pass's concentration), a control of those gates (:data:`CONTROLS`: ``"constant"``,
+``"shuffle"``, ``"by_position"``), ``"inverted"`` (the mapping reversed), or ``"oracle"``
+(the task's pivotal tokens; only for a task with a ``pivotal`` method).
 """
 
 from __future__ import annotations
@@ -37,16 +52,19 @@ import dataclasses
 
 from ..options import ARM_NAMES, GATE_CONTROLS, check_choice
 
-__all__ = ["ARMS", "CONTROLS", "CRITICS", "GATE_SOURCES", "Arm", "get_arm"]
+__all__ = ["ARMS", "CONTROLS", "CRITICS", "FROM_CONCENTRATION", "GATE_SOURCES", "Arm", "get_arm"]
 
 #: The gate sources that are controls of the concentration gates (``cc.controls``).
 CONTROLS = GATE_CONTROLS
+#: The gate sources that replace the concentration gates, computed from them: the controls
+#: and the reversed mapping.
+FROM_CONCENTRATION = (*CONTROLS, "inverted")
 
 
 #: The critics an arm may train (None: no critic).
 CRITICS = ("standard", "tac")
 #: Where an arm's transport gates come from.
-GATE_SOURCES = ("none", "concentration", *CONTROLS)
+GATE_SOURCES = ("none", "concentration", *FROM_CONCENTRATION, "oracle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +98,17 @@ class Arm:
         """Whether the gates are a control computed from the concentration gates."""
         return self.gates in CONTROLS
 
+    @property
+    def replaces_gates(self) -> bool:
+        """Whether Comp-GAE's gates replace the concentration gates (a control, the
+        reversed mapping, the oracle)."""
+        return self.gates in (*FROM_CONCENTRATION, "oracle")
+
+    @property
+    def diagnostic(self) -> bool:
+        """A diagnostic arm, not a method (its gates read what a policy cannot know)."""
+        return self.gates == "oracle"
+
 
 #: Every arm by name (the ``arm`` setting of :class:`~comppo_core.rl.TrainConfig`).
 ARMS: dict[str, Arm] = {
@@ -87,11 +116,14 @@ ARMS: dict[str, Arm] = {
     for a in (
         Arm("grpo", None, "none", "GRPO: group-relative outcome advantages, no critic"),
         Arm("ppo", "standard", "none", "PPO: GAE with a standard critic"),
+        Arm("ppo_fixed", "standard", "constant", "PPO with a constant gate"),
         Arm("comp_gae", "standard", "concentration", "Comp-GAE with a standard critic"),
         Arm("tac_fixed", "tac", "constant", "TAC with a constant gate"),
         Arm("comppo", "tac", "concentration", "CompPO: Comp-GAE with TAC"),
         Arm("comppo_shuffle", "tac", "shuffle", "CompPO with each row's gates shuffled"),
         Arm("comppo_position", "tac", "by_position", "CompPO with gates replaced by their per-position batch mean"),
+        Arm("comppo_inverted", "tac", "inverted", "CompPO with the gate mapping reversed"),
+        Arm("comppo_oracle", "tac", "oracle", "diagnostic: gates high on the task's pivotal tokens"),
     )
 }
 

@@ -1,5 +1,5 @@
-"""What a run is built from: its task, the built-in policy and its SFT warm start, the
-critic an arm asks for, and the frozen KL reference.
+"""What a run is built from: its task, its initial policy (the built-in one and its SFT
+warm start, a user's model, or another run's), the critic an arm asks for, and the frozen KL reference.
 
 Every function here is called once per run by :class:`comppo_core.rl.Trainer` (and can be
 called on its own: a test of the step's maths builds a policy and a critic without a
@@ -10,6 +10,7 @@ NumPy generator passed in (the SFT batches), so the trainer fixes both.
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import numpy as np
@@ -20,12 +21,12 @@ from ..errors import NonFiniteError
 from .arms import Arm
 from .config import TrainConfig
 from .evaluation import build_task
-from .pretrained import load_tokenizer
+from .pretrained import load_policy, load_tokenizer
 from .standard_critic import StandardCritic
 from .tac import TransportAlignedCritic
 from .tasks import AdditionTask, worked_solution
 
-__all__ = ["build_policy", "make_critic", "make_reference", "make_task", "sft_warm_start"]
+__all__ = ["build_policy", "initial_policy", "make_critic", "make_reference", "make_task", "sft_warm_start"]
 
 
 def make_task(config: TrainConfig) -> tuple[Any, Any]:
@@ -118,6 +119,33 @@ def sft_warm_start(
         out.append(float(loss.detach()))
     model.eval()
     return out
+
+
+def initial_policy(config: TrainConfig, task: Any, vocab_size: int, device: torch.device) -> tuple[Any, dict[str, Any]]:
+    """The policy a fresh run starts from, in eval mode, and its ``warm_start`` record: the
+    user's ``model``, the run ``init_from`` points at, or the built-in Llama (torch's
+    global RNG) after :func:`sft_warm_start` (``default_rng([seed, 1])``)."""
+    cfg = config
+    t0 = time.perf_counter()
+    sft_losses: list[float] = []
+    if cfg.model is not None:
+        actor = load_policy(cfg.model).to(device)
+    elif cfg.init_from is not None:
+        actor = load_policy(cfg.init_from, argument="init_from").to(device)
+    else:
+        actor = build_policy(cfg, vocab_size).to(device)
+        sft_rng = np.random.default_rng([cfg.seed, 1])
+        sft: dict[str, Any] = {"steps": cfg.warmup_sft_steps, "batch_size": cfg.sft_batch_size, "lr": cfg.sft_lr}
+        sft_losses = sft_warm_start(actor, task, rng=sft_rng, carry_noise=cfg.sft_carry_noise, **sft)
+    actor.eval()
+    warm_start = {
+        "sft_steps": len(sft_losses),
+        "sft_seconds": time.perf_counter() - t0,
+        "sft_final_loss": sft_losses[-1] if sft_losses else None,
+        "init_from": cfg.init_from,
+        "model": cfg.model,
+    }
+    return actor, warm_start
 
 
 def make_critic(arm: Arm, actor: Any, config: TrainConfig) -> nn.Module | None:

@@ -48,6 +48,8 @@ __all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig"]
 # reading, validating and parsing a TrainConfig (``comppo-core train --help``) stays light.
 
 TASKS = ("addition",)
+#: Critic warm-up rounds of an arm with a critic when ``critic_warmup`` is None.
+DEFAULT_CRITIC_WARMUP = 10
 
 
 #: The fields a resumed run may change (every other field must equal the checkpoint's).
@@ -164,7 +166,14 @@ class TrainConfig:
     gate_normalize: str = _f("sequence", "z-score of the concentration: sequence, batch or none (GateParams.normalize)")
     gate_invert: bool = _f(False, "map high concentration to low gates (GateParams.invert)")
     fixed_gate: float | None = _f(
-        None, "tac_fixed's constant gate (None: the batch mean of the concentration gates, cc.controls.constant)"
+        None,
+        "the constant gate of tac_fixed and ppo_fixed (None: the batch mean of the concentration gates, "
+        "cc.controls.constant)",
+    )
+    gate_causal: bool = _f(
+        False,
+        "Comp-GAE's gates from the row's running z-score of the concentration (tokens up to t) instead of "
+        "the whole row's",
     )
 
     # ---- the PPO update
@@ -184,7 +193,11 @@ class TrainConfig:
     value_clip: float | None = _f(0.5, "value clip ε (verl cliprange_value; None: off)")
     vf_coef: float = _f(0.5, "weight of the value loss")
     loss_agg: str = _f("token-mean", "loss aggregation (verl loss_agg_mode)")
-    critic_warmup: int = _f(0, "first steps that train the critic only (the actor is frozen)")
+    critic_warmup: int | None = _f(
+        None,
+        "rounds of critic-only training on rollouts of the warm-started policy before the first PPO step "
+        f"(None: {DEFAULT_CRITIC_WARMUP} for an arm with a critic, 0 for grpo)",
+    )
     kl_coef: float = _f(
         1.0,
         "weight of the KL to the frozen reference (the policy after the warm start); on the "
@@ -257,7 +270,7 @@ class TrainConfig:
             "tac_width",
         ):
             _integer(name, getattr(self, name), 1)
-        for name in ("seed", "save_every", "eval_every", "split_seed", "warmup_sft_steps", "critic_warmup"):
+        for name in ("seed", "save_every", "eval_every", "split_seed", "warmup_sft_steps"):
             _integer(name, getattr(self, name), 0)
         _integer("digits", self.digits, 1, 6)
         for name in ("num_threads", "max_new_tokens"):
@@ -288,7 +301,7 @@ class TrainConfig:
         if isinstance(self.task, str) and self.task.endswith(".jsonl"):
             self.task = absolute(self.task)
         check_choice("report_to", self.report_to, REPORT_TO)
-        for name in ("resume", "progress", "whiten_advantages", "gate_invert", "log_kl"):
+        for name in ("resume", "progress", "whiten_advantages", "gate_invert", "gate_causal", "log_kl"):
             if not isinstance(getattr(self, name), bool):
                 raise ParameterError(f"{name}: expected a bool, got {getattr(self, name)!r}", argument=name)
         if self.model_hidden % self.model_heads or self.model_heads % self.model_kv_heads:
@@ -330,6 +343,8 @@ class TrainConfig:
             )
         from .arms import ARMS  # torch-free; arms imports nothing from here (the modules stay one-way)
 
+        if self.critic_warmup is not None:
+            _integer("critic_warmup", self.critic_warmup, 0)
         if ARMS[self.arm].critic is None and self.critic_warmup:
             raise ParameterError(
                 f"critic_warmup: expected 0 for the {self.arm} arm, which has no critic, got {self.critic_warmup}",
@@ -353,6 +368,16 @@ class TrainConfig:
             normalize=self.gate_normalize,
             invert=self.gate_invert,
         )
+
+    @property
+    def critic_warmup_rounds(self) -> int:
+        """``critic_warmup``, with None resolved: :data:`DEFAULT_CRITIC_WARMUP` rounds for an
+        arm with a critic, 0 for one without."""
+        if self.critic_warmup is not None:
+            return self.critic_warmup
+        from .arms import ARMS
+
+        return DEFAULT_CRITIC_WARMUP if ARMS[self.arm].critic is not None else 0
 
     @property
     def batch_size(self) -> int:

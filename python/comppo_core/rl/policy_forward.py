@@ -17,13 +17,18 @@ stream at the critic's taps (no ``output_hidden_states=True``), and a
 :class:`~comppo_core.rl.TransportAlignedCritic` turns them into values with no second
 transformer. A :class:`~comppo_core.rl.StandardCritic` runs its own forward.
 
-Gates for Comp-GAE are the caller's ``gates`` when given (constant gates, controls),
-else the gate mapping of the concentration over the response columns. The critic reads
-the same overriding ``gates``, or else :func:`~comppo_core.rl.tac.causal_gates`: the
-mapping with running statistics, since a whole-row z-score would let V_j see later tokens.
-``gates`` may also be a function of this forward's own concentration gates (a control:
+Gates for Comp-GAE are the caller's ``gates`` when given (constant gates, controls, an
+oracle), else the gate mapping of the concentration over the response columns: with the
+row's z-score (``GateParams.normalize``), or with ``causal=True`` its running z-score
+(:func:`~comppo_core.rl.tac.causal_gates`, so g_t reads tokens ≤ t only). ``gates`` may
+also be a function of this forward's own concentration gates (a control:
 ``gates(concentration_gates, concentration, response_mask) -> [B, T−1]``), called after
-the actor's forward and before the critic's, so a control costs no second actor forward.
+the actor's forward, so a control costs no second actor forward.
+
+The critic is a baseline and reads only the prefix, whatever the gates of Comp-GAE: a
+TAC's gate features are always :func:`~comppo_core.rl.tac.causal_gates` of this forward's
+concentration (the mapping with running statistics: a whole-row z-score, a control or a
+constant would let V_j see later tokens), never the caller's ``gates``.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ class ForwardOutput(NamedTuple):
     per_layer: torch.Tensor | None
     gates: torch.Tensor | None
     values: torch.Tensor | None
-    #: the gates the critic read (causal unless ``gates`` was given); None without a critic
+    #: the causal gate features the critic read (1 without a probe); None without a critic
     critic_gates: torch.Tensor | None
     #: ``[B, T−1]`` bool: the response columns used (``response_mask``, or every scored column)
     response_mask: torch.Tensor
@@ -121,6 +126,7 @@ def forward(
     method: str = "auto",
     query_chunk: int = DEFAULT_QUERY_CHUNK,
     routing: bool = True,
+    causal: bool = False,
 ) -> ForwardOutput:
     """Run the actor once; return log-probs, concentration, gates and values (module docstring).
 
@@ -134,11 +140,11 @@ def forward(
         scored column. Gates are computed over these columns and are 1 elsewhere.
       statistic, layers, method, query_chunk: the probe's (the per-layer features are the
         selected layers; a TAC expects as many as it was built for).
-      gates: ``[B, T−1]`` gates in ``[0, 1]`` that replace the concentration gates, for
-        Comp-GAE and the critic alike (constant gates, controls); or a function
+      gates: ``[B, T−1]`` gates in ``[0, 1]`` that replace Comp-GAE's concentration gates
+        (constant gates, controls, an oracle); or a function
         ``gates(concentration_gates, concentration, response_mask)`` returning them, given
         this forward's ``[B, T−1]`` concentration gates (1 outside the response), its
-        concentration and the response columns.
+        concentration and the response columns. The critic never reads them.
       gate_params: the concentration → gate mapping (default :class:`GateParams`).
       grad: run with gradients: log-probs carry them (the PPO update), values carry them
         into the critic (and into the trunk only under the TAC's ``trunk_grad``); the probe
@@ -150,6 +156,9 @@ def forward(
         scores without it, for a step that needs none (no gates and a critic that reads
         no routing: a :class:`~comppo_core.rl.StandardCritic` or none); ``gates`` is then
         ignored, and a critic reads gates of 1 and no per-layer features.
+      causal: Comp-GAE's own gates with the row's running z-score instead of the whole
+        row's (:func:`~comppo_core.rl.tac.causal_gates`; a ``"batch"`` normalisation is then
+        per row too).
 
     Returns:
       :class:`ForwardOutput`; values outside the scored columns are 0.
@@ -192,16 +201,16 @@ def forward(
     if conc is None:  # no probe: no routing features; a critic reads gates of 1
         critic_gates = torch.ones_like(lp)
     else:
-        if callable(gates):
-            own = gating.gates_from_concentration(conc, mask=resp, params=params)
-            given = _given_gates(gates(torch.as_tensor(own, dtype=torch.float32), conc, resp), shape, ids.device)
-        if given is not None:
-            comp_gates = critic_gates = torch.where(resp, given, 1.0)
+        causal_features = causal_gates(conc, resp, params) if critic is not None or causal else None
+        if causal:
+            assert causal_features is not None
+            own = causal_features
         else:
-            gates_np_or_tensor = gating.gates_from_concentration(conc, mask=resp, params=params)
-            comp_gates = torch.as_tensor(gates_np_or_tensor, dtype=torch.float32)  # a tensor in gives a tensor out
-            critic_gates = causal_gates(conc, resp, params) if critic is not None else None
-
+            own = torch.as_tensor(gating.gates_from_concentration(conc, mask=resp, params=params), dtype=torch.float32)
+        if callable(gates):
+            given = _given_gates(gates(own, conc, resp), shape, ids.device)
+        comp_gates = own if given is None else torch.where(resp, given, 1.0)
+        critic_gates = causal_features
     values = None
     if critic is not None:
         assert critic_gates is not None

@@ -54,6 +54,7 @@ __all__ = [
     "loss_shares",
     "masked_mean",
     "minibatch_loss",
+    "oracle_gates",
     "rewards_with_kl",
     "score",
     "step_gates",
@@ -77,8 +78,6 @@ class Batch:
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
-    #: gates the critic reads in the update (a constant or a control); None: the forward's own
-    critic_gates: torch.Tensor | None = None
     #: Comp-GAE's gates (1 outside the response); None for the arms without gates
     gates: torch.Tensor | None = None
 
@@ -110,18 +109,21 @@ LOCAL = Rows(gather=lambda x: x, local=slice(None), distributed=False)
 
 @dataclasses.dataclass(frozen=True)
 class ScoringSettings:
-    """How phase 2 scores: the probe's statistic, the gate mapping, τ, and ``tac_fixed``'s
-    constant gate (None: the batch mean of the concentration gates)."""
+    """How phase 2 scores: the probe's statistic, the gate mapping, τ, the constant gate of
+    ``tac_fixed`` and ``ppo_fixed`` (None: the batch mean of the concentration gates), and
+    whether Comp-GAE's gates use the row's running z-score (``causal``) instead of the
+    whole row's."""
 
     statistic: str = "entropy"
     gate_params: GateParams = dataclasses.field(default_factory=GateParams)
     temperature: float = 1.0
     fixed_gate: float | None = None
+    causal: bool = False
 
     @classmethod
     def from_config(cls, config: Any) -> ScoringSettings:
         """From a :class:`~comppo_core.rl.TrainConfig` (or anything with its field names)."""
-        return cls(config.statistic, config.gate_params, config.temperature, config.fixed_gate)
+        return cls(config.statistic, config.gate_params, config.temperature, config.fixed_gate, config.gate_causal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,15 +193,28 @@ class LossSettings:
 
 
 def _batch_gates(
-    gates: torch.Tensor, concentration: torch.Tensor, response_mask: torch.Tensor, params: GateParams, rows: Rows
+    gates: torch.Tensor,
+    concentration: torch.Tensor,
+    response_mask: torch.Tensor,
+    settings: ScoringSettings,
+    rows: Rows,
 ) -> torch.Tensor:
     """The concentration gates as the global batch defines them: with ``normalize="batch"``
     the z-score is over every process's rows (recomputed from the gathered concentration);
-    otherwise each row's own (``gates`` as they are)."""
-    if params.normalize != "batch" or not rows.distributed:  # one process: the batch is its rows
+    otherwise (or with causal gates, which are per row) each row's own (``gates`` as they are)."""
+    params = settings.gate_params
+    if params.normalize != "batch" or settings.causal or not rows.distributed:  # the batch is its rows
         return gates
     g = gating.gates_from_concentration(rows.gather(concentration), mask=rows.gather(response_mask), params=params)
     return torch.as_tensor(g).to(torch.float32)[rows.local]
+
+
+def oracle_gates(pivotal: torch.Tensor, params: GateParams) -> torch.Tensor:
+    """The oracle's ``[B, T−1]`` float32 gates: ``params.high`` where ``pivotal`` (the
+    response columns the task marks pivotal), ``params.low`` elsewhere (the scoring forward
+    sets the gates outside the response to 1)."""
+    p = pivotal.to(torch.bool)
+    return torch.where(p, float(params.high), float(params.low)).to(torch.float32)
 
 
 def step_gates(
@@ -211,37 +226,50 @@ def step_gates(
     shape: tuple[int, int],
     device: torch.device,
     rows: Rows = LOCAL,
+    pivotal: torch.Tensor | None = None,
 ) -> torch.Tensor | GatesFromConcentration | None:
-    """The gates of a step that replace the concentration gates, decided once from the arm:
+    """The gates of a step that replace Comp-GAE's concentration gates, decided once from the arm:
 
     * None: the arm uses the concentration gates (``comppo``, ``comp_gae``) or none at all;
     * a ``[B, T−1]`` tensor of ``settings.fixed_gate`` (a constant gate given as a number);
-    * a control of the scoring pass's own concentration gates (``cc.controls``: the batch
-      mean for ``constant``, each row's gates permuted with seed ``seed·1_000_003 + step``
-      for ``shuffle``, the per-position batch mean for ``by_position``), as a function
-      that :func:`~comppo_core.rl.forward` calls between the actor and the critic, so a
-      control costs no second actor forward. Computed over the global batch.
+    * the oracle's gates (:func:`oracle_gates` of ``pivotal``, ``[B, T−1]`` bool: the
+      response columns the task marks pivotal; required by the ``oracle`` source);
+    * a function of the scoring pass's own concentration gates ``g``, which
+      :func:`~comppo_core.rl.forward` calls after the actor's forward (no second actor
+      forward), computed over the global batch: a control (``cc.controls``: the batch mean
+      for ``constant``, each row's gates permuted with seed ``seed·1_000_003 + step`` for
+      ``shuffle``, the per-position batch mean for ``by_position``), or the reversed
+      mapping ``low + high − g`` for ``inverted`` (the sigmoid's mirror image: high
+      concentration gives a low gate).
 
-    A replacing gate is what Comp-GAE and the critic's gate features read."""
-    if not arm.control:
+    A replacing gate is what Comp-GAE reads; no critic reads it (the critic is causal)."""
+    if not arm.replaces_gates:
         return None
+    params = settings.gate_params
+    if arm.gates == "oracle":
+        if pivotal is None:
+            raise ParameterError(
+                f"pivotal: the {arm.name} arm's gates need the task's pivotal response columns", argument="pivotal"
+            )
+        return oracle_gates(pivotal.to(device), params)
     if arm.gates == "constant" and settings.fixed_gate is not None:
         return torch.full(shape, float(settings.fixed_gate), device=device)
-    params = settings.gate_params
 
-    def control(own: torch.Tensor, concentration: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-        g = rows.gather(_batch_gates(own, concentration, response_mask, params, rows))
+    def replace(own: torch.Tensor, concentration: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+        g = rows.gather(_batch_gates(own, concentration, response_mask, settings, rows))
         m = rows.gather(response_mask)
         # the array kernels return tensors for tensors (as_tensor only tells the type checker)
         if arm.gates == "constant":
             c = torch.as_tensor(controls.constant(g, mask=m))
         elif arm.gates == "shuffle":
             c = torch.as_tensor(controls.shuffle(g, mask=m, seed=seed * 1_000_003 + step))
-        else:
+        elif arm.gates == "by_position":
             c = torch.as_tensor(controls.by_position(g, mask=m))
+        else:  # inverted: the mirror image of the sigmoid within [low, high]
+            c = torch.where(m, (params.low + params.high) - g, 1.0).clamp(0.0, 1.0)
         return c[rows.local]
 
-    return control
+    return replace
 
 
 @dataclasses.dataclass
@@ -252,8 +280,6 @@ class Scored:
     values: torch.Tensor | None
     #: Comp-GAE's gates (1 outside the response); None for the arms without gates
     gates: torch.Tensor | None
-    #: the replacing gates the critic read (constant or control), to read again in the update
-    critic_gates: torch.Tensor | None
 
 
 def score(
@@ -273,11 +299,11 @@ def score(
 
     ``grad=False`` is phase 2 (old log-probs and values; ``gates`` from :func:`step_gates`;
     Comp-GAE's gates as the global batch defines them, a collective under ``rows``);
-    ``grad=True`` is the update's forward on this process's rows alone (``gates``: the
-    batch's ``critic_gates``; the returned gates are then the forward's own). The
-    probe runs only when the pass needs routing: the scoring pass of an arm with gates or
-    a TAC, the update of a TAC arm; the others score with a plain forward, at the
-    baseline's own cost."""
+    ``grad=True`` is the update's forward on this process's rows alone (``gates`` None:
+    the update reads no Comp-GAE gates). The critic reads the prefix only, in every arm
+    (:func:`~comppo_core.rl.forward`). The probe runs only when the pass needs routing:
+    the scoring pass of an arm with gates or a TAC, the update of a TAC arm; the others
+    score with a plain forward, at the baseline's own cost."""
     routing = arm.critic_reads_routing or (not grad and arm.reads_routing)
     out = forward(
         actor,
@@ -291,16 +317,12 @@ def score(
         grad=grad,
         temperature=settings.temperature,
         routing=routing,
+        causal=settings.causal,
     )
     comp_gates = out.gates
     if not grad and gates is None and comp_gates is not None and out.concentration is not None:
-        comp_gates = _batch_gates(comp_gates, out.concentration, response_mask, settings.gate_params, rows)
-    return Scored(
-        logprobs=out.logprobs,
-        values=out.values,
-        gates=comp_gates if arm.gates != "none" else None,
-        critic_gates=comp_gates if gates is not None else None,
-    )
+        comp_gates = _batch_gates(comp_gates, out.concentration, response_mask, settings, rows)
+    return Scored(logprobs=out.logprobs, values=out.values, gates=comp_gates if arm.gates != "none" else None)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,11 +44,12 @@ from torch import nn
 
 from ..errors import NonFiniteError, ParameterError
 from ..hf.scoring import score as score_tokens
-from . import checkpoint, lora, metrics, run_dir, step
+from . import checkpoint, lora, metrics, oracle, run_dir, step
 from . import rollout as rollouts
 from .arms import Arm, get_arm
-from .build import build_policy, make_critic, make_reference, make_task, sft_warm_start
+from .build import build_policy, initial_policy, make_critic, make_reference, make_task, sft_warm_start
 from .config import TrainConfig
+from .critic_warmup import warm_up_critic
 from .distributed import Dist, shard_bounds
 from .evaluation import heldout_scores
 from .interrupts import TrainingInterrupted
@@ -124,6 +124,8 @@ class Trainer:
                 argument="prompts_per_step",
             )
         self.task, self.tokenizer = make_task(config)
+        if self.arm.gates == "oracle":
+            oracle.check_task(self.task, self.arm.name)
         self.max_new_tokens = config.max_new_tokens or self.task.max_new_tokens
         self.eval_problems = self.task.heldout(config.eval_size)
         self.out = None if config.out is None else Path(config.out)
@@ -154,26 +156,8 @@ class Trainer:
     def _fresh(self) -> None:
         cfg = self.config
         torch.manual_seed(cfg.seed)
-        t0 = time.perf_counter()
-        sft_losses: list[float] = []
-        if cfg.model is not None:
-            actor = load_policy(cfg.model).to(self.device)
-        elif cfg.init_from is not None:
-            actor = self._load_actor(cfg.init_from)
-        else:
-            actor = build_policy(cfg, self.tokenizer.vocab_size).to(self.device)
-            sft_rng = np.random.default_rng([cfg.seed, 1])
-            sft: dict[str, Any] = {"steps": cfg.warmup_sft_steps, "batch_size": cfg.sft_batch_size, "lr": cfg.sft_lr}
-            sft_losses = sft_warm_start(actor, self.task, rng=sft_rng, carry_noise=cfg.sft_carry_noise, **sft)
-        actor.eval()
+        actor, self.warm_start = initial_policy(cfg, self.task, self.tokenizer.vocab_size, self.device)
         self.dist.broadcast_module(actor)  # one set of weights, whatever each rank's warm start did
-        self.warm_start = {
-            "sft_steps": len(sft_losses),
-            "sft_seconds": time.perf_counter() - t0,
-            "sft_final_loss": sft_losses[-1] if sft_losses else None,
-            "init_from": cfg.init_from,
-            "model": cfg.model,
-        }
         if self.out is not None and self.dist.is_main:  # config.json, inputs.json, warmstart/, metrics.jsonl
             warm = actor if cfg.model is None else None  # a user's model is its own warm start
             checkpoint.start_run(self.out, cfg, warm, self.tokenizer, self._task_record())
@@ -187,6 +171,8 @@ class Trainer:
         self._attach_actor(actor, None)
         torch.manual_seed(cfg.seed * 1000 + 2)
         self.rng = np.random.default_rng([cfg.seed, 2])
+        if cfg.critic_warmup_rounds:  # the critic learns before it is used (rl.critic_warmup)
+            self.warm_start["critic_warmup"] = warm_up_critic(self, cfg.critic_warmup_rounds)
 
     def _load_actor(self, path: Any) -> Any:
         return load_policy(path, argument="init_from").to(self.device)
@@ -312,11 +298,12 @@ class Trainer:
     def _prompt_width(self, problems: Sequence[Problem]) -> int:
         return rollouts.prompt_width(self.tokenizer, problems)
 
-    def rollout(self, step: int = 0) -> Rollout:
-        """Phase 1: ``prompts_per_step`` training problems (this rank's share), ``group_size``
-        samples each, drawn with the keys of ``(seed, step, prompt index, sample index)``."""
+    def rollout(self, step: int = 0, *, rng: np.random.Generator | None = None) -> Rollout:
+        """Phase 1: ``prompts_per_step`` training problems (this rank's share, drawn with
+        ``rng``, default the run's), ``group_size`` samples each, drawn with the keys of
+        ``(seed, step, prompt index, sample index)``."""
         cfg = self.config
-        prompts = self.task.sample(self.rng, cfg.prompts_per_step)  # the global prompts, the same on every rank
+        prompts = self.task.sample(self.rng if rng is None else rng, cfg.prompts_per_step)  # the same on every rank
         lo, hi = shard_bounds(cfg.prompts_per_step, self.dist.rank, self.dist.world_size)
         problems = [p for p in prompts[lo:hi] for _ in range(cfg.group_size)]
         keys = row_keys(cfg.seed, step, [(i, g) for i in range(lo, hi) for g in range(cfg.group_size)])
@@ -364,6 +351,7 @@ class Trainer:
             shape=(b, columns),
             device=self.device,
             rows=self.batch_rows,
+            pivotal=oracle.pivotal_columns(self.task, self.tokenizer, r) if self.arm.gates == "oracle" else None,
         )
         s = self._score(r, grad=False, gates=gates)
         ref = self.reference_logprobs(r.input_ids, r.attention_mask) if self.uses_reference else None
@@ -375,7 +363,6 @@ class Trainer:
             torch.zeros_like(s.logprobs),
             old_values=s.values,
             ref_logprobs=ref,
-            critic_gates=s.critic_gates,
             gates=s.gates,
         )
 
@@ -400,8 +387,9 @@ class Trainer:
 
     # ---- phase 4: the PPO update
 
-    def update(self, batch: Batch, step_index: int) -> dict[str, Any]:
-        """Phase 4: ``ppo_epochs`` × ``num_minibatches`` optimiser steps; mean statistics.
+    def update(self, batch: Batch, step_index: int, *, train_actor: bool = True) -> dict[str, Any]:
+        """Phase 4: ``ppo_epochs`` × ``num_minibatches`` optimiser steps (of the critic alone
+        with ``train_actor=False``: the critic warm-up); mean statistics.
 
         Minibatch k of an epoch is the same set of global rows on every rank (one
         permutation of the global batch, from the run's torch stream); each rank's loss is
@@ -409,7 +397,6 @@ class Trainer:
         and the gradients are summed over the ranks (:meth:`Dist.all_reduce_gradients`)
         before clipping and stepping."""
         cfg, dist = self.config, self.dist
-        train_actor = step_index >= cfg.critic_warmup
         keys = ["pg_loss", "clipfrac", "approx_kl"]
         if self.critic is not None:
             keys += ["value_loss", "value_clipfrac"]
@@ -431,7 +418,7 @@ class Trainer:
                 loss: torch.Tensor | None = None
                 if mine.numel():
                     mb = batch.select((mine - lo).to(self.device))
-                    s = self._score(mb, grad=True, gates=mb.critic_gates)
+                    s = self._score(mb, grad=True, gates=None)
                     loss, got = step.minibatch_loss(
                         mb,
                         s.logprobs,
