@@ -1,16 +1,13 @@
-"""comppo_core.rl.losses against verl's published loss code, transcribed below.
-
-verl is not a dependency, so its functions are re-implemented here statement for statement, from
-volcengine/verl commit b178a3c (0.8.0.dev; unchanged since v0.7.0):
-
-* ``verl/utils/torch_functional.py``: ``masked_sum``, ``masked_mean``, ``clip_by_value``;
-* ``verl/trainer/ppo/core_algos.py``: ``agg_loss``, ``compute_policy_loss_vanilla`` (its ``config``
-  fields passed as arguments), ``compute_value_loss``, ``kl_penalty_forward``.
+"""comppo_core.rl.losses against verl 0.9.1's loss code, transcribed in ``verl_agg_loss.py`` beside this file
+(``agg_loss``, ``compute_policy_loss_vanilla`` with its ``config`` fields as arguments, ``compute_value_loss``,
+``kl_penalty_forward`` and ``torch_functional``'s ``masked_sum`` / ``masked_mean`` / ``clip_by_value``; that
+file says where each comes from).
 
 On finite inputs with a bool/integer mask (or a 0/1 float32 one) the package must give verl's loss, its
 gradient and its statistics bit for bit, in every mode and option. Where the package departs from verl
 (masked NaN/inf, a batch with no valid token, float64 and fractional masks, dual clipping turned off), the
-tests pin both what the package returns and what verl returns there.
+tests pin both what the package returns and what verl returns there. The aggregation's own property tests
+(Hypothesis batches, every denominator given or not) are in ``test_rl_losses_agg.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +21,11 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+from verl_agg_loss import agg_loss as verl_agg_loss
+from verl_agg_loss import compute_policy_loss_vanilla as verl_policy_loss_vanilla
+from verl_agg_loss import compute_value_loss as verl_value_loss
+from verl_agg_loss import kl_penalty_forward as verl_kl_penalty_forward
+
 from comppo_core import rl
 from comppo_core.errors import DTypeError, ParameterError, ShapeError
 from comppo_core.rl import aggregate, kl_penalty, losses, policy_loss, value_loss
@@ -31,155 +33,6 @@ from comppo_core.rl import aggregate, kl_penalty, losses, policy_loss, value_los
 MODES = losses.AGG_MODES
 KL_NAMES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
 B, T = 5, 7
-
-
-# --------------------------------------------------------------------------- #
-# verl, transcribed
-# --------------------------------------------------------------------------- #
-
-
-def verl_masked_sum(values: Any, mask: Any, axis: Any = None) -> Any:
-    valid_values = torch.where(mask.bool(), values, 0.0)
-    return (valid_values * mask).sum(axis=axis)
-
-
-def verl_masked_mean(values: Any, mask: Any, axis: Any = None) -> Any:
-    s = verl_masked_sum(values, mask, axis)
-    return s / (mask.sum(axis=axis) + 1e-8)
-
-
-def verl_clip_by_value(x: Any, tensor_min: Any, tensor_max: Any) -> Any:
-    clipped = torch.max(torch.min(x, tensor_max), tensor_min)
-    return clipped
-
-
-def verl_agg_loss(
-    loss_mat: Any,
-    loss_mask: Any,
-    loss_agg_mode: str,
-    dp_size: int = 1,
-    batch_num_tokens: Any = None,
-    global_batch_size: Any = None,
-    loss_scale_factor: Any = None,
-) -> Any:
-    if loss_agg_mode == "token-mean":
-        if batch_num_tokens is None:
-            batch_num_tokens = loss_mask.sum()
-        loss = verl_masked_sum(loss_mat, loss_mask) / batch_num_tokens * dp_size
-    elif loss_agg_mode == "seq-mean-token-sum":
-        seq_losses = torch.sum(loss_mat * loss_mask, dim=-1)  # token-sum
-        seq_mask = (torch.sum(loss_mask, dim=-1) > 0).float()  # exclude fully masked sequences
-        if global_batch_size is None:
-            global_batch_size = seq_mask.sum()
-        loss = verl_masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size  # seq-mean
-    elif loss_agg_mode == "seq-mean-token-mean":
-        seq_mask = torch.sum(loss_mask, dim=-1)  # per-sequence token count
-        seq_losses = torch.sum(loss_mat * loss_mask, dim=-1) / (seq_mask + 1e-8)  # token-mean
-        seq_mask = (seq_mask > 0).float()  # exclude fully masked sequences
-        if global_batch_size is None:
-            global_batch_size = seq_mask.sum()
-        loss = verl_masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size  # seq-mean
-    elif loss_agg_mode == "seq-mean-token-sum-norm":
-        seq_losses = torch.sum(loss_mat * loss_mask, dim=-1)
-        if loss_scale_factor is None:
-            loss_scale_factor = loss_mask.shape[-1]
-        loss = torch.sum(seq_losses) / loss_scale_factor
-    else:
-        raise ValueError(f"Invalid loss_agg_mode: {loss_agg_mode}")
-    return loss
-
-
-def verl_policy_loss_vanilla(
-    old_log_prob: Any,
-    log_prob: Any,
-    advantages: Any,
-    response_mask: Any,
-    loss_agg_mode: str = "token-mean",
-    *,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
-) -> tuple[Any, dict[str, float]]:
-    """``compute_policy_loss_vanilla`` with ``config``'s fields as arguments, no rollout weights and
-    ``global_batch_info={}``."""
-    clip_ratio_low = clip_ratio_low if clip_ratio_low is not None else clip_ratio
-    clip_ratio_high = clip_ratio_high if clip_ratio_high is not None else clip_ratio
-    cliprange = clip_ratio
-    cliprange_low = clip_ratio_low
-    cliprange_high = clip_ratio_high
-
-    assert clip_ratio_c > 1.0, (
-        "The lower bound of the clip_ratio_c for dual-clip PPO should be greater than 1.0,"
-        + f" but get the value: {clip_ratio_c}."
-    )
-
-    negative_approx_kl = log_prob - old_log_prob
-    # Clamp negative_approx_kl for stability
-    negative_approx_kl = torch.clamp(negative_approx_kl, min=-20.0, max=20.0)
-    ratio = torch.exp(negative_approx_kl)
-    ppo_kl = verl_masked_mean(-negative_approx_kl, response_mask)
-
-    pg_losses1 = -advantages * ratio
-    if cliprange_low is None:
-        cliprange_low = cliprange
-    if cliprange_high is None:
-        cliprange_high = cliprange
-    pg_losses2 = -advantages * torch.clamp(ratio, 1 - cliprange_low, 1 + cliprange_high)
-    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
-    pg_clipfrac = verl_masked_mean(torch.gt(pg_losses2, pg_losses1).float(), response_mask)
-
-    pg_losses3 = -advantages * clip_ratio_c
-    clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)
-    pg_clipfrac_lower = verl_masked_mean(
-        torch.gt(clip_pg_losses1, pg_losses3) * (advantages < 0).float(), response_mask
-    )
-
-    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
-    pg_loss = verl_agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode)
-
-    pg_metrics = {
-        "actor/pg_clipfrac": pg_clipfrac.detach().item(),
-        "actor/ppo_kl": ppo_kl.detach().item(),
-        "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach().item(),
-    }
-    return pg_loss, pg_metrics
-
-
-def verl_value_loss(
-    vpreds: Any, returns: Any, values: Any, response_mask: Any, cliprange_value: float, loss_agg_mode: str
-) -> tuple[Any, Any]:
-    vpredclipped = verl_clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
-    vf_losses1 = (vpreds - returns) ** 2
-    vf_losses2 = (vpredclipped - returns) ** 2
-    clipped_vf_losses = torch.max(vf_losses1, vf_losses2)
-    vf_loss = 0.5 * verl_agg_loss(loss_mat=clipped_vf_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode)
-    vf_clipfrac = verl_masked_mean(torch.gt(vf_losses2, vf_losses1).float(), response_mask)
-    return vf_loss, vf_clipfrac
-
-
-def verl_kl_penalty_forward(logprob: Any, ref_logprob: Any, kl_penalty: str) -> Any:
-    if kl_penalty in ("kl", "k1"):
-        return logprob - ref_logprob
-
-    if kl_penalty == "abs":
-        return (logprob - ref_logprob).abs()
-
-    if kl_penalty in ("mse", "k2"):
-        return 0.5 * (logprob - ref_logprob).square()
-
-    if kl_penalty in ("low_var_kl", "k3"):
-        kl = ref_logprob - logprob
-        # For numerical stability
-        kl = torch.clamp(kl, min=-20, max=20)
-        ratio = torch.exp(kl)
-        kld = (ratio - kl - 1).contiguous()
-        return torch.clamp(kld, min=-10, max=10)
-
-    if kl_penalty == "full":
-        raise NotImplementedError
-
-    raise NotImplementedError
 
 
 # --------------------------------------------------------------------------- #
@@ -262,74 +115,136 @@ def test_aggregate_dtype_as_verl(mode: str, dtype: Any) -> None:
     got = aggregate(loss_mat, mask, mode)
     want = verl_agg_loss(loss_mat, mask, mode)
     assert_same(got, want)
-    promoted = mode in ("seq-mean-token-mean", "seq-mean-token-sum") and dtype != torch.float32
+    promoted = mode.startswith("seq-mean") and dtype != torch.float32
     assert got.dtype == (torch.float32 if promoted else dtype)
 
 
+# each mode's own denominators, by verl's argument names
+READS = {
+    "token-mean": ("batch_num_tokens",),
+    "seq-mean-token-mean": ("global_batch_size",),
+    "seq-mean-token-sum": ("global_batch_size",),
+    "seq-mean-token-sum-norm": ("global_batch_size", "loss_scale_factor"),
+}
+DENOMINATORS = ("batch_num_tokens", "global_batch_size", "loss_scale_factor")
+
+
 @pytest.mark.parametrize("mode", MODES)
-def test_aggregate_normalizer_is_verls_global_argument(mode: str) -> None:
+def test_aggregate_denominators_are_verls_global_arguments(mode: str) -> None:
+    """Every combination of the three denominators, given or not, is verl's agg_loss with the same arguments
+    (dp_size=1): a mode reads its own and ignores the others, as verl does with its global_batch_info."""
     loss_mat = torch.randn(B, T, generator=_gen(5), dtype=torch.float64)
     mask = make_mask(6)
-    keyword = {
-        "token-mean": "batch_num_tokens",
-        "seq-mean-token-mean": "global_batch_size",
-        "seq-mean-token-sum": "global_batch_size",
-        "seq-mean-token-sum-norm": "loss_scale_factor",
-    }[mode]
-    for normalizer in (3, 64, 0.75):
-        got, got_grad = _grad(lambda x, n=normalizer: aggregate(x, mask, mode, normalizer=n), loss_mat)
-        want, want_grad = _grad(lambda x, n=normalizer: verl_agg_loss(x, mask, mode, **{keyword: n}), loss_mat)
-        assert_same(got, want)
-        assert_same(got_grad, want_grad)
+    for values in ((None, 3), (None, 64), (None, 0.75)):
+        for combo in range(8):
+            kw = {name: values[(combo >> i) & 1] for i, name in enumerate(DENOMINATORS)}
+            got, got_grad = _grad(lambda x, kw=kw: aggregate(x, mask, mode, **kw), loss_mat)
+            want, want_grad = _grad(lambda x, kw=kw: verl_agg_loss(x, mask, mode, **kw), loss_mat)
+            assert_same(got, want)
+            assert_same(got_grad, want_grad)
+            ignored = {k: v for k, v in kw.items() if k not in READS[mode]}
+            if any(v is not None for v in ignored.values()):  # the others change nothing
+                read = {k: v for k, v in kw.items() if k in READS[mode]}
+                assert_same(got, aggregate(loss_mat, mask, mode, **read))
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_policy_and_value_losses_pass_the_normalizer_to_the_aggregation(mode: str) -> None:
+def test_normalizer_is_the_old_name_of_the_modes_own_argument(mode: str) -> None:
+    loss_mat = torch.randn(B, T, generator=_gen(5), dtype=torch.float64)
+    mask = make_mask(6)
+    own = READS[mode][-1]  # token-mean: batch_num_tokens; seq-mean-token-mean/-sum: global_batch_size; -norm: L
+    for n in (3, 64.0):
+        assert_same(aggregate(loss_mat, mask, mode, normalizer=n), verl_agg_loss(loss_mat, mask, mode, **{own: n}))
+    with pytest.raises(ParameterError, match=rf"^normalizer: expected None when {own} is given"):
+        aggregate(loss_mat, mask, mode, normalizer=2, **{own: 2})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_policy_and_value_losses_pass_the_denominators_to_the_aggregation(mode: str) -> None:
     g = _gen(11)
     lp, old, adv, v, v_old, ret = (torch.randn(B, T, generator=g, dtype=torch.float64) for _ in range(6))
     mask = make_mask(12)
-    for normalizer in (None, 4, 64.0):
-        ratio = torch.exp(torch.clamp(lp - old, -20, 20))
-        a = torch.where(mask.bool(), adv, 0.0)
-        l1 = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 0.8, 1.2))
-        pg = torch.where(a < 0, torch.minimum(-a * 3.0, l1), l1)
-        want = aggregate(pg, mask, mode, normalizer=normalizer)
-        assert_same(policy_loss(lp, old, adv, mask, agg=mode, normalizer=normalizer)[0], want)
-        clipped = torch.max(torch.min(v, v_old + 0.5), v_old - 0.5)
-        vf = torch.maximum((v - ret) ** 2, (clipped - ret) ** 2)
-        want_v = 0.5 * aggregate(vf, mask, mode, normalizer=normalizer)
-        assert_same(value_loss(v, v_old, ret, mask, agg=mode, normalizer=normalizer)[0], want_v)
+    for kw in ({}, {"loss_scale_factor": 4}, {"global_batch_size": 64.0, "loss_scale_factor": 3}, {"normalizer": 5}):
+        want, metrics = verl_policy_loss_vanilla(
+            old, lp, adv, mask, mode, clip_ratio=0.2, global_batch_info=_verl_names(mode, kw)
+        )
+        got, stats = policy_loss(lp, old, adv, mask, agg=mode, **kw)
+        assert_same(got, want)
+        assert stats == _verl_stats(want, metrics)
+        want_v, want_clipfrac = verl_value_loss(v, ret, v_old, mask, 0.5, mode, **_verl_names(mode, kw))
+        got_v, v_stats = value_loss(v, v_old, ret, mask, agg=mode, **kw)
+        assert_same(got_v, want_v)
+        assert v_stats == {"vf_loss": want_v.item(), "clipfrac": want_clipfrac.item()}
     with pytest.raises(ParameterError, match="normalizer: expected a positive finite number"):
         policy_loss(lp, old, adv, mask, normalizer=0)
-    with pytest.raises(ParameterError, match="normalizer: expected a positive finite number"):
-        value_loss(v, v_old, ret, mask, normalizer=-1.0)
+    with pytest.raises(ParameterError, match="loss_scale_factor: expected a positive finite number"):
+        value_loss(v, v_old, ret, mask, loss_scale_factor=-1.0)
+    with pytest.raises(ParameterError, match="global_batch_size: expected a positive finite number"):
+        policy_loss(lp, old, adv, mask, global_batch_size=math.nan)
+    with pytest.raises(ParameterError, match="batch_num_tokens: expected a positive finite number"):
+        value_loss(v, v_old, ret, mask, batch_num_tokens=True)
+
+
+def _verl_names(mode: str, kw: dict[str, Any]) -> dict[str, Any]:
+    """The package's keywords as verl's: ``normalizer`` becomes the mode's own argument."""
+    out = dict(kw)
+    if "normalizer" in out:
+        out[READS[mode][-1]] = out.pop("normalizer")
+    return out
 
 
 def test_aggregate_by_hand() -> None:
+    """Rows: tokens 1+2+3 = 6 (3 valid), 4 (1 valid), nothing (fully masked); T = 3, |S| = 2, N = 4."""
     loss_mat = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0], [7.0, 7.0, 7.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
     assert aggregate(loss_mat, mask, "token-mean").item() == 10 / 4
     assert aggregate(loss_mat, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2, rel=1e-15)
     assert aggregate(loss_mat, mask, "seq-mean-token-sum").item() == 10 / 2
-    assert aggregate(loss_mat, mask, "seq-mean-token-sum-norm").item() == 10 / 3
-    assert aggregate(loss_mat, mask, "seq-mean-token-sum-norm", normalizer=5).item() == 10 / 5
+    assert aggregate(loss_mat, mask, "seq-mean-token-sum-norm").item() == 10 / 2 / 3  # (6 + 4) / |S| / T
+    assert aggregate(loss_mat, mask, "seq-mean-token-sum-norm", loss_scale_factor=5).item() == 10 / 2 / 5
+    assert aggregate(loss_mat, mask, "seq-mean-token-sum-norm", global_batch_size=4).item() == 10 / 4 / 3
+    assert aggregate(loss_mat, mask, "seq-mean-token-sum-norm", global_batch_size=4, loss_scale_factor=5).item() == (
+        10 / 4 / 5
+    )
+    assert aggregate(loss_mat, mask, "seq-mean-token-sum", global_batch_size=4, loss_scale_factor=5).item() == 10 / 4
+    assert aggregate(loss_mat, mask, "token-mean", batch_num_tokens=8, loss_scale_factor=5).item() == 10 / 8
     assert aggregate(loss_mat, mask, "token-mean", normalizer=8).item() == 10 / 8
 
 
-def test_seq_mean_token_mean_fully_masked_row_is_left_out() -> None:
-    """A fully masked row neither adds to the sum nor counts as a row (verl's seq_mask), in both seq modes."""
+def test_dr_grpo_is_the_row_mean_of_token_sums_over_a_constant() -> None:
+    """Dr. GRPO (arXiv:2503.20783): (1/G) Σ_i Σ_t ℓ_it / L, L a constant (the generation budget), whatever the
+    response lengths and the padded width; not Σ_it ℓ_it / L (verl ≤ 0.7.0's form, G times larger)."""
+    g = _gen(70)
+    lengths = [5, 1, 9, 3]
+    width = 12
+    loss_mat = torch.randn(len(lengths), width, generator=g, dtype=torch.float64)
+    mask = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    budget = 16
+    want = sum(loss_mat[i, :n].sum().item() for i, n in enumerate(lengths)) / len(lengths) / budget
+    got = aggregate(loss_mat, mask, "seq-mean-token-sum-norm", loss_scale_factor=budget)
+    assert got.item() == pytest.approx(want, rel=1e-15)
+    wider = torch.cat([loss_mat, torch.randn(len(lengths), 7, generator=g, dtype=torch.float64)], dim=1)
+    wider_mask = torch.cat([mask, torch.zeros(len(lengths), 7, dtype=torch.bool)], dim=1)
+    assert_same(aggregate(wider, wider_mask, "seq-mean-token-sum-norm", loss_scale_factor=budget), got)
+    # without a scale factor the horizon is the mask's width, so padding changes it
+    assert aggregate(loss_mat, mask, "seq-mean-token-sum-norm").item() == pytest.approx(want * budget / width)
+    assert aggregate(wider, wider_mask, "seq-mean-token-sum-norm").item() == pytest.approx(want * budget / (width + 7))
+
+
+def test_fully_masked_rows_are_left_out_of_every_seq_mean() -> None:
+    """A fully masked row neither adds to the sum nor counts as a row (verl's seq_mask), in the three seq-mean
+    modes; with seq-mean-token-sum-norm's horizon fixed, dropping those rows changes nothing."""
     loss_mat = torch.randn(B, T, generator=_gen(7), dtype=torch.float64)
     mask = make_mask(8, empty_rows=(1, 3))
     keep = [0, 2, 4]
-    for mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
+    for mode in ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         full = aggregate(loss_mat, mask, mode)
         kept = aggregate(loss_mat[keep], mask[keep], mode)
         torch.testing.assert_close(full, kept, rtol=1e-15, atol=0)  # the sums add the zeros in another order
-    # seq-mean-token-sum-norm has no row count: the masked rows add 0 and the result is the kept rows' sum / T
-    norm = aggregate(loss_mat, mask, "seq-mean-token-sum-norm")
-    torch.testing.assert_close(
-        norm, aggregate(loss_mat[keep], mask[keep], "seq-mean-token-sum-norm"), rtol=1e-15, atol=0
-    )
+        assert_same(full, verl_agg_loss(loss_mat, mask, mode))
+    sums = [(loss_mat[b] * mask[b]).sum().item() for b in keep]
+    norm = aggregate(loss_mat, mask, "seq-mean-token-sum-norm").item()
+    assert norm == pytest.approx(sum(sums) / len(keep) / T, rel=1e-15)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -339,11 +254,11 @@ def test_aggregate_all_masked_is_zero_where_verl_is_nan(mode: str) -> None:
     got, grad = _grad(lambda x: aggregate(x, mask, mode), loss_mat)
     assert got.item() == 0.0 and got.dtype == torch.float64
     assert torch.all(grad == 0)
-    want = verl_agg_loss(loss_mat, mask, mode)
-    if mode == "seq-mean-token-sum-norm":
-        assert want.item() == 0.0
-    else:
-        assert math.isnan(want.item())  # verl divides 0 by 0
+    assert math.isnan(verl_agg_loss(loss_mat, mask, mode).item())  # verl divides 0 by 0
+    # with the global counts given, verl gives 0 / count = 0 too
+    kw = {"batch_num_tokens": 7, "global_batch_size": 3, "loss_scale_factor": 2}
+    assert_same(aggregate(loss_mat, mask, mode, **kw), verl_agg_loss(loss_mat, mask, mode, **kw))
+    assert aggregate(loss_mat, mask, mode, **kw).item() == 0.0
 
 
 @pytest.mark.parametrize("shape", [(0, T), (B, 0), (0, 0)])
@@ -385,7 +300,8 @@ def test_aggregate_gradcheck(mode: str) -> None:
     loss_mat = torch.randn(B, T, generator=_gen(15), dtype=torch.float64, requires_grad=True)
     mask = make_mask(16)
     assert torch.autograd.gradcheck(lambda x: aggregate(x, mask, mode), (loss_mat,))
-    assert torch.autograd.gradcheck(lambda x: aggregate(x, mask, mode, normalizer=2.5), (loss_mat,))
+    kw = {"batch_num_tokens": 2.5, "global_batch_size": 1.5, "loss_scale_factor": 3.5}
+    assert torch.autograd.gradcheck(lambda x: aggregate(x, mask, mode, **kw), (loss_mat,))
 
 
 # --------------------------------------------------------------------------- #
@@ -815,6 +731,11 @@ def test_dtype_errors_name_the_argument(call: Any, argument: str) -> None:
         (lambda: aggregate(torch.zeros(B, T), torch.ones(B, T), normalizer=0), "normalizer", "positive"),
         (lambda: aggregate(torch.zeros(B, T), torch.ones(B, T), normalizer=math.inf), "normalizer", "got inf"),
         (lambda: aggregate(torch.zeros(B, T), torch.ones(B, T), normalizer=torch.tensor(2.0)), "normalizer", "got"),
+        (lambda: aggregate(torch.zeros(B, T), torch.ones(B, T), loss_scale_factor=0), "loss_scale_factor", "got 0"),
+        (lambda: aggregate(torch.zeros(B, T), torch.ones(B, T), global_batch_size=-2), "global_batch_size", "got -2"),
+        (lambda: aggregate(torch.zeros(B, T), torch.ones(B, T), batch_num_tokens="8"), "batch_num_tokens", "'8'"),
+        (lambda: _policy(loss_scale_factor=math.inf), "loss_scale_factor", "got inf"),
+        (lambda: _value(global_batch_size=0.0), "global_batch_size", "got 0.0"),
     ],
 )
 def test_parameter_errors_name_the_argument(call: Any, argument: str, detail: str) -> None:

@@ -13,11 +13,17 @@ tokens) and may be bool, integer or float, read as ``mask != 0``. With ``r = exp
 
 Each function transcribes its verl counterpart in ``verl/trainer/ppo/core_algos.py`` (``agg_loss``,
 ``compute_policy_loss_vanilla``, ``compute_value_loss``, ``kl_penalty_forward``) and the ``masked_sum`` /
-``masked_mean`` / ``clip_by_value`` helpers of ``verl/utils/torch_functional.py``, as of volcengine/verl
-commit b178a3c (0.8.0.dev; these functions are unchanged since v0.7.0), with the same torch operations in
-the same order, so values and gradients agree with verl's bit for bit on finite inputs with a bool or
-integer mask (and a 0/1 float32 mask). The computation stays in the inputs' dtype except where verl's
-promotes it (the seq-mean modes multiply by a float32 row mask, so bfloat16/float16 losses come out float32).
+``masked_mean`` / ``clip_by_value`` helpers of ``verl/utils/torch_functional.py``, as of verl 0.9.1 (the
+PyPI release; in verl-project/verl these functions are those of tag v0.9.0, commit 483b8a0), with the same
+torch operations in the same order, so values and gradients agree with verl's bit for bit on finite inputs
+with a bool or integer mask (and a 0/1 float32 mask). The test reference is ``tests/verl_agg_loss.py``.
+The computation stays in the inputs' dtype except where verl's promotes it (the three seq-mean modes
+multiply by a float32 row mask, so bfloat16/float16 losses come out float32). verl 0.9.1's fifth
+aggregation mode, "token-sum" (``Σ m·ℓ``), is not offered.
+
+Since verl PR #5417 (February 2026, in every release from v0.7.1 on), "seq-mean-token-sum-norm" is the
+row mean of the token sums divided by ``loss_scale_factor``, ``Σ_{b∈S} Σ_t m·ℓ / |S| / L``; v0.7.0 and
+earlier computed ``Σ_bt m·ℓ / L``, without the row mean that Dr. GRPO's 1/G asks for.
 
 Where this module departs from verl, always at positions or batches where verl's answer is NaN or depends
 on the mask's dtype:
@@ -27,8 +33,8 @@ on the mask's dtype:
   neither a NaN loss nor a NaN gradient (verl's seq-mean modes compute ``sum(loss · mask)``, which is NaN
   there, and every mode back-propagates NaN into the inputs). Masked positions get zero gradient, as in verl.
 * **A batch without a valid token gives a zero loss** (connected to the graph, so ``backward()`` gives zero
-  gradients) and zero statistics; verl's "token-mean", "seq-mean-token-mean" and "seq-mean-token-sum" divide
-  0 by 0 there and return NaN.
+  gradients) and zero statistics; verl divides 0 by its count 0 there and returns NaN in every mode (unless
+  a global count is passed).
 * **A float mask is a mask, not a weight**: 0.5 counts as 1 (verl multiplies by the mask's value, which is
   the same thing for 0/1 masks). verl's ``masked_mean`` adds 1e-8 to the mask's sum, which vanishes in
   float32 but not in a float64 mask's sum; here the count is always that of the bool mask ``mask != 0``
@@ -41,6 +47,7 @@ not checked for (that would synchronise every call): it gives a NaN loss, as in 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from numbers import Real
 from typing import Any
@@ -130,25 +137,77 @@ def _masked_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, values, 0.0).sum() / (valid.sum() + 1e-8)
 
 
-def _aggregate(loss_mat: torch.Tensor, valid: torch.Tensor, mode: str, normalizer: float | None) -> torch.Tensor:
-    """verl's ``agg_loss`` with ``dp_size=1``; ``normalizer`` is its ``batch_num_tokens`` (token-mean),
-    ``global_batch_size`` (seq-mean-token-mean/-sum) or ``loss_scale_factor`` (seq-mean-token-sum-norm).
+@dataclasses.dataclass(frozen=True)
+class _Denominators:
+    """verl's ``agg_loss`` global arguments, checked (None: the micro-batch's own count)."""
+
+    batch_num_tokens: float | None = None
+    global_batch_size: float | None = None
+    loss_scale_factor: float | None = None
+
+
+# the argument each mode's old ``normalizer`` stood for
+_NORMALIZER_MEANS = {
+    "token-mean": "batch_num_tokens",
+    "seq-mean-token-mean": "global_batch_size",
+    "seq-mean-token-sum": "global_batch_size",
+    "seq-mean-token-sum-norm": "loss_scale_factor",
+}
+
+
+def _denominators(
+    mode: str,
+    batch_num_tokens: Any,
+    global_batch_size: Any,
+    loss_scale_factor: Any,
+    normalizer: Any,
+) -> _Denominators:
+    """The checked denominators; ``normalizer`` (the old keyword) fills the argument its mode read."""
+    given = {
+        "batch_num_tokens": _positive("batch_num_tokens", batch_num_tokens),
+        "global_batch_size": _positive("global_batch_size", global_batch_size),
+        "loss_scale_factor": _positive("loss_scale_factor", loss_scale_factor),
+    }
+    norm = _positive("normalizer", normalizer)
+    if norm is not None:
+        target = _NORMALIZER_MEANS[mode]
+        if given[target] is not None:
+            raise ParameterError(
+                f"normalizer: expected None when {target} is given (normalizer is {target}'s old name "
+                f"in mode {mode!r}), got {norm}",
+                argument="normalizer",
+            )
+        given[target] = norm
+    return _Denominators(**given)
+
+
+def _positive(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    x = _number(name, value, "a positive finite number")
+    if not (x > 0.0 and math.isfinite(x)):
+        raise ParameterError(f"{name}: expected a positive finite number, got {x}", argument=name)
+    return x
+
+
+def _aggregate(loss_mat: torch.Tensor, valid: torch.Tensor, mode: str, d: _Denominators) -> torch.Tensor:
+    """verl 0.9.1's ``agg_loss`` with ``dp_size=1`` and the global arguments ``d``.
     Masked positions of ``loss_mat`` are taken as 0 and an empty count as 1 (see the module docstring)."""
     x = torch.where(valid, loss_mat, 0.0)
     if mode == "token-mean":
-        denominator: Any = valid.sum().clamp(min=1) if normalizer is None else normalizer
+        denominator: Any = valid.sum().clamp(min=1) if d.batch_num_tokens is None else d.batch_num_tokens
         return x.sum() / denominator
-    if mode == "seq-mean-token-sum-norm":
-        seq_losses = x.sum(dim=-1)
-        return seq_losses.sum() / (max(loss_mat.shape[-1], 1) if normalizer is None else normalizer)
     counts = valid.sum(dim=-1)  # valid tokens per row, int64
-    if mode == "seq-mean-token-sum":
-        seq_losses = x.sum(dim=-1)
-    else:  # seq-mean-token-mean: a fully masked row's token mean is 0 / (0 + 1e-8) = 0, and it is not counted
+    if mode == "seq-mean-token-mean":  # a fully masked row's token mean is 0 / (0 + 1e-8) = 0, and it is not counted
         seq_losses = x.sum(dim=-1) / (counts + 1e-8)
+    else:  # seq-mean-token-sum and seq-mean-token-sum-norm
+        seq_losses = x.sum(dim=-1)
     seq_mask = (counts > 0).float()  # verl's float32 row mask: fully masked rows are left out of the mean
     seq_sum = (torch.where(seq_mask.bool(), seq_losses, 0.0) * seq_mask).sum()
-    return seq_sum / (seq_mask.sum().clamp(min=1.0) if normalizer is None else normalizer)
+    loss = seq_sum / (seq_mask.sum().clamp(min=1.0) if d.global_batch_size is None else d.global_batch_size)
+    if mode == "seq-mean-token-sum-norm":  # then divided by the horizon: the mask's width unless given
+        loss = loss / (max(loss_mat.shape[-1], 1) if d.loss_scale_factor is None else d.loss_scale_factor)
+    return loss
 
 
 def aggregate(
@@ -156,57 +215,65 @@ def aggregate(
     mask: torch.Tensor,
     mode: str = "token-mean",
     *,
+    loss_scale_factor: float | None = None,
+    global_batch_size: float | None = None,
+    batch_num_tokens: float | None = None,
     normalizer: float | None = None,
 ) -> torch.Tensor:
-    """A per-token loss ``[B, T]`` aggregated into a scalar, as verl's ``core_algos.agg_loss``.
+    """A per-token loss ``[B, T]`` aggregated into a scalar, as verl 0.9.1's ``core_algos.agg_loss``.
 
-    With ``m`` the mask (``mask != 0``), ``n_b = Σ_t m_bt`` the valid tokens of row b and ``S`` the rows
-    with ``n_b > 0``::
+    With ``m`` the mask (``mask != 0``), ``n_b = Σ_t m_bt`` the valid tokens of row b, ``S`` the rows
+    with ``n_b > 0`` (fully masked rows are left out, verl's ``seq_mask``), ``N = Σ_b n_b``, and the
+    denominators ``N' = batch_num_tokens`` (default ``N``), ``G = global_batch_size`` (default ``|S|``)
+    and ``L = loss_scale_factor`` (default ``T = loss_mat.shape[-1]``, the mask's width)::
 
-        "token-mean"               Σ_bt m·ℓ / Σ_bt m                     (every valid token weighs the same)
-        "seq-mean-token-mean"      Σ_{b∈S} (Σ_t m·ℓ / (n_b + 1e-8)) / |S|  (every non-empty row weighs the same)
-        "seq-mean-token-sum"       Σ_{b∈S} Σ_t m·ℓ / |S|
-        "seq-mean-token-sum-norm"  Σ_bt m·ℓ / T                          (Dr. GRPO; T = loss_mat.shape[-1])
+        "token-mean"               Σ_bt m·ℓ / N'                            (every valid token weighs the same)
+        "seq-mean-token-mean"      Σ_{b∈S} (Σ_t m·ℓ / (n_b + 1e-8)) / G     (every non-empty row weighs the same)
+        "seq-mean-token-sum"       Σ_{b∈S} Σ_t m·ℓ / G
+        "seq-mean-token-sum-norm"  Σ_{b∈S} Σ_t m·ℓ / G / L                  (Dr. GRPO: 1/G, and a constant L
+                                                                            in place of the row length)
 
-    A fully masked row is left out of the seq-mean modes' row count (verl's ``seq_mask``): it adds nothing
-    to the sum and does not count in ``|S|``; "seq-mean-token-sum-norm" has no row count, so such a row
-    just adds 0. A batch without any valid token gives a zero scalar in every mode (verl returns NaN in
-    the first three), still connected to the graph so ``backward()`` gives zero gradients. Masked
-    positions never reach the result, even if they hold NaN or ±inf.
+    A fully masked row adds nothing to any sum and does not count in ``|S|``. A batch without any valid
+    token gives a zero scalar in every mode when the denominator is its own count (verl returns 0/0 =
+    NaN), still connected to the graph so ``backward()`` gives zero gradients. Masked positions never
+    reach the result, even if they hold NaN or ±inf.
+
+    The three denominators are verl's ``agg_loss`` arguments of the same names with ``dp_size=1``: each
+    mode reads only its own (``batch_num_tokens`` token-mean; ``global_batch_size`` the seq-mean modes;
+    ``global_batch_size`` and ``loss_scale_factor`` seq-mean-token-sum-norm) and ignores the others, as
+    verl does with its ``global_batch_info``. Across processes verl passes the minibatch's global token
+    or row count and multiplies by ``dp_size`` (gradients are averaged over ranks); a loop that splits a
+    minibatch over processes or micro-batches can equally scale each part's default-count result by its
+    share of the count, as ``comppo_core.rl.step`` does.
 
     Args:
       loss_mat: ``[B, T]`` float tensor, the per-token loss.
       mask: ``[B, T]`` bool, integer or float tensor; nonzero marks a valid token.
       mode: one of :data:`AGG_MODES` (verl's ``loss_agg_mode``).
-      normalizer: optional positive number replacing the mode's denominator, as verl's ``agg_loss``
-        arguments do with ``dp_size=1``: the token count ``Σ m`` for "token-mean" (verl's
-        ``batch_num_tokens``), the row count ``|S|`` for "seq-mean-token-mean" and "seq-mean-token-sum"
-        (``global_batch_size``), ``T`` for "seq-mean-token-sum-norm" (``loss_scale_factor``; set it to a
-        constant, e.g. the maximum response length, to keep the scale fixed through training).
+      loss_scale_factor: ``L`` of "seq-mean-token-sum-norm", a positive finite number; set it to a
+        constant (the response budget) to keep the scale fixed through training, as verl advises.
+      global_batch_size: ``G`` of the seq-mean modes, a positive finite number (the minibatch's rows).
+      batch_num_tokens: ``N'`` of "token-mean", a positive finite number (the minibatch's tokens).
+      normalizer: the old name of the mode's own argument (``batch_num_tokens`` for token-mean,
+        ``global_batch_size`` for seq-mean-token-mean/-sum, ``loss_scale_factor`` for
+        seq-mean-token-sum-norm); giving both is an error. Kept for callers not yet moved to the names.
 
     Returns:
-      A 0-dim tensor in ``loss_mat``'s dtype; float32 for a bfloat16/float16 ``loss_mat`` in the two
-      ``seq-mean`` modes with a row count, where verl's float32 row mask promotes it.
+      A 0-dim tensor in ``loss_mat``'s dtype; float32 for a bfloat16/float16 ``loss_mat`` in the three
+      ``seq-mean`` modes, where verl's float32 row mask promotes it.
 
     Raises:
       ShapeError: ``loss_mat`` not 2-D, or ``mask`` not shaped like it.
       DTypeError: a non-tensor, a non-float ``loss_mat``, a mask that is not bool/integer/float, or
         tensors on different devices.
-      ParameterError: an unknown ``mode``, or a ``normalizer`` that is not a positive finite number.
+      ParameterError: an unknown ``mode``; a denominator that is not a positive finite number;
+        ``normalizer`` together with the argument it names.
     """
     (loss_mat,) = _grid({"loss_mat": loss_mat})
     valid = _mask(mask, loss_mat, "loss_mat")
     mode = check_choice("mode", mode, AGG_MODES)
-    return _aggregate(loss_mat, valid, mode, _normalizer(normalizer))
-
-
-def _normalizer(normalizer: Any) -> float | None:
-    if normalizer is None:
-        return None
-    x = _number("normalizer", normalizer, "a positive finite number")
-    if not (x > 0.0 and math.isfinite(x)):
-        raise ParameterError(f"normalizer: expected a positive finite number, got {x}", argument="normalizer")
-    return x
+    d = _denominators(mode, batch_num_tokens, global_batch_size, loss_scale_factor, normalizer)
+    return _aggregate(loss_mat, valid, mode, d)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -223,6 +290,9 @@ def policy_loss(
     clip_high: float | None = None,
     dual_clip: float | None = 3.0,
     agg: str = "token-mean",
+    loss_scale_factor: float | None = None,
+    global_batch_size: float | None = None,
+    batch_num_tokens: float | None = None,
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate loss with asymmetric and dual clipping, as verl's
@@ -249,7 +319,8 @@ def policy_loss(
       dual_clip: c > 1 (verl's ``clip_ratio_c``, whose assertion requires c > 1); None turns dual clipping
         off, which verl cannot do: then ``ℓ = ℓ₁`` everywhere and ``clipfrac_lower`` is 0.
       agg: aggregation mode, see :func:`aggregate` (verl's ``loss_agg_mode``).
-      normalizer: the aggregation's denominator instead of the mode's own, see :func:`aggregate`.
+      loss_scale_factor, global_batch_size, batch_num_tokens, normalizer: the aggregation's denominators,
+        see :func:`aggregate` (verl's ``global_batch_info``, with ``dp_size=1``).
 
     Returns:
       ``(loss, stats)``: the 0-dim loss (see :func:`aggregate` for its dtype) and a dict of Python floats,
@@ -263,7 +334,8 @@ def policy_loss(
     Raises:
       ShapeError: an input not 2-D or not shaped like ``logprobs``.
       DTypeError: a non-tensor, a non-float input, a bad mask dtype, or tensors on different devices.
-      ParameterError: ``clip_low`` or ``clip_high`` < 0, ``dual_clip`` ≤ 1 or not finite, an unknown ``agg``.
+      ParameterError: ``clip_low`` or ``clip_high`` < 0, ``dual_clip`` ≤ 1 or not finite, an unknown ``agg``,
+        a bad denominator (see :func:`aggregate`).
     """
     logprobs, old_logprobs, advantages = _grid(
         {"logprobs": logprobs, "old_logprobs": old_logprobs, "advantages": advantages}
@@ -280,7 +352,7 @@ def policy_loss(
                 argument="dual_clip",
             )
     agg = check_choice("agg", agg, AGG_MODES)
-    norm = _normalizer(normalizer)
+    norm = _denominators(agg, batch_num_tokens, global_batch_size, loss_scale_factor, normalizer)
 
     log_prob = torch.where(valid, logprobs, 0.0)
     old_log_prob = torch.where(valid, old_logprobs, 0.0)
@@ -321,6 +393,9 @@ def value_loss(
     *,
     clip: float | None = 0.5,
     agg: str = "token-mean",
+    loss_scale_factor: float | None = None,
+    global_batch_size: float | None = None,
+    batch_num_tokens: float | None = None,
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped value loss, as verl's ``core_algos.compute_value_loss``.
@@ -342,7 +417,8 @@ def value_loss(
       mask: ``[B, T]`` bool, integer or float; nonzero marks a valid token (verl's ``response_mask``).
       clip: ε ≥ 0 (verl's ``cliprange_value``), or None for no clipping.
       agg: aggregation mode, see :func:`aggregate`.
-      normalizer: the aggregation's denominator instead of the mode's own, see :func:`aggregate`.
+      loss_scale_factor, global_batch_size, batch_num_tokens, normalizer: the aggregation's denominators,
+        see :func:`aggregate` (verl's ``global_batch_info``, with ``dp_size=1``).
 
     Returns:
       ``(loss, stats)``: the 0-dim loss and a dict of Python floats: ``vf_loss`` (``loss`` as a float) and
@@ -352,13 +428,13 @@ def value_loss(
     Raises:
       ShapeError: an input not 2-D or not shaped like ``values``.
       DTypeError: a non-tensor, a non-float input, a bad mask dtype, or tensors on different devices.
-      ParameterError: ``clip`` < 0 or NaN, an unknown ``agg``.
+      ParameterError: ``clip`` < 0 or NaN, an unknown ``agg``, a bad denominator (see :func:`aggregate`).
     """
     vpreds, old, rets = _grid({"values": values, "old_values": old_values, "returns": returns})
     valid = _mask(mask, vpreds, "values")
     cliprange_value = None if clip is None else _nonnegative("clip", clip)
     agg = check_choice("agg", agg, AGG_MODES)
-    norm = _normalizer(normalizer)
+    norm = _denominators(agg, batch_num_tokens, global_batch_size, loss_scale_factor, normalizer)
 
     vpreds = torch.where(valid, vpreds, 0.0)
     old = torch.where(valid, old, 0.0)
