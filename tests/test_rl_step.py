@@ -230,7 +230,7 @@ def test_loss_shares_split_the_minibatch_denominator() -> None:
     mine = torch.tensor([0, 1])  # this process holds rows 0 and 1
     assert step.loss_shares(tokens, index, mine, "token-mean") == (0.3, 0.3)
     assert step.loss_shares(tokens, index, mine, "seq-mean-token-mean") == (1 / 3, 0.3)  # non-empty rows
-    assert step.loss_shares(tokens, index, mine, "seq-mean-token-sum-norm") == (1.0, 0.3)
+    assert step.loss_shares(tokens, index, mine, "seq-mean-token-sum-norm") == (1 / 3, 0.3)  # verl 0.9.1: rows too
     assert step.loss_shares(tokens, index, index, "token-mean") == (1.0, 1.0)
 
 
@@ -286,8 +286,8 @@ def test_minibatch_loss_is_the_sum_of_verl_terms(rollout: dict[str, Any]) -> Non
 def test_loss_settings_normalize_seq_mean_token_sum_norm_by_the_budget() -> None:
     from comppo_core.rl.config import TrainConfig
 
-    assert step.LossSettings.from_config(TrainConfig(loss_agg="seq-mean-token-sum-norm"), 17).normalizer == 17.0
-    assert step.LossSettings.from_config(TrainConfig(), 17).normalizer is None
+    assert step.LossSettings.from_config(TrainConfig(loss_agg="seq-mean-token-sum-norm"), 17).loss_scale_factor == 17.0
+    assert step.LossSettings.from_config(TrainConfig(), 17).loss_scale_factor is None
 
 
 def test_explained_variance() -> None:

@@ -486,7 +486,7 @@ def test_seq_mean_token_sum_norm_divides_by_the_response_budget(agg: str, expect
         real = getattr(losses, name)
 
         def spy(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
-            seen.append(kwargs.get("normalizer"))
+            seen.append(kwargs.get("loss_scale_factor"))
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(losses, name, spy)

@@ -149,7 +149,7 @@ class AdvantageSettings:
 @dataclasses.dataclass(frozen=True)
 class LossSettings:
     """Phase 4: verl's clipping constants, the value loss's weight and clip, the
-    aggregation (``normalizer``: the response budget of ``seq-mean-token-sum-norm``), and
+    aggregation (``loss_scale_factor``: the horizon L of ``seq-mean-token-sum-norm``, the response budget), and
     the KL as a loss term (``kl_mode="loss"``)."""
 
     clip_low: float = 0.2
@@ -158,7 +158,7 @@ class LossSettings:
     value_clip: float | None = None
     vf_coef: float = 0.5
     agg: str = "token-mean"
-    normalizer: float | None = None
+    loss_scale_factor: float | None = None
     kl_coef: float = 0.0
     kl_kind: str = "k1"
     kl_mode: str = "loss"
@@ -169,7 +169,7 @@ class LossSettings:
         the fixed response budget ``max_new_tokens`` (the ``[B, T−1]`` width would also count
         the prompt columns and vary with the batch)."""
         c = config
-        normalizer = float(max_new_tokens) if c.loss_agg == "seq-mean-token-sum-norm" else None
+        loss_scale_factor = float(max_new_tokens) if c.loss_agg == "seq-mean-token-sum-norm" else None
         return cls(
             c.clip_low,
             c.clip_high,
@@ -177,7 +177,7 @@ class LossSettings:
             c.value_clip,
             c.vf_coef,
             c.loss_agg,
-            normalizer,
+            loss_scale_factor,
             c.kl_coef,
             c.kl_kind,
             c.kl_mode,
@@ -453,16 +453,14 @@ def advantage_statistics(
 def loss_shares(tokens: torch.Tensor, index: torch.Tensor, mine: torch.Tensor, agg: str) -> tuple[float, float]:
     """``(loss share, token share)`` of this process in a minibatch of global rows ``index``
     (its own: ``mine``), given every global row's response-token count ``tokens``: its part
-    of the minibatch's denominator (tokens for token-mean, non-empty rows for the seq-mean
-    modes, 1 for seq-mean-token-sum-norm, whose denominator is the fixed response budget)
-    and of its tokens. Both 1 on one process."""
+    of the minibatch's denominator (tokens for token-mean, non-empty rows for the three
+    seq-mean modes: seq-mean-token-sum-norm's horizon L is the same budget on every
+    process) and of its tokens. Both 1 on one process."""
     t_all, t_mine = tokens[index], tokens[mine]
     n_all, n_mine = int(t_all.sum()), int(t_mine.sum())
     token_share = n_mine / n_all if n_all else 0.0
     if agg == "token-mean":
         return token_share, token_share
-    if agg == "seq-mean-token-sum-norm":
-        return 1.0, token_share
     s_all, s_mine = int((t_all > 0).sum()), int((t_mine > 0).sum())
     return (s_mine / s_all if s_all else 0.0), token_share
 
@@ -495,7 +493,7 @@ def minibatch_loss(
         clip_high=s.clip_high,
         dual_clip=s.dual_clip,
         agg=s.agg,
-        normalizer=s.normalizer,
+        loss_scale_factor=s.loss_scale_factor,
     )
     entries = {
         "pg_loss": pg["pg_loss"] * share,
@@ -509,7 +507,10 @@ def minibatch_loss(
         if mb.ref_logprobs is None or loss is None:
             raise ParameterError("ref_logprobs: the KL loss needs the reference's log-probs", argument="ref_logprobs")
         kl_loss = losses.aggregate(
-            losses.kl_penalty(logprobs, mb.ref_logprobs, s.kl_kind), mb.response_mask, s.agg, normalizer=s.normalizer
+            losses.kl_penalty(logprobs, mb.ref_logprobs, s.kl_kind),
+            mb.response_mask,
+            s.agg,
+            loss_scale_factor=s.loss_scale_factor,
         )
         loss = loss + s.kl_coef * (kl_loss * share)
         entries["kl_loss"] = float(kl_loss.detach()) * share
@@ -519,7 +520,13 @@ def minibatch_loss(
                 "old_values: the value loss needs the batch's old values and returns", argument="old_values"
             )
         vf_loss, vf = losses.value_loss(
-            values, mb.old_values, mb.returns, mb.response_mask, clip=s.value_clip, agg=s.agg, normalizer=s.normalizer
+            values,
+            mb.old_values,
+            mb.returns,
+            mb.response_mask,
+            clip=s.value_clip,
+            agg=s.agg,
+            loss_scale_factor=s.loss_scale_factor,
         )
         term = s.vf_coef * (vf_loss * share)
         loss = term if loss is None else loss + term
