@@ -35,6 +35,7 @@ The sets, by what they name:
                             a per-token reward penalty (TRL) or a loss term (verl)
 ``TEMPORAL_MIXERS``         the transport-aligned critic's causal mixer (``TrainConfig.tac_temporal``)
 ``ARM_NAMES``               the paper's arms (:mod:`comppo_core.rl.arms`; ``TrainConfig.arm``)
+``EVAL_SPLITS``             the split a run's periodic evaluation reads (``TrainConfig.eval_split``)
 ==========================  ===============================================================
 """
 
@@ -50,6 +51,7 @@ __all__ = [
     "AGG_MODES",
     "ARM_NAMES",
     "CONTROLS",
+    "EVAL_SPLITS",
     "GATE_CONTROLS",
     "GROUP_METHODS",
     "KL_KINDS",
@@ -107,6 +109,10 @@ TEMPORAL_MIXERS = ("none", "gru", "attention")
 REPORT_TO = ("none", "tensorboard", "wandb")
 #: The arms of :mod:`comppo_core.rl.arms`, in the order the docs and ``compare`` list them.
 ARM_NAMES = ("grpo", "ppo", "comp_gae", "tac_fixed", "comppo", "comppo_shuffle", "comppo_position")
+#: The split a run's periodic evaluation reads: the held-out problems (what a result
+#: reports) or the validation problems (what a tuning protocol selects settings on); each
+#: is the name of the task's method that lists them.
+EVAL_SPLITS = ("heldout", "validation")
 
 
 def check_choice(name: str, value: Any, choices: Collection[str]) -> str:
