@@ -240,11 +240,10 @@ class AdditionTask:
         if self.validation_fraction == 0.0:
             self._validation_end = self._threshold
         pairs = 10 ** (2 * digits)
+        sides: dict[str, float] = {"held-out": 0, "validation": 0, "training": 0}
         if digits <= 2:  # count exactly (10⁴ hashes at most)
-            counts = {"held-out": 0, "validation": 0, "training": 0}
             for a, b in self._pairs():
-                counts[self._side(a, b)] += 1
-            sides = counts
+                sides[self._side(a, b)] += 1
         else:  # too many pairs to count: the expected sizes
             share = {"held-out": self.heldout_fraction, "validation": self.validation_fraction}
             sides = {**share, "training": 1.0 - self.heldout_fraction - self.validation_fraction}
@@ -253,12 +252,12 @@ class AdditionTask:
             del sides["validation"]
         for side, count in sides.items():
             if count < 1:
-                name = "validation_fraction" if side == "validation" else "heldout_fraction"
+                blamed = side == "validation" or (side == "training" and self.validation_fraction)
+                name = "validation_fraction" if blamed else "heldout_fraction"
+                kinds = "training, held-out and validation" if self.validation_fraction else "training and held-out"
                 raise ParameterError(
-                    f"{name}: expected a split with training, held-out"
-                    + (" and validation" if self.validation_fraction else "")
-                    + f" pairs, got {getattr(self, name)!r}, which leaves no {side} pair of the {pairs} {digits}-digit "
-                    f"pairs (split_seed {self.split_seed})",
+                    f"{name}: expected a split with {kinds} pairs, got {getattr(self, name)!r}, which leaves no {side} "
+                    f"pair of the {pairs} {digits}-digit pairs (split_seed {self.split_seed})",
                     argument=name,
                 )
 
