@@ -657,7 +657,7 @@ def _write_results(
     lines += [
         "",
         f"The critic's explained variance (`value_explained_var`), mean over the first and the last {EV_WINDOW} "
-        "steps of each run, then over seeds (— : no critic):",
+        "steps of each run, then over seeds (—: no critic, or no finite value):",
         "",
         report.explained_variance_table(ev, EV_WINDOW),
     ]
