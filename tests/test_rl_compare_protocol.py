@@ -312,7 +312,7 @@ def md_row(text: str, first: str) -> list[str]:
 def test_compare_reports_the_interaction_and_the_critics_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ppo stands in for ppo_fixed (not an arm on this branch); EV over the first and the last step."""
     monkeypatch.setattr(compare_stats, "INTERACTION", ("comppo", "tac_fixed", "comp_gae", "ppo"))
-    monkeypatch.setattr(compare, "EV_WINDOW", 1)
+    monkeypatch.setattr(compare_report, "EV_WINDOW", 1)
     out = tmp_path / "cmp"
     arms = ("ppo", "comp_gae", "tac_fixed", "comppo")
     assert cli.main(["compare", "--arms", ",".join(arms), "--seeds", "2", *TINY, "--out", str(out)]) == 0

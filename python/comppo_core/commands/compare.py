@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import shutil
 import sys
 import time
@@ -70,11 +69,10 @@ from typing import Any
 from ..errors import NonFiniteError, ParameterError
 from ..options import ARM_NAMES
 from ..rl import run_dir
-from ..rl.arms import ARMS
 from ..rl.config import TrainConfig
 from . import compare_report as report
 from .compare_report import REFERENCES, plot_curves, results_table
-from .compare_stats import interaction, mean_ci, t_cdf, t_quantile, window_means
+from .compare_stats import mean_ci, t_cdf, t_quantile
 from .grid import Grid, parse_grid
 from .train import (
     _Default,
@@ -119,10 +117,6 @@ _OWN_ENTRIES = (
     "warmstart",
     "grid",
 )
-
-#: Steps at each end of a run over which the critic's explained variance is averaged.
-EV_WINDOW = 10
-
 
 # --------------------------------------------------------------------------- #
 # The command line
@@ -454,32 +448,6 @@ def _tune(
     return outcomes
 
 
-def _explained_variance(
-    out: Path, arms: list[str], seeds: range
-) -> dict[str, tuple[float | None, float | None] | None]:
-    """Per arm with a critic: the mean over ``seeds`` of the critic's explained variance
-    over the first and the last :data:`EV_WINDOW` steps of each run (``metrics.jsonl``)."""
-    from ..rl.metrics import read_rows
-
-    result: dict[str, tuple[float | None, float | None] | None] = {}
-    for arm in arms:
-        if ARMS[arm].critic is None:
-            result[arm] = None
-            continue
-        firsts, lasts = [], []
-        for s in seeds:
-            path = out / arm / f"seed{s}" / "metrics.jsonl"
-            rows = [r for r in read_rows(path) if r.get("reward_mean") is not None] if path.is_file() else []
-            first, last = window_means([r.get("value_explained_var") for r in rows], EV_WINDOW)
-            firsts += [first] if first is not None else []
-            lasts += [last] if last is not None else []
-        result[arm] = (
-            math.fsum(firsts) / len(firsts) if firsts else None,
-            math.fsum(lasts) / len(lasts) if lasts else None,
-        )
-    return result
-
-
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``comppo-core compare``; returns the exit status."""
     cmd: argparse.ArgumentParser = args.command_parser
@@ -594,152 +562,18 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(f"comppo-core compare: stopped at once; the checkpoints written are kept; {hint}", file=sys.stderr)
             return exit_status(2)
     seconds = time.perf_counter() - t_start
-    _write_results(args, out, base, arms, n_seeds, summaries, runner, seconds, grid, outcomes, chosen, tseeds)
-    return 0
-
-
-def _write_results(
-    args: argparse.Namespace,
-    out: Path,
-    base: TrainConfig,
-    arms: list[str],
-    n_seeds: int,
-    summaries: dict[tuple[str, int], dict[str, Any]],
-    runner: _Runner,
-    seconds: float,
-    grid: Grid | None,
-    outcomes: dict[str, list[list[Outcome]]],
-    chosen: dict[str, int],
-    tseeds: list[int],
-) -> None:
-    """``results.md``, ``results.json`` and ``curves.png``; the table printed."""
-    keys, timings = runner.keys, runner.timings
-    timed = [timings[k] for k in keys if k in timings]
-    untimed = len(keys) - len(timed)
-    final = {arm: {s: summaries[arm, s]["final_eval_accuracy"] for s in range(n_seeds)} for arm in arms}
-    starts = {s: [summaries[arm, s]["initial_eval_accuracy"] for arm in arms] for s in range(n_seeds)}
-    warm = {s: starts[s][0] for s in range(n_seeds)}
-    unpaired = [s for s in range(n_seeds) if len(set(starts[s])) > 1]
-    curves = {
-        arm: {s: [(int(st), float(a)) for st, a in summaries[arm, s]["eval"]] for s in range(n_seeds)} for arm in arms
-    }
-    table, numbers = results_table(final, warm)
-    inter = interaction(final)
-    ev = _explained_variance(out, arms, range(n_seeds))
-    wm, wh = mean_ci(list(warm.values()))
-    setting = "preset `" + (args.preset or "default") + "`"
-    if grid is not None:
-        setting += ", each arm at the setting chosen on the validation split (Tuning, below)"
-    lines = [
-        "# comppo-core compare",
-        "",
-        f"{len(arms)} arm{'s' if len(arms) > 1 else ''} × {n_seeds} seed{'s' if n_seeds > 1 else ''}, {setting}, "
-        f"{base.steps} PPO steps of {base.prompts_per_step} prompts × {base.group_size} samples; final held-out "
-        f"greedy accuracy on {_eval_size(base)} problems, in percent. Every arm of a seed starts from the same warm "
-        "start (paired differences); 95% CIs from Student's t over seeds.",
-        "",
-        f"Warm start: {report.pct(wm)}% {report.ci_cell(wm, wh)} "
-        f"(per seed: {', '.join(report.pct(warm[s]) for s in range(n_seeds))}).",
-        "",
-        table,
-    ]
-    if inter is not None:
-        lines += [report.interaction_line(inter)]
-    lines += [
-        "Final accuracy per seed (%):",
-        "",
-        "| arm | " + " | ".join(f"seed {s}" for s in range(n_seeds)) + " |",
-        "|---|" + "---|" * n_seeds,
-    ]
-    lines += ["| " + arm + " | " + " | ".join(report.pct(final[arm][s]) for s in range(n_seeds)) + " |" for arm in arms]
-    if unpaired:
-        lines += ["", f"Note: the arms of seed(s) {unpaired} did not start at one accuracy: {starts}."]
-    lines += [
-        "",
-        f"The critic's explained variance (`value_explained_var`), mean over the first and the last {EV_WINDOW} "
-        "steps of each run, then over seeds (—: no critic, or no finite value):",
-        "",
-        report.explained_variance_table(ev, EV_WINDOW),
-    ]
-    tuning: dict[str, Any] | None = None
-    if grid is not None:
-        text, per_arm = report.tuning_tables(grid, outcomes, chosen, tseeds)
-        n_points = len(grid.points)
-        fields = "; ".join(f"{f}: {v}" for f, v in grid.to_dict().items())
-        lines += [
-            "## Tuning",
-            "",
-            f"Grid of {n_points} point{'s' if n_points > 1 else ''} ({fields}), "
-            f"tuning seeds {', '.join(map(str, tseeds))}, validation split of {_eval_size(base, 'validation')} problems "
-            f"(validation_fraction {base.validation_fraction}), disjoint from the held-out split. Each arm's setting: "
-            "the best mean final validation accuracy over the tuning seeds (a non-finite stop scores 0); ties to more "
-            f"stable runs, then the earlier point. Stable: {report.collapse_rule()}.",
-            "",
-            text,
-        ]
-        tuning = {
-            "grid": grid.to_dict(),
-            "points": {grid.name(i): p for i, p in enumerate(grid.points)},
-            "tuning_seeds": tseeds,
-            "validation_fraction": base.validation_fraction,
-            "collapse": report.collapse_rule(),
-            "arms": per_arm,
-        }
-    defaults = type(base)()
-    changed = {k: v for k, v in base.to_dict().items() if k not in ("arm", "seed", "out") and v != getattr(defaults, k)}
-    lines += [
-        "",
-        f"Time: {math.fsum(timed) / 60:.1f} min for the warm starts and runs, as each took when it ran"
-        + (f" ({untimed} not timed)" if untimed else "")
-        + f"; this invocation {seconds / 60:.1f} min"
-        + (f", reusing {runner.reused} finished runs" if runner.reused else "")
-        + " (seconds per run: timings.json).",
-        "",
-        "Settings changed from the TrainConfig defaults: "
-        + (", ".join(f"`{k}={v}`" for k, v in changed.items()) if changed else "none")
-        + ".",
-        "",
-    ]
-    run_dir.write_text_atomic(out / "results.md", "\n".join(lines))
-    run_dir.write_json_atomic(
-        out / "results.json",
-        {
-            "arms": numbers,
-            "warm_start": {str(s): a for s, a in warm.items()},
-            "interaction": inter,
-            "explained_variance": {
-                arm: None if pair is None else {"first": pair[0], "last": pair[1], "window": EV_WINDOW}
-                for arm, pair in ev.items()
-            },
-            "tuning": tuning,
-            "curves": curves,
-            "config": base.to_dict(),
-            "seconds": seconds,
-            "timings": {k: timings.get(k) for k in keys},
-        },
-    )
-    plot_curves(
-        curves,
-        warm,
-        out / "curves.png",
-        f"held-out accuracy, mean and 95% CI over {n_seeds} seed{'s' if n_seeds > 1 else ''}",
+    table, inter = report.write_results(
+        out,
+        base,
+        args.preset or "default",
+        summaries,
+        arms,
+        n_seeds,
+        report.Timing(runner.keys, runner.timings, runner.reused, seconds),
+        report.Tuning(grid, outcomes, chosen, tseeds) if grid is not None else None,
     )
     print(table, end="")
     if inter is not None:
         print(report.interaction_line(inter), end="")
     print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'curves.png'} ({seconds / 60:.1f} min)")
-
-
-def _eval_size(config: TrainConfig, split: str = "heldout") -> str:
-    """How many problems of ``split`` the runs evaluate on, for the caption."""
-    if config.task == "addition":
-        from ..rl.tasks import AdditionTask
-
-        task = AdditionTask(
-            config.digits,
-            split_seed=config.split_seed,
-            heldout_fraction=config.heldout_fraction,
-            validation_fraction=config.validation_fraction,
-        )
-        return str(len(getattr(task, split)(config.eval_size)))
-    return f"up to {config.eval_size}"
+    return 0

@@ -8,37 +8,52 @@
   the last steps of the runs, per arm (``—`` for an arm without a critic);
 * :func:`tuning_tables`: with ``--grid``, the chosen setting and "k/n stable" per arm,
   and every point's validation score (:mod:`comppo_core.commands.tuning`);
-* :func:`plot_curves`: ``curves.png``.
+* :func:`plot_curves`: ``curves.png``;
+* :func:`write_results`: ``results.md``, ``results.json`` and ``curves.png`` of a compare's
+  runs (the summaries, and each run's ``metrics.jsonl`` for :func:`explained_variance`).
 
 Numbers are fractions in the dicts and percent (one decimal) in the tables.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .compare_stats import mean_ci
+from ..rl import run_dir
+from ..rl.arms import ARMS
+from ..rl.config import TrainConfig
+from .compare_stats import interaction, mean_ci, window_means
 from .grid import Grid
 from .tuning import COLLAPSE_MARGIN, Outcome, collapsed, score, stability
 
 __all__ = [
+    "EV_WINDOW",
     "REFERENCES",
+    "Timing",
+    "Tuning",
     "ci_cell",
     "collapse_rule",
+    "eval_size",
+    "explained_variance",
     "explained_variance_table",
     "interaction_line",
     "pct",
     "plot_curves",
     "results_table",
     "tuning_tables",
+    "write_results",
 ]
 
 #: The arms the paired differences are taken against (when they are compared).
 REFERENCES = ("grpo", "comppo")
+
+#: Steps at each end of a run over which the critic's explained variance is averaged.
+EV_WINDOW = 10
 
 
 def pct(x: float, signed: bool = False) -> str:
@@ -208,3 +223,191 @@ def collapse_rule() -> str:
         "a tuning run collapses when it stops on a non-finite loss or gradient, or when its final validation "
         f"accuracy is below its step-0 (warm start) validation accuracy by more than {100 * COLLAPSE_MARGIN:g} points"
     )
+
+
+def explained_variance(out: Path, arms: list[str], seeds: range) -> dict[str, tuple[float | None, float | None] | None]:
+    """Per arm with a critic: the mean over ``seeds`` of the critic's explained variance
+    over the first and the last :data:`EV_WINDOW` steps of each run (``metrics.jsonl``)."""
+    from ..rl.metrics import read_rows
+
+    result: dict[str, tuple[float | None, float | None] | None] = {}
+    for arm in arms:
+        if ARMS[arm].critic is None:
+            result[arm] = None
+            continue
+        firsts, lasts = [], []
+        for s in seeds:
+            path = out / arm / f"seed{s}" / "metrics.jsonl"
+            rows = [r for r in read_rows(path) if r.get("reward_mean") is not None] if path.is_file() else []
+            first, last = window_means([r.get("value_explained_var") for r in rows], EV_WINDOW)
+            firsts += [first] if first is not None else []
+            lasts += [last] if last is not None else []
+        result[arm] = (
+            math.fsum(firsts) / len(firsts) if firsts else None,
+            math.fsum(lasts) / len(lasts) if lasts else None,
+        )
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """What ``results.md`` says of the time: the warm starts and runs asked for (``keys``,
+    in order), the seconds each took when it ran (``timings``), how many were reused, and
+    this invocation's seconds."""
+
+    keys: list[str]
+    timings: dict[str, float]
+    reused: int
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """A grid's tuning: ``outcomes[arm][point][k]`` of tuning seed ``seeds[k]``, ``chosen[arm]`` a point index."""
+
+    grid: Grid
+    outcomes: dict[str, list[list[Outcome]]]
+    chosen: dict[str, int]
+    seeds: list[int]
+
+
+def write_results(
+    out: Path,
+    base: TrainConfig,
+    preset: str,
+    summaries: dict[tuple[str, int], dict[str, Any]],
+    arms: list[str],
+    n_seeds: int,
+    timing: Timing,
+    tuned: Tuning | None,
+) -> tuple[str, dict[str, Any] | None]:
+    """Write ``results.md``, ``results.json`` and ``curves.png`` of the runs' ``summaries``
+    (``(arm, seed)`` → summary; the runs in ``out/<arm>/seed<s>/``); return the main table
+    and the interaction (None without the 2×2)."""
+    keys, timings, seconds = timing.keys, timing.timings, timing.seconds
+    timed = [timings[k] for k in keys if k in timings]
+    untimed = len(keys) - len(timed)
+    final = {arm: {s: summaries[arm, s]["final_eval_accuracy"] for s in range(n_seeds)} for arm in arms}
+    starts = {s: [summaries[arm, s]["initial_eval_accuracy"] for arm in arms] for s in range(n_seeds)}
+    warm = {s: starts[s][0] for s in range(n_seeds)}
+    unpaired = [s for s in range(n_seeds) if len(set(starts[s])) > 1]
+    curves = {
+        arm: {s: [(int(st), float(a)) for st, a in summaries[arm, s]["eval"]] for s in range(n_seeds)} for arm in arms
+    }
+    table, numbers = results_table(final, warm)
+    inter = interaction(final)
+    ev = explained_variance(out, arms, range(n_seeds))
+    wm, wh = mean_ci(list(warm.values()))
+    setting = f"preset `{preset}`"
+    if tuned is not None:
+        setting += ", each arm at the setting chosen on the validation split (Tuning, below)"
+    lines = [
+        "# comppo-core compare",
+        "",
+        f"{len(arms)} arm{'s' if len(arms) > 1 else ''} × {n_seeds} seed{'s' if n_seeds > 1 else ''}, {setting}, "
+        f"{base.steps} PPO steps of {base.prompts_per_step} prompts × {base.group_size} samples; final held-out "
+        f"greedy accuracy on {eval_size(base)} problems, in percent. Every arm of a seed starts from the same warm "
+        "start (paired differences); 95% CIs from Student's t over seeds.",
+        "",
+        f"Warm start: {pct(wm)}% {ci_cell(wm, wh)} (per seed: {', '.join(pct(warm[s]) for s in range(n_seeds))}).",
+        "",
+        table,
+    ]
+    if inter is not None:
+        lines += [interaction_line(inter)]
+    lines += [
+        "Final accuracy per seed (%):",
+        "",
+        "| arm | " + " | ".join(f"seed {s}" for s in range(n_seeds)) + " |",
+        "|---|" + "---|" * n_seeds,
+    ]
+    lines += ["| " + arm + " | " + " | ".join(pct(final[arm][s]) for s in range(n_seeds)) + " |" for arm in arms]
+    if unpaired:
+        lines += ["", f"Note: the arms of seed(s) {unpaired} did not start at one accuracy: {starts}."]
+    lines += [
+        "",
+        f"The critic's explained variance (`value_explained_var`), mean over the first and the last {EV_WINDOW} "
+        "steps of each run, then over seeds (—: no critic, or no finite value):",
+        "",
+        explained_variance_table(ev, EV_WINDOW),
+    ]
+    tuning: dict[str, Any] | None = None
+    if tuned is not None:
+        grid, tseeds = tuned.grid, tuned.seeds
+        text, per_arm = tuning_tables(grid, tuned.outcomes, tuned.chosen, tseeds)
+        n_points = len(grid.points)
+        fields = "; ".join(f"{f}: {v}" for f, v in grid.to_dict().items())
+        lines += [
+            "## Tuning",
+            "",
+            f"Grid of {n_points} point{'s' if n_points > 1 else ''} ({fields}), "
+            f"tuning seeds {', '.join(map(str, tseeds))}, validation split of {eval_size(base, 'validation')} problems "
+            f"(validation_fraction {base.validation_fraction}), disjoint from the held-out split. Each arm's setting: "
+            "the best mean final validation accuracy over the tuning seeds (a non-finite stop scores 0); ties to more "
+            f"stable runs, then the earlier point. Stable: {collapse_rule()}.",
+            "",
+            text,
+        ]
+        tuning = {
+            "grid": grid.to_dict(),
+            "points": {grid.name(i): p for i, p in enumerate(grid.points)},
+            "tuning_seeds": tseeds,
+            "validation_fraction": base.validation_fraction,
+            "collapse": collapse_rule(),
+            "arms": per_arm,
+        }
+    defaults = type(base)()
+    changed = {k: v for k, v in base.to_dict().items() if k not in ("arm", "seed", "out") and v != getattr(defaults, k)}
+    lines += [
+        "",
+        f"Time: {math.fsum(timed) / 60:.1f} min for the warm starts and runs, as each took when it ran"
+        + (f" ({untimed} not timed)" if untimed else "")
+        + f"; this invocation {seconds / 60:.1f} min"
+        + (f", reusing {timing.reused} finished runs" if timing.reused else "")
+        + " (seconds per run: timings.json).",
+        "",
+        "Settings changed from the TrainConfig defaults: "
+        + (", ".join(f"`{k}={v}`" for k, v in changed.items()) if changed else "none")
+        + ".",
+        "",
+    ]
+    run_dir.write_text_atomic(out / "results.md", "\n".join(lines))
+    run_dir.write_json_atomic(
+        out / "results.json",
+        {
+            "arms": numbers,
+            "warm_start": {str(s): a for s, a in warm.items()},
+            "interaction": inter,
+            "explained_variance": {
+                arm: None if pair is None else {"first": pair[0], "last": pair[1], "window": EV_WINDOW}
+                for arm, pair in ev.items()
+            },
+            "tuning": tuning,
+            "curves": curves,
+            "config": base.to_dict(),
+            "seconds": seconds,
+            "timings": {k: timings.get(k) for k in keys},
+        },
+    )
+    plot_curves(
+        curves,
+        warm,
+        out / "curves.png",
+        f"held-out accuracy, mean and 95% CI over {n_seeds} seed{'s' if n_seeds > 1 else ''}",
+    )
+    return table, inter
+
+
+def eval_size(config: TrainConfig, split: str = "heldout") -> str:
+    """How many problems of ``split`` the runs evaluate on, for the caption."""
+    if config.task == "addition":
+        from ..rl.tasks import AdditionTask
+
+        task = AdditionTask(
+            config.digits,
+            split_seed=config.split_seed,
+            heldout_fraction=config.heldout_fraction,
+            validation_fraction=config.validation_fraction,
+        )
+        return str(len(getattr(task, split)(config.eval_size)))
+    return f"up to {config.eval_size}"
