@@ -35,6 +35,7 @@ The sets, by what they name:
                             a per-token reward penalty (TRL) or a loss term (verl)
 ``TEMPORAL_MIXERS``         the transport-aligned critic's causal mixer (``TrainConfig.tac_temporal``)
 ``ARM_NAMES``               the paper's arms (:mod:`comppo_core.rl.arms`; ``TrainConfig.arm``)
+``EVAL_SPLITS``             the split a run's periodic evaluation reads (``TrainConfig.eval_split``)
 ==========================  ===============================================================
 """
 
@@ -50,6 +51,7 @@ __all__ = [
     "AGG_MODES",
     "ARM_NAMES",
     "CONTROLS",
+    "EVAL_SPLITS",
     "GATE_CONTROLS",
     "GROUP_METHODS",
     "KL_KINDS",
@@ -118,6 +120,10 @@ ARM_NAMES = (
     "comppo_inverted",
     "comppo_oracle",
 )
+#: The split a run's periodic evaluation reads: the held-out problems (what a result
+#: reports) or the validation problems (what a tuning protocol selects settings on); each
+#: is the name of the task's method that lists them.
+EVAL_SPLITS = ("heldout", "validation")
 
 
 def check_choice(name: str, value: Any, choices: Collection[str]) -> str:

@@ -30,6 +30,7 @@ from ..gate_params import GateParams
 from ..options import (
     AGG_MODES,
     ARM_NAMES,
+    EVAL_SPLITS,
     GROUP_METHODS,
     KL_KINDS,
     KL_MODES,
@@ -124,6 +125,15 @@ class TrainConfig:
     digits: int = _f(2, "difficulty: operands below 10**digits")
     split_seed: int = _f(0, "fixes which problems are held out (independent of seed)")
     heldout_fraction: float = _f(0.2, "share of problems held out for evaluation")
+    validation_fraction: float = _f(
+        0.0,
+        "share of problems in a validation split, disjoint from the held-out split and from training "
+        "(0: none, the training problems as without it; compare --grid tunes on it)",
+    )
+    eval_split: str = _f(
+        "heldout",
+        f"the split the periodic evaluation reads: {', '.join(EVAL_SPLITS)} (needs validation_fraction > 0)",
+    )
 
     # ---- the model and its warm start
     init_from: str | None = _f(
@@ -283,6 +293,13 @@ class TrainConfig:
                 _number(name, getattr(self, name), 0.0, 1.0)
         _number("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _number("heldout_fraction", self.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
+        _number("validation_fraction", self.validation_fraction, 0.0, 1.0 - self.heldout_fraction, high_open=True)
+        check_choice("eval_split", self.eval_split, EVAL_SPLITS)
+        if self.eval_split == "validation" and not self.validation_fraction:
+            raise ParameterError(
+                "eval_split: expected 'heldout' without a validation split (validation_fraction = 0), got 'validation'",
+                argument="eval_split",
+            )
         for name in ("temperature", "sft_lr", "actor_lr", "critic_lr", "max_grad_norm"):
             _number(name, getattr(self, name), 0.0, math.inf, low_open=True)
         for name in ("weight_decay", "clip_low", "vf_coef", "kl_coef"):

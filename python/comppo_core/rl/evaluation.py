@@ -34,15 +34,22 @@ __all__ = ["build_task", "describe_task", "heldout_accuracy", "heldout_scores"]
 
 def build_task(config: TrainConfig) -> Any:
     """The task of ``config``, as :func:`comppo_core.rl.build.make_task` builds it: the
-    built-in addition task (``digits``, ``split_seed``, ``heldout_fraction``) or the JSONL
-    file ``task`` (``split_seed``, ``heldout_fraction``, ``max_new_tokens``). Imports no torch."""
+    built-in addition task (``digits``, ``split_seed``, ``heldout_fraction``,
+    ``validation_fraction``) or the JSONL file ``task`` (the same split settings and
+    ``max_new_tokens``). Imports no torch."""
     if config.task in TASKS:
-        return AdditionTask(config.digits, split_seed=config.split_seed, heldout_fraction=config.heldout_fraction)
+        return AdditionTask(
+            config.digits,
+            split_seed=config.split_seed,
+            heldout_fraction=config.heldout_fraction,
+            validation_fraction=config.validation_fraction,
+        )
     return JsonlTask(
         config.task,
         split_seed=config.split_seed,
         heldout_fraction=config.heldout_fraction,
         max_new_tokens=config.max_new_tokens,
+        validation_fraction=config.validation_fraction,
     )
 
 

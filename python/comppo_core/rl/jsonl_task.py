@@ -9,7 +9,11 @@ naming the file and the line (1-based), with ``argument="task"`` and ``row`` the
 ``heldout_fraction`` of its range (a fixed function of the prompt, so duplicates of a
 prompt land on the same side); both sides must be non-empty. Training prompts are drawn
 uniformly with replacement (:meth:`JsonlTask.sample`); the evaluation set is the held-out
-rows in a fixed order (:meth:`JsonlTask.heldout`).
+rows in a fixed order (:meth:`JsonlTask.heldout`). With ``validation_fraction`` ``v > 0``
+the rows whose hash falls in ``[heldout_fraction, heldout_fraction + v)`` of the range are
+a **validation** split (:meth:`JsonlTask.validation`), disjoint from the held-out rows and
+never sampled for training; ``v = 0`` (the default) has none and leaves the training rows
+exactly as without it.
 
 **Verifier** (:func:`verify`): 0 unless the response stopped at EOS; then the response's
 final answer (:func:`extract_answer`) is compared with the row's answer
@@ -110,22 +114,47 @@ class JsonlTask:
       path: the ``.jsonl`` file.
       split_seed, heldout_fraction: the held-out split.
       max_new_tokens: the response budget (:data:`DEFAULT_MAX_NEW_TOKENS` when None).
+      validation_fraction: share of the hash range in the validation split (0: none).
     """
 
     name = "jsonl"
 
     def __init__(
-        self, path: str | Path, *, split_seed: int = 0, heldout_fraction: float = 0.2, max_new_tokens: int | None = None
+        self,
+        path: str | Path,
+        *,
+        split_seed: int = 0,
+        heldout_fraction: float = 0.2,
+        max_new_tokens: int | None = None,
+        validation_fraction: float = 0.0,
     ) -> None:
         self.path = Path(path)
         self.split_seed = int(split_seed)
         self.heldout_fraction = float(heldout_fraction)
+        vf = validation_fraction
+        if isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0.0 <= float(vf) < 1.0 - heldout_fraction:
+            raise ParameterError(
+                f"validation_fraction: expected a number in [0, 1 − heldout_fraction) = [0, {1.0 - heldout_fraction!r}), "
+                f"got {vf!r}",
+                argument="validation_fraction",
+            )
+        self.validation_fraction = float(vf)
         self.max_new_tokens = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else int(max_new_tokens)
         self.rows = read_rows(self.path)
         threshold = int(self.heldout_fraction * 2**64)
-        held = [self._hash(p.prompt) < threshold for p in self.rows]
-        self.train_rows = [p for p, h in zip(self.rows, held) if not h]
+        end = int((self.heldout_fraction + self.validation_fraction) * 2**64) if self.validation_fraction else threshold
+        hashes = [self._hash(p.prompt) for p in self.rows]
+        held = [h < threshold for h in hashes]
+        valid = [threshold <= h < end for h in hashes]
+        self.train_rows = [p for p, h, v in zip(self.rows, held, valid) if not h and not v]
         self.heldout_rows = [p for p, h in zip(self.rows, held) if h]
+        self.validation_rows = [p for p, v in zip(self.rows, valid) if v]
+        if self.validation_fraction and not self.validation_rows:
+            raise ParameterError(
+                f"validation_fraction: {str(self.path)!r}: expected rows in the validation split (validation_fraction="
+                f"{self.validation_fraction}), got none of {len(self.rows)} rows",
+                argument="validation_fraction",
+            )
         if not self.train_rows or not self.heldout_rows:
             raise ParameterError(
                 f"task: {str(self.path)!r}: expected rows on both sides of the held-out split (heldout_fraction="
@@ -148,6 +177,19 @@ class JsonlTask:
         """The first ``n`` held-out rows of the fixed order (all of them if fewer)."""
         return self.heldout_rows[:n]
 
+    def validation(self, n: int, seed: int = 0) -> list[Problem]:
+        """The first ``n`` validation rows in a fixed order (a function of ``split_seed`` and
+        ``seed``; all of them if fewer): disjoint from :meth:`heldout` and never drawn by
+        :meth:`sample`. A :class:`~comppo_core.errors.ParameterError` naming
+        ``validation_fraction`` when the task has no validation split."""
+        if not self.validation_fraction:
+            raise ParameterError(
+                "validation_fraction: expected a validation split (validation_fraction > 0), got 0.0",
+                argument="validation_fraction",
+            )
+        order = np.random.default_rng([self.split_seed, seed, 8]).permutation(len(self.validation_rows))
+        return [self.validation_rows[i] for i in order[:n]]
+
     def score(self, problem: Problem, response: str, finished: bool) -> float:
         """:func:`verify` against the row's answer."""
         return verify(response, problem.answer, finished)
@@ -162,6 +204,7 @@ class JsonlTask:
             "rows": len(self.rows),
             "split_seed": self.split_seed,
             "heldout_fraction": self.heldout_fraction,
+            **({"validation_fraction": self.validation_fraction} if self.validation_fraction else {}),
         }
 
 

@@ -22,7 +22,12 @@ not checked; a right answer reached by wrong steps still scores).
 **Split.** A pair ``(a, b)`` is held out when ``blake2b(f"{split_seed}:{a}:{b}")`` falls
 in the first ``heldout_fraction`` of its range, so the split is a fixed function of
 ``split_seed`` whatever is sampled; training problems are drawn from the rest, and the
-evaluation set is a fixed list of distinct held-out pairs.
+evaluation set is a fixed list of distinct held-out pairs. With ``validation_fraction``
+``v > 0`` the pairs whose hash falls in the next ``v`` of the range,
+``[heldout_fraction, heldout_fraction + v)``, form a **validation** split
+(:meth:`AdditionTask.validation`, what a tuning protocol selects settings on), disjoint
+from the held-out split and excluded from training; ``v = 0`` (the default) has none, and
+the training draws are then exactly those of a task without the argument.
 
 **Tokenizer.** :class:`CharTokenizer`: one id per character, ``<pad>`` = 0, ``<bos>`` = 1,
 ``<eos>`` = 2; nothing to download. :meth:`CharTokenizer.to_hf` is the same tokenizer as a
@@ -203,53 +208,82 @@ class AdditionTask:
       digits: the difficulty knob, 1 to 6 (operands in ``[0, 10**digits)``).
       split_seed: fixes which pairs are held out.
       heldout_fraction: share of pairs held out, in (0, 1).
+      validation_fraction: share of pairs in the validation split, in [0, 1 − heldout_fraction).
     """
 
     name = "addition"
 
-    def __init__(self, digits: int = 2, *, split_seed: int = 0, heldout_fraction: float = 0.2) -> None:
+    def __init__(
+        self, digits: int = 2, *, split_seed: int = 0, heldout_fraction: float = 0.2, validation_fraction: float = 0.0
+    ) -> None:
         if isinstance(digits, bool) or not isinstance(digits, int) or not 1 <= digits <= 6:
             raise ParameterError(f"digits: expected an integer in [1, 6], got {digits!r}", argument="digits")
         if not isinstance(heldout_fraction, (int, float)) or not 0.0 < float(heldout_fraction) < 1.0:
             raise ParameterError(
                 f"heldout_fraction: expected a number in (0, 1), got {heldout_fraction!r}", argument="heldout_fraction"
             )
+        vf = validation_fraction
+        if isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0.0 <= float(vf) < 1.0 - heldout_fraction:
+            raise ParameterError(
+                f"validation_fraction: expected a number in [0, 1 − heldout_fraction) = [0, {1.0 - heldout_fraction!r}), "
+                f"got {vf!r}",
+                argument="validation_fraction",
+            )
         self.digits = digits
         self.split_seed = int(split_seed)
         self.heldout_fraction = float(heldout_fraction)
+        self.validation_fraction = float(vf)
         self.tokenizer = CharTokenizer(ALPHABET)
         self._threshold = int(self.heldout_fraction * 2**64)
+        #: hashes in [_threshold, _validation_end) are the validation split (none when equal)
+        self._validation_end = int((self.heldout_fraction + self.validation_fraction) * 2**64)
+        if self.validation_fraction == 0.0:
+            self._validation_end = self._threshold
         pairs = 10 ** (2 * digits)
+        sides: dict[str, float] = {"held-out": 0, "validation": 0, "training": 0}
         if digits <= 2:  # count exactly (10⁴ hashes at most)
-            held = sum(self.is_heldout(a, b) for a, b in self._pairs())
-            sides = {"held-out": held, "training": pairs - held}
+            for a, b in self._pairs():
+                sides[self._side(a, b)] += 1
         else:  # too many pairs to count: the expected sizes
-            sides = {"held-out": self.heldout_fraction * pairs, "training": (1 - self.heldout_fraction) * pairs}
+            share = {"held-out": self.heldout_fraction, "validation": self.validation_fraction}
+            sides = {**share, "training": 1.0 - self.heldout_fraction - self.validation_fraction}
+            sides = {k: v * pairs for k, v in sides.items()}
+        if self.validation_fraction == 0.0:
+            del sides["validation"]
         for side, count in sides.items():
             if count < 1:
+                blamed = side == "validation" or (side == "training" and self.validation_fraction)
+                name = "validation_fraction" if blamed else "heldout_fraction"
+                kinds = "training, held-out and validation" if self.validation_fraction else "training and held-out"
                 raise ParameterError(
-                    f"heldout_fraction: expected a split with training and held-out pairs, got "
-                    f"{self.heldout_fraction!r}, which leaves no {side} pair of the {pairs} {digits}-digit pairs "
-                    f"(split_seed {self.split_seed})",
-                    argument="heldout_fraction",
+                    f"{name}: expected a split with {kinds} pairs, got {getattr(self, name)!r}, which leaves no {side} "
+                    f"pair of the {pairs} {digits}-digit pairs (split_seed {self.split_seed})",
+                    argument=name,
                 )
 
     def _pairs(self) -> Iterator[tuple[int, int]]:
         hi = 10**self.digits
         return ((a, b) for a in range(hi) for b in range(hi))
 
-    def _draw(self, rng: np.random.Generator, n: int, heldout: bool) -> Iterator[tuple[int, int]]:
-        """Pairs drawn uniformly from one side of the split, with replacement; at most
-        ``100·n/p + 10⁴`` draws (p the side's share), far beyond what any split needs."""
+    def _share(self, side: str) -> float:
+        if side == "held-out":
+            return self.heldout_fraction
+        if side == "validation":
+            return self.validation_fraction
+        return 1.0 - self.heldout_fraction - self.validation_fraction
+
+    def _draw(self, rng: np.random.Generator, n: int, side: str) -> Iterator[tuple[int, int]]:
+        """Pairs drawn uniformly from one side of the split (``"training"``, ``"held-out"``
+        or ``"validation"``), with replacement; at most ``100·n/p + 10⁴`` draws (p the
+        side's share), far beyond what any split needs."""
         hi = 10**self.digits
-        share = self.heldout_fraction if heldout else 1.0 - self.heldout_fraction
+        share = self._share(side)
         for _ in range(int(100 * n / share) + 10_000):
             a, b = (int(x) for x in rng.integers(0, hi, size=2))
-            if self.is_heldout(a, b) == heldout:
+            if self._side(a, b) == side:
                 yield a, b
         raise ParameterError(  # pragma: no cover - a share below 1/hi² is refused in __init__
-            f"heldout_fraction: the {'held-out' if heldout else 'training'} side of the split is too rare to draw "
-            f"from ({share!r} of the pairs)",
+            f"heldout_fraction: the {side} side of the split is too rare to draw from ({share!r} of the pairs)",
             argument="heldout_fraction",
         )
 
@@ -264,17 +298,31 @@ class AdditionTask:
         """Tokens of the longest prompt, BOS included."""
         return 1 + 2 * self.digits + 2
 
+    def _hash(self, a: int, b: int) -> int:
+        h = hashlib.blake2b(f"{self.split_seed}:{a}:{b}".encode(), digest_size=8).digest()
+        return int.from_bytes(h, "little")
+
+    def _side(self, a: int, b: int) -> str:
+        """``"held-out"``, ``"validation"`` or ``"training"``: where ``(a, b)`` falls."""
+        h = self._hash(a, b)
+        if h < self._threshold:
+            return "held-out"
+        return "validation" if h < self._validation_end else "training"
+
     def is_heldout(self, a: int, b: int) -> bool:
         """Whether ``(a, b)`` belongs to the held-out split."""
-        h = hashlib.blake2b(f"{self.split_seed}:{a}:{b}".encode(), digest_size=8).digest()
-        return int.from_bytes(h, "little") < self._threshold
+        return self._hash(a, b) < self._threshold
+
+    def is_validation(self, a: int, b: int) -> bool:
+        """Whether ``(a, b)`` belongs to the validation split (never with ``validation_fraction=0``)."""
+        return self._threshold <= self._hash(a, b) < self._validation_end
 
     def problem(self, a: int, b: int) -> Problem:
         return Problem(f"{a}+{b}=", str(a + b), worked_solution(a, b))
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
-        """``n`` training problems (pairs outside the held-out split), drawn with ``rng``."""
-        draws = self._draw(rng, n, heldout=False)
+        """``n`` training problems (pairs outside the held-out and validation splits), drawn with ``rng``."""
+        draws = self._draw(rng, n, "training")
         return [self.problem(*next(draws)) for _ in range(n)]
 
     def heldout(self, n: int, seed: int = 0) -> list[Problem]:
@@ -283,21 +331,37 @@ class AdditionTask:
         Up to 10⁶ pairs (3 digits) and whenever ``n`` is over half the held-out pairs
         expected, the held-out pairs are listed and shuffled; otherwise distinct pairs are
         drawn. More than half of a split too large to list is an error naming ``eval_size``."""
-        rng = np.random.default_rng([self.split_seed, seed, 7])
+        return self._fixed_list(n, "held-out", np.random.default_rng([self.split_seed, seed, 7]))
+
+    def validation(self, n: int, seed: int = 0) -> list[Problem]:
+        """A fixed list of ``n`` distinct validation problems (fewer if the split has fewer),
+        as :meth:`heldout` lists held-out ones: disjoint from the held-out split and from
+        every :meth:`sample`. A :class:`~comppo_core.errors.ParameterError` naming
+        ``validation_fraction`` when the task has no validation split."""
+        if self.validation_fraction == 0.0:
+            raise ParameterError(
+                "validation_fraction: expected a validation split (validation_fraction > 0), got 0.0",
+                argument="validation_fraction",
+            )
+        return self._fixed_list(n, "validation", np.random.default_rng([self.split_seed, seed, 8]))
+
+    def _fixed_list(self, n: int, side: str, rng: np.random.Generator) -> list[Problem]:
+        share = self._share(side)
         pairs = 10 ** (2 * self.digits)
-        if self.digits <= 2 or (n > self.heldout_fraction * pairs / 2 and pairs <= _ENUMERABLE):
-            held = [p for p in self._pairs() if self.is_heldout(*p)]
+        if self.digits <= 2 or (n > share * pairs / 2 and pairs <= _ENUMERABLE):
+            held = [p for p in self._pairs() if self._side(*p) == side]
             order = rng.permutation(len(held))
             return [self.problem(*held[i]) for i in order[:n]]
-        if n > self.heldout_fraction * pairs / 2:
+        if n > share * pairs / 2:
+            name = "heldout_fraction" if side == "held-out" else "validation_fraction"
             raise ParameterError(
-                f"eval_size: expected at most half of the about {self.heldout_fraction * pairs:.0f} held-out "
-                f"{self.digits}-digit pairs, got {n}; lower eval_size or raise heldout_fraction",
+                f"eval_size: expected at most half of the about {share * pairs:.0f} {side} "
+                f"{self.digits}-digit pairs, got {n}; lower eval_size or raise {name}",
                 argument="eval_size",
             )
         seen: set[tuple[int, int]] = set()
         out: list[Problem] = []
-        for pair in self._draw(rng, 4 * n, heldout=True):  # distinct: about 1.4·n draws at most half
+        for pair in self._draw(rng, 4 * n, side):  # distinct: about 1.4·n draws at most half
             if pair not in seen:
                 seen.add(pair)
                 out.append(self.problem(*pair))
@@ -321,4 +385,5 @@ class AdditionTask:
             "digits": self.digits,
             "split_seed": self.split_seed,
             "heldout_fraction": self.heldout_fraction,
+            **({"validation_fraction": self.validation_fraction} if self.validation_fraction else {}),
         }

@@ -127,7 +127,7 @@ class Trainer:
         if self.arm.gates == "oracle":
             oracle.check_task(self.task, self.arm.name)
         self.max_new_tokens = config.max_new_tokens or self.task.max_new_tokens
-        self.eval_problems = self.task.heldout(config.eval_size)
+        self.eval_problems = getattr(self.task, config.eval_split)(config.eval_size)  # heldout or validation
         self.out = None if config.out is None else Path(config.out)
         self.warm_start: dict[str, Any] = {}
         self.start_step = 0
