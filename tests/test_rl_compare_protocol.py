@@ -462,3 +462,32 @@ def test_bad_grid_flags_exit_2_naming_the_flag(
     captured = capsys.readouterr()
     assert re.search(named, captured.err), captured.err
     assert not (tmp_path / "X").exists()
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_compare_jobs_runs_in_workers_and_gives_the_same_runs(tmp_path: Path) -> None:
+    """``--jobs 2`` runs each warm start and run in a worker process: the same files and
+    numbers as one after another (times aside), and a rerun with --resume reuses them."""
+
+    def without_times(path: Path) -> list[dict[str, Any]]:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+
+    argv = ["compare", "--arms", "grpo,comppo", "--seeds", "2", *TINY]
+    assert cli.main([*argv, "--out", str(tmp_path / "one")]) == 0
+    assert cli.main([*argv, "--jobs", "2", "--out", str(tmp_path / "two")]) == 0
+    for arm in ("grpo", "comppo"):
+        for s in (0, 1):
+            rel = Path(arm) / f"seed{s}" / "metrics.jsonl"
+            assert without_times(tmp_path / "one" / rel) == without_times(tmp_path / "two" / rel), rel
+    one = json.loads((tmp_path / "one" / "results.json").read_text())
+    two = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert one["arms"] == two["arms"]
+    before = (tmp_path / "two" / "timings.json").read_text()
+    assert cli.main([*argv, "--jobs", "2", "--out", str(tmp_path / "two"), "--resume"]) == 0
+    assert (tmp_path / "two" / "timings.json").read_text() == before  # nothing ran again
+
+
+def test_compare_jobs_must_be_a_positive_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["compare", "--jobs", "0", *TINY, "--out", str(tmp_path / "x")]) == 2
+    assert "--jobs: expected a number of processes >= 1, got '0'" in capsys.readouterr().err

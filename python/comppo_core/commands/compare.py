@@ -58,9 +58,12 @@ while training (a non-finite value in a reporting run), 130/143 when interrupted
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
+import multiprocessing
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -174,6 +177,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help=f"with --grid: tuning seeds {FIRST_TUNING_SEED} … {FIRST_TUNING_SEED}+N−1 "
         f"(default: {DEFAULT_TUNING_SEEDS})",
     )
+    cmd.add_argument(
+        "--jobs",
+        default=None,
+        metavar="N",
+        help="runs at once, each in its own process of one torch thread (default 1: one after another, in this "
+        "process); on a 2-core CPU, --jobs 2",
+    )
     add_config_arguments(cmd)
     cmd.set_defaults(run=run, command_parser=cmd)
     return cmd
@@ -199,7 +209,7 @@ def _count(flag: str, text: str | None, default: int, cmd: argparse.ArgumentPars
     except ValueError:
         n = 0
     if n < 1:
-        what = "seeds" if flag == "--seeds" else "tuning seeds"
+        what = {"--seeds": "seeds", "--tuning-seeds": "tuning seeds"}.get(flag, "processes")
         cmd.error(f"{flag}: expected a number of {what} >= 1, got {text!r}")
     return n
 
@@ -337,12 +347,57 @@ class _Stopped(Exception):
     """Asked to stop between two runs (the one named is finished)."""
 
 
+def _continues(run_out: Path) -> bool:
+    """Whether ``run_out`` holds an unfinished run to resume (a checkpoint and its config)."""
+    return run_dir.saved_checkpoint(run_out) is not None and _saved_config(run_out) is not None
+
+
+def _train_job(config: TrainConfig, resume: bool) -> tuple[str, Any]:
+    """One run in a worker process (``compare --jobs``): ``("done", summary)``,
+    ``("nonfinite", message)`` or ``("stopped", next step)`` after Ctrl-C / SIGTERM (which
+    reach the workers of a terminal's process group too: each finishes its step and
+    checkpoints)."""
+    from ..rl.interrupts import GracefulStop, TrainingInterrupted
+    from ..rl.trainer import Trainer
+
+    with GracefulStop() as stop:
+        trainer = Trainer(config.replace(resume=resume), overwrite=not resume)
+        try:
+            return "done", trainer.train(stop=stop)
+        except NonFiniteError as exc:
+            return "nonfinite", str(exc)
+        except TrainingInterrupted as exc:
+            return "stopped", exc.next_step
+        finally:
+            trainer.dist.close()
+
+
+def _ignore_interrupts() -> None:
+    """A worker between runs ignores Ctrl-C (the compare process decides); during a run,
+    :func:`_train_job`'s ``GracefulStop`` handles it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _pool(jobs: int) -> Any:
+    """``jobs`` worker processes (spawned: a fresh interpreter each, one torch thread per run)."""
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_interrupts
+    )
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 class _Runner:
     """Makes (or reuses) the warm starts and runs of one compare, timing them; a tuning
     run stopped by a non-finite value is recorded in ``grid/nonfinite.json`` (a collapse)."""
 
-    def __init__(self, cmd: argparse.ArgumentParser, out: Path, base: TrainConfig, total: int, stop: Any) -> None:
-        self.cmd, self.out, self.base, self.total, self.stop = cmd, out, base, total, stop
+    def __init__(
+        self, cmd: argparse.ArgumentParser, out: Path, base: TrainConfig, total: int, stop: Any, jobs: int = 1
+    ) -> None:
+        self.cmd, self.out, self.base, self.total, self.stop, self.jobs = cmd, out, base, total, stop, jobs
         self.timings_path = out / "timings.json"
         try:  # seconds each warm start and run took when it ran (kept for the runs a rerun reuses)
             self.timings: dict[str, float] = json.loads(self.timings_path.read_text())
@@ -398,9 +453,9 @@ class _Runner:
         t0 = time.perf_counter()
         status = "reused"
         if summary is None:
-            go_on = run_dir.saved_checkpoint(run_out) is not None and _saved_config(run_out) is not None
+            go_on = _continues(run_out)
             try:
-                trainer = Trainer(config.replace(resume=bool(go_on)), overwrite=not go_on)
+                trainer = Trainer(config.replace(resume=go_on), overwrite=not go_on)
             except ParameterError as exc:  # a bad --init-from, --model or --task
                 usage_error(self.cmd, exc)
             try:
@@ -408,25 +463,118 @@ class _Runner:
             except NonFiniteError as exc:
                 if not tuning:
                     raise
-                self.nonfinite[rel] = {"message": str(exc)}
-                run_dir.write_json_atomic(self.nonfinite_path, self.nonfinite)
+                self._nonfinite(rel, str(exc))
             finally:
                 trainer.dist.close()
-            self.timings[rel] = time.perf_counter() - t0 + self.timings.get(rel, 0.0) * bool(go_on)
-            run_dir.write_json_atomic(self.timings_path, self.timings)
-            status = f"{self.timings[rel]:.0f} s" + (", resumed" if go_on else "")
+            status = self._timed(rel, time.perf_counter() - t0, go_on)
         else:
             self.reused += 1
+        self._print(label, summary, status, split)
+        return self._after(label, summary)
+
+    def _nonfinite(self, rel: str, message: str) -> None:
+        self.nonfinite[rel] = {"message": message}
+        run_dir.write_json_atomic(self.nonfinite_path, self.nonfinite)
+
+    def _timed(self, rel: str, seconds: float, resumed: bool) -> str:
+        """Record a run's seconds (added to its earlier part when resumed); its status text."""
+        self.timings[rel] = seconds + self.timings.get(rel, 0.0) * resumed
+        run_dir.write_json_atomic(self.timings_path, self.timings)
+        return f"{self.timings[rel]:.0f} s" + (", resumed" if resumed else "")
+
+    def _print(self, label: str, summary: dict[str, Any] | None, status: str, split: str, done: int = 0) -> None:
+        n = done or self.done
         if summary is None:
-            print(f"[{self.done}/{self.total}] {label}: stopped on a non-finite value ({status})", flush=True)
+            print(f"[{n}/{self.total}] {label}: stopped on a non-finite value ({status})", flush=True)
         else:
             first, final = summary["initial_eval_accuracy"], summary["final_eval_accuracy"]
             print(
-                f"[{self.done}/{self.total}] {label}: {split} accuracy {report.pct(first)}% -> {report.pct(final)}% "
-                f"({status})",
+                f"[{n}/{self.total}] {label}: {split} accuracy {report.pct(first)}% -> {report.pct(final)}% ({status})",
                 flush=True,
             )
-        return self._after(label, summary)
+
+    def run_all(self, items: list[tuple[str, TrainConfig, str]]) -> dict[str, dict[str, Any] | None]:
+        """Every run of ``items`` (``(rel, config, label)``), ``jobs`` at once; the summaries
+        by ``rel`` (None: a tuning run stopped by a non-finite value). With ``jobs > 1``
+        each run (and each missing warm start, first) runs in a worker process of one
+        torch thread; a worker's result is recorded and printed as it arrives."""
+        if self.jobs == 1:
+            return {rel: self.run(rel, config, label) for rel, config, label in items}
+        results: dict[str, dict[str, Any] | None] = {}
+        todo: list[tuple[str, TrainConfig, str, bool]] = []
+        with _pool(self.jobs) as pool:
+            self._warm_starts(pool, sorted({config.seed for _, config, _ in items}))
+            for rel, config, label in items:
+                run_out = self.out / rel
+                config = config.replace(out=str(run_out), init_from=self.init_from(config.seed))
+                self.keys.append(rel)
+                tuning = config.eval_split == "validation"
+                summary = None if tuning and rel in self.nonfinite else _finished(run_out, config)
+                if summary is None and not (tuning and rel in self.nonfinite):
+                    todo.append((rel, config, label, _continues(run_out)))
+                    continue
+                self.done += 1
+                self.reused += 1
+                results[rel] = summary
+                self._print(label, summary, "reused", "validation" if tuning else "held-out")
+            futures = {
+                pool.submit(_train_job, config, go_on): (rel, config, label, go_on, time.perf_counter())
+                for rel, config, label, go_on in todo
+            }
+            stopped: str | None = None
+            for future in concurrent.futures.as_completed(futures):
+                rel, config, label, go_on, t0 = futures[future]
+                try:
+                    kind, value = future.result()
+                except ParameterError as exc:  # a bad --init-from, --model or --task
+                    pool.shutdown(cancel_futures=True)
+                    usage_error(self.cmd, exc)
+                tuning = config.eval_split == "validation"
+                if kind == "stopped":
+                    stopped = stopped or f"{label}, stopped after step {value}"
+                    continue
+                if kind == "nonfinite":
+                    if not tuning:
+                        pool.shutdown(cancel_futures=True)
+                        raise NonFiniteError(value)
+                    self._nonfinite(rel, value)
+                    value = None
+                self.done += 1
+                results[rel] = value
+                status = self._timed(rel, time.perf_counter() - t0, go_on)
+                self._print(label, value, status, "validation" if tuning else "held-out")
+                if self.stop() and stopped is None:
+                    stopped = label
+                    for f in futures:
+                        f.cancel()
+            if stopped is not None:
+                raise _Stopped(stopped)
+        return results
+
+    def _warm_starts(self, pool: concurrent.futures.Executor, seeds: list[int]) -> None:
+        """Make (or reuse) the warm starts of ``seeds`` that this compare has not read yet, in ``pool``."""
+        missing = [seed for seed in seeds if seed not in self._init_from]
+        if not self.warm_needed:
+            for seed in missing:
+                self._init_from[seed] = self.base.init_from
+            return
+        t0 = time.perf_counter()
+        jobs = {
+            seed: pool.submit(_warm_start, self.base, seed, self.out / "warmstart" / f"seed{seed}") for seed in missing
+        }
+        for seed, job in jobs.items():
+            try:
+                init_from, made = job.result()
+            except ParameterError as exc:
+                usage_error(self.cmd, exc)
+            key = f"warmstart/seed{seed}"
+            self.keys.append(key)
+            if made:
+                self.timings[key] = time.perf_counter() - t0
+                run_dir.write_json_atomic(self.timings_path, self.timings)
+            status = f"made in {self.timings[key]:.0f} s" if made else "reused"
+            print(f"[seed {seed}] warm start {init_from} ({status})", flush=True)
+            self._init_from[seed] = init_from
 
     def _after(self, label: str, summary: dict[str, Any] | None) -> dict[str, Any] | None:
         if self.stop():  # between two runs: this one is finished
@@ -438,17 +586,22 @@ def _tune(
     runner: _Runner, grid: Grid, arms: list[str], seeds: list[int], configs: dict[str, TrainConfig]
 ) -> dict[str, list[list[Outcome]]]:
     """Every tuning run (point by point, seed by seed, arm by arm); ``outcomes[arm][point][k]``."""
-    outcomes: dict[str, list[list[Outcome]]] = {arm: [] for arm in arms}
+    items = []
     for i, point in enumerate(grid.points):
         name = grid.name(i)
         (runner.out / "grid" / name).mkdir(parents=True, exist_ok=True)
         run_dir.write_json_atomic(runner.out / "grid" / name / "point.json", {"point": name, "settings": point})
-        for arm in arms:
-            outcomes[arm].append([])
         for t in seeds:
             for arm in arms:
                 rel = f"grid/{name}/{arm}/seed{t}"
-                summary = runner.run(rel, configs[rel], f"{arm} {name} seed {t}")
+                items.append((rel, configs[rel], f"{arm} {name} seed {t}"))
+    summaries = runner.run_all(items)
+    outcomes: dict[str, list[list[Outcome]]] = {arm: [[] for _ in grid.points] for arm in arms}
+    for i in range(len(grid.points)):
+        for t in seeds:
+            for arm in arms:
+                rel = f"grid/{grid.name(i)}/{arm}/seed{t}"
+                summary = summaries[rel]
                 if summary is None:
                     outcome = Outcome(None, None, nonfinite=runner.nonfinite[rel]["message"])
                 else:
@@ -476,6 +629,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     elif args.tuning_seeds is not None:
         cmd.error("--tuning-seeds: only with --grid (the seeds a grid's settings are chosen on)")
     n_seeds = _count("--seeds", args.seeds, DEFAULT_REPORTING_SEEDS if grid else 3, cmd)
+    jobs = _count("--jobs", args.jobs, 1, cmd)
     tseeds = tuning_seeds(_count("--tuning-seeds", args.tuning_seeds, DEFAULT_TUNING_SEEDS, cmd)) if grid else []
     if grid and n_seeds > FIRST_TUNING_SEED:
         cmd.error(
@@ -535,7 +689,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     outcomes: dict[str, list[list[Outcome]]] = {}
     chosen: dict[str, int] = {}
     with GracefulStop() as stop:
-        runner = _Runner(cmd, out, base, len(configs) + len(arms) * n_seeds * (grid is not None), stop)
+        runner = _Runner(cmd, out, base, len(configs) + len(arms) * n_seeds * (grid is not None), stop, jobs)
         try:
             if grid is not None:
                 outcomes = _tune(runner, grid, arms, tseeds, configs)
@@ -555,10 +709,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                                 f"--grid: {rel} in --out holds a run at another setting than {arm}'s chosen one "
                                 f"({why}); replace the compare with --overwrite"
                             )
+            items = [
+                (f"{arm}/seed{seed}", configs[f"{arm}/seed{seed}"], f"{arm} seed {seed}")
+                for seed in range(n_seeds)
+                for arm in arms
+            ]
+            reported = runner.run_all(items)
             for seed in range(n_seeds):
                 for arm in arms:
-                    rel = f"{arm}/seed{seed}"
-                    summary = runner.run(rel, configs[rel], f"{arm} seed {seed}")
+                    summary = reported[f"{arm}/seed{seed}"]
                     assert summary is not None  # a reporting run's non-finite stop is raised
                     summaries[arm, seed] = summary
         except _Stopped as exc:
