@@ -68,7 +68,14 @@ def test_the_overridden_private_methods_have_trl_1_16_signatures() -> None:
     for name, recorded in cctrl.PINNED_SIGNATURES.items():
         assert str(inspect.signature(getattr(GRPOTrainer, name))) == recorded, name
     overridden = {n for n, v in vars(cctrl.CompPOTrainer).items() if callable(v) and n.startswith("_")}
-    overridden -= {"__init__", "_base_model", "_reduce_actor_gradients", "_reference_logprobs", "_gather", "_pad_to_global_widths"}
+    overridden -= {
+        "__init__",
+        "_base_model",
+        "_reduce_actor_gradients",
+        "_reference_logprobs",
+        "_gather",
+        "_pad_to_global_widths",
+    }
     overridden -= {"_score", "_set_shares", "_log_entries", "_step_critic"}
     assert overridden <= set(cctrl.PINNED_SIGNATURES), overridden - set(cctrl.PINNED_SIGNATURES)
 
@@ -349,3 +356,29 @@ def test_two_processes_equal_one_on_the_same_global_batch(tmp_path: Path) -> Non
         assert max_diff(a, b) == 0.0  # every process holds the same critic after each step
     print("2 processes vs 1:", max(max_diff(a, b) for a, b in zip(one["critic"], r0["critic"])),
           max_diff(one["actor"], r0["actor"]))  # fmt: skip
+
+
+# ---- the shipped example and accelerate configs
+
+
+def test_the_example_runs(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    program = ROOT / "examples" / "trl_comppo.py"
+    done = subprocess.run(
+        [sys.executable, "-W", "error", str(program)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "CompPOTrainer trained" in done.stdout, done.stdout[-2000:]
+
+
+def test_the_accelerate_configs_are_valid_yaml() -> None:
+    yaml = pytest.importorskip("yaml")
+    kinds = {}
+    for path in sorted((ROOT / "examples" / "accelerate").glob("*.yaml")):
+        kinds[path.stem] = yaml.safe_load(path.read_text())["distributed_type"]
+    assert kinds == {"ddp": "MULTI_GPU", "fsdp2": "FSDP", "zero3": "DEEPSPEED"}

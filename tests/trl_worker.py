@@ -50,7 +50,10 @@ def main(out: Path) -> None:
     trainer.train()
     actor = [p.detach().clone() for p in trainer.accelerator.unwrap_model(trainer.model).parameters()]
     out.mkdir(parents=True, exist_ok=True)
-    torch.save({"critic": critics, "actor": actor, "log": trainer.state.log_history}, out / f"rank{trainer.accelerator.process_index}.pt")
+    torch.save(
+        {"critic": critics, "actor": actor, "log": trainer.state.log_history},
+        out / f"rank{trainer.accelerator.process_index}.pt",
+    )
 
 
 if __name__ == "__main__":

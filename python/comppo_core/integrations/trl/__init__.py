@@ -13,4 +13,13 @@ from .config import ARM_CHOICES, CompPOConfig, tac_arms, unsupported
 from .pinned import PINNED_ATTRIBUTES, PINNED_SIGNATURES
 from .trainer import CRITIC_FILE, CompPOTrainer
 
-__all__ = ["ARM_CHOICES", "CRITIC_FILE", "PINNED_ATTRIBUTES", "PINNED_SIGNATURES", "CompPOConfig", "CompPOTrainer", "tac_arms", "unsupported"]
+__all__ = [
+    "ARM_CHOICES",
+    "CRITIC_FILE",
+    "PINNED_ATTRIBUTES",
+    "PINNED_SIGNATURES",
+    "CompPOConfig",
+    "CompPOTrainer",
+    "tac_arms",
+    "unsupported",
+]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trl import GRPOConfig
+from trl.trainer.grpo_config import GRPOConfig
 
 from ...errors import ParameterError
 from ...gate_params import GateParams

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from trl import GRPOTrainer
+from trl.trainer.grpo_trainer import GRPOTrainer
 
 from ...errors import ParameterError
 from ...hf.scoring import score as score_tokens
@@ -55,7 +55,7 @@ CRITIC_FILE = "comppo_critic.pt"
 _BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(step.Batch))
 
 
-class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hints
+class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are partial
     """``GRPOTrainer`` running a CompPO arm (module docstring)."""
 
     #: the transport-aligned critic (None for ``arm="grpo"``)
@@ -70,17 +70,23 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
         self.critic = None
         self.critic_optimizer = None
         if self.arm.critic is not None:
-            refused = unsupported(args, tools=kwargs.get("tools"), environment_factory=kwargs.get("environment_factory"))
+            refused = unsupported(
+                args, tools=kwargs.get("tools"), environment_factory=kwargs.get("environment_factory")
+            )
             if refused:
                 option, why = refused[0]
                 raise ParameterError(f"{option}: not supported by the {args.arm} arm ({why})", argument=option)
             if self.arm.critic != "tac":
                 raise ParameterError(f"arm: expected grpo or a TAC arm, got {args.arm!r}", argument="arm")
         super().__init__(model, reward_funcs, args, **kwargs)
+        self._cfg: Any = args
         if self.arm.critic is None:
             return
         self.scoring = step.ScoringSettings(
-            statistic=args.statistic, gate_params=args.gate_params, temperature=args.temperature, fixed_gate=args.fixed_gate
+            statistic=args.statistic,
+            gate_params=args.gate_params,
+            temperature=args.temperature,
+            fixed_gate=args.fixed_gate,
         )
         self.advantage_settings = step.AdvantageSettings(
             gamma=args.gamma,
@@ -99,22 +105,26 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
             value_clip=args.value_clip,
             vf_coef=args.vf_coef,
             agg=args.loss_agg,
-            normalizer=float(budget) if args.loss_agg == "seq-mean-token-sum-norm" else None,
+            normalizer=float(budget) if budget is not None and args.loss_agg == "seq-mean-token-sum-norm" else None,
             kl_coef=args.beta,
             kl_kind="k3",
             kl_mode="loss",
         )
-        self._dist = Dist(self.accelerator.process_index, self.accelerator.num_processes, self.accelerator.device)
+        self._cc_dist = Dist(self.accelerator.process_index, self.accelerator.num_processes, self.accelerator.device)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(args.seed)
             critic = TransportAlignedCritic.for_model(
                 self._base_model(), width=args.tac_width, temporal=args.tac_temporal, trunk_grad=args.trunk_grad
             )
         self.critic = critic.to(device=self.accelerator.device, dtype=torch.float32)
-        self._dist.broadcast_module(self.critic)
+        self._cc_dist.broadcast_module(self.critic)
         self.critic_optimizer = torch.optim.AdamW(
             self.critic.parameters(), lr=args.critic_lr, weight_decay=args.weight_decay
         )
+
+    @property
+    def _training(self) -> bool:
+        return bool(getattr(self.model, "training", False))
 
     # ---- the models
 
@@ -128,7 +138,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
     def _reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Log-probs at τ under TRL's reference: ``ref_model``, or with PEFT the model with
         its adapter disabled."""
-        tau = self.args.temperature
+        tau = self._cfg.temperature
         if self.ref_model is not None:
             return score_tokens(self.ref_model, ids, mask, temperature=tau).logprobs
         inner = self.accelerator.unwrap_model(self.model)
@@ -171,7 +181,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
         out["old_per_token_logps"] = batch.old_logprobs[:, p - 1 :]
         for name in _BATCH_FIELDS:
             out["comppo_" + name] = getattr(batch, name)
-        mode = "train" if self.model.training else "eval"
+        mode = "train" if self._training else "eval"
         for key, value in stats.items():
             if value is not None:
                 self._metrics[mode]["comppo/" + key].append(float(value))
@@ -180,13 +190,14 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
     def _pad_to_global_widths(self, out: dict[str, Any]) -> dict[str, Any]:
         """Prompts left-padded and completions right-padded to the widest of every process,
         so the rows of all processes form one ``[B, T]`` batch (one process: unchanged)."""
-        widths = torch.tensor([out["prompt_ids"].shape[1], out["completion_ids"].shape[1]], device=self.accelerator.device)
+        widths = torch.tensor(
+            [out["prompt_ids"].shape[1], out["completion_ids"].shape[1]], device=self.accelerator.device
+        )
         p, c = (int(w) for w in self._gather(widths.unsqueeze(0)).max(0).values)
         dp, dc = p - out["prompt_ids"].shape[1], c - out["completion_ids"].shape[1]
         if dp == 0 and dc == 0:
             return out
-        pad = self.processing_class.pad_token_id if hasattr(self.processing_class, "pad_token_id") else 0
-        pad = 0 if pad is None else pad
+        pad = getattr(self.processing_class, "pad_token_id", None) or 0
         out = dict(out)
         out["prompt_ids"] = torch.nn.functional.pad(out["prompt_ids"], (dp, 0), value=pad)
         out["prompt_mask"] = torch.nn.functional.pad(out["prompt_mask"], (dp, 0), value=0)
@@ -196,13 +207,13 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
                 out[key] = torch.nn.functional.pad(out[key], (0, dc), value=0)
         return out
 
-    def _score(
-        self, out: dict[str, Any], scores: torch.Tensor, rows: step.Rows
-    ) -> tuple[step.Batch, dict[str, Any]]:
+    def _score(self, out: dict[str, Any], scores: torch.Tensor, rows: step.Rows) -> tuple[step.Batch, dict[str, Any]]:
         """Phases 2–3 of :class:`comppo_core.rl.Trainer` on TRL's generation batch."""
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1).bool()
-        loss_mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
+        loss_mask = (
+            out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
+        )
         p = out["prompt_ids"].shape[1]
         response_mask = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=ids.device)
         response_mask[:, p - 1 :] = loss_mask.bool()
@@ -210,8 +221,8 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
             self.arm,
             self.scoring,
             step=self.state.global_step,
-            seed=self.args.seed,
-            shape=tuple(response_mask.shape),
+            seed=self._cfg.seed,
+            shape=(response_mask.shape[0], response_mask.shape[1]),
             device=ids.device,
             rows=rows,
         )
@@ -230,7 +241,9 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
             )
         ref = self._reference_logprobs(ids, mask) if self.beta != 0.0 else None
         rewards, kl = step.rewards_with_kl(response_mask, scores, s.logprobs, ref, self.advantage_settings)
-        groups = torch.arange(ids.shape[0], device=ids.device) // self.num_generations  # unused by critic arms
+        groups = torch.arange(ids.shape[0], device=ids.device) // int(
+            self.num_generations or 1
+        )  # unused by critic arms
         advantages, returns, all_advantages = step.compute_advantages(
             self.arm,
             rewards,
@@ -260,7 +273,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
     def _prepare_inputs(self, generation_batch: Any) -> Any:
         before = self._buffered_inputs
         inputs = super()._prepare_inputs(generation_batch)
-        if self.critic is not None and self.model.training and self._buffered_inputs is not before:
+        if self.critic is not None and self._training and self._buffered_inputs is not before:
             self._set_shares(self._buffered_inputs)
         return inputs
 
@@ -268,7 +281,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
         """``comppo_share`` / ``comppo_token_share`` of each buffered micro-batch: its part of
         the denominator of the optimiser step it belongs to (``gradient_accumulation_steps``
         consecutive chunks on every process; :func:`comppo_core.rl.step.loss_shares`)."""
-        accumulation = self.args.gradient_accumulation_steps
+        accumulation = self._cfg.gradient_accumulation_steps
         tokens = torch.stack([c["comppo_response_mask"].sum(-1) for c in chunks])  # [S, b]
         every = self._gather(tokens.unsqueeze(0)).cpu()  # [P, S, b]
         n_proc, _, b = every.shape
@@ -279,14 +292,15 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
             flat = window.reshape(-1)
             index = torch.arange(flat.numel())
             start = (rank * accumulation + (k - w * accumulation)) * b
-            share, token_share = step.loss_shares(flat, index, index[start : start + b], self.args.loss_agg)
+            share, token_share = step.loss_shares(flat, index, index[start : start + b], self._cfg.loss_agg)
             chunk["comppo_share"], chunk["comppo_token_share"] = share, token_share
         del n_proc
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         if self.critic is None:
             return super()._compute_loss(model, inputs)
-        mb = step.Batch(**{name: inputs.get("comppo_" + name) for name in _BATCH_FIELDS})
+        fields: dict[str, Any] = {name: inputs.get("comppo_" + name) for name in _BATCH_FIELDS}
+        mb = step.Batch(**fields)
         with self.accelerator.autocast():
             s = step.score(
                 self._base_model(),
@@ -316,7 +330,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
         """The micro-batch's shares of the step's loss statistics, summed over processes and
         scaled by the accumulation steps, so TRL's mean over the step's micro-batches is the
         statistic of the step's whole batch."""
-        mode = "train" if self.model.training else "eval"
+        mode = "train" if self._training else "eval"
         keys = sorted(entries)
         values = torch.tensor([entries[k] for k in keys], dtype=torch.float64, device=self.accelerator.device)
         if self.accelerator.num_processes > 1:
@@ -343,7 +357,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
         if not isinstance(self.model_wrapped, DistributedDataParallel):
             return
         params = [p for p in self.model_wrapped.module.parameters() if p.requires_grad]
-        self._dist.all_reduce_gradients(params)
+        self._cc_dist.all_reduce_gradients(params)
         for p in params:
             if p.grad is not None:
                 p.grad.div_(self.accelerator.num_processes)
@@ -353,13 +367,13 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
         ``max_grad_norm`` and step the critic; log its gradient norm before clipping."""
         assert self.critic is not None and self.critic_optimizer is not None
         params = [p for p in self.critic.parameters() if p.requires_grad]
-        self._dist.all_reduce_gradients(params)
+        self._cc_dist.all_reduce_gradients(params)
         world = self.accelerator.num_processes
         if world > 1:
             for p in params:
                 if p.grad is not None:
                     p.grad.div_(world)
-        norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, self._cfg.max_grad_norm)
         self.critic_optimizer.step()
         self.critic_optimizer.zero_grad(set_to_none=True)
         self._metrics["train"]["comppo/grad_norm_critic"].append(float(norm))
@@ -368,12 +382,16 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type hin
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         super()._save_checkpoint(model, trial)
-        if self.critic is None or self.critic_optimizer is None or not self.args.should_save:
+        if self.critic is None or self.critic_optimizer is None or not self._cfg.should_save:
             return
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        state = {"arm": self.arm.name, "critic": self.critic.state_dict(), "optimizer": self.critic_optimizer.state_dict()}
+        state = {
+            "arm": self.arm.name,
+            "critic": self.critic.state_dict(),
+            "optimizer": self.critic_optimizer.state_dict(),
+        }
         torch.save(state, os.path.join(folder, CRITIC_FILE))
 
     def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
