@@ -1,0 +1,414 @@
+"""``CompPOTrainer``: TRL's ``GRPOTrainer`` with CompPO's scoring, Comp-GAE, TAC and losses.
+
+Used as a ``GRPOTrainer`` is (docs/trl.md)::
+
+    trainer = CompPOTrainer(model=..., reward_funcs=..., args=CompPOConfig(arm="comppo", ...),
+                            train_dataset=..., processing_class=...)
+    trainer.train()
+
+With ``arm="grpo"`` every method is ``GRPOTrainer``'s. A TAC arm keeps TRL's generation,
+reward functions, reference model, optimiser, accumulation and checkpoints, and takes the
+maths from :mod:`comppo_core.rl.step` (the functions :class:`comppo_core.rl.Trainer` runs)::
+
+    generation    GRPOTrainer._generate_and_score_completions (completions, rewards); then on
+                  the generation batch, padded to the global batch's widths:
+    2. score      step.score(actor, critic, ids, mask, response_mask, gates=step.step_gates(...))
+    3. advantages r = step.rewards_with_kl(response_mask, scores, ...): score at the last token
+                  A, R = step.compute_advantages(...): Comp-GAE, whitened over the global batch
+    4. loss       per micro-batch: step.minibatch_loss(..., share=s) · world_size, where s is
+                  the micro-batch's share (step.loss_shares) of the optimiser step's batch
+                  (every process, every accumulation step): the sum over micro-batches and
+                  processes is the loss of the whole batch, so the update does not depend on
+                  how the batch is split (DDP averages the actor's gradients over processes,
+                  hence the factor world_size; the critic's are all-reduced the same way)
+
+Columns are ``[B, T−1]`` (column j scores token ``ids[:, j+1]``): the response columns are
+``P−1 … P+C−2`` for a prompt of width ``P``. The TAC (:attr:`CompPOTrainer.critic`) lives
+outside the model accelerate wraps, with its own AdamW, stepped after the actor's optimiser
+step; it is saved in each checkpoint (``comppo_critic.pt``) and restored on resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import torch
+from torch import nn
+from trl.trainer.grpo_trainer import GRPOTrainer
+
+from ...errors import ParameterError
+from ...hf.scoring import score as score_tokens
+from ...rl import step
+from ...rl.arms import ARMS, Arm
+from ...rl.distributed import Dist
+from ...rl.tac import TransportAlignedCritic
+from .config import CompPOConfig, unsupported
+
+__all__ = ["CRITIC_FILE", "CompPOTrainer"]
+
+#: The file in each TRL checkpoint directory that holds the critic and its optimiser.
+CRITIC_FILE = "comppo_critic.pt"
+
+#: The per-row ``[B, T−1]`` fields of a scored generation batch, stored as ``comppo_<name>``.
+_BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(step.Batch))
+
+
+class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are partial
+    """``GRPOTrainer`` running a CompPO arm (module docstring)."""
+
+    #: the transport-aligned critic (None for ``arm="grpo"``)
+    critic: nn.Module | None
+    critic_optimizer: torch.optim.Optimizer | None
+
+    def __init__(self, model: Any, reward_funcs: Any = None, args: CompPOConfig | None = None, **kwargs: Any) -> None:
+        if not isinstance(args, CompPOConfig):
+            got = type(args).__name__
+            raise ParameterError(f"args: expected a CompPOConfig, got {got}", argument="args")
+        self.arm: Arm = ARMS[args.arm]
+        self.critic = None
+        self.critic_optimizer = None
+        if self.arm.critic is not None:
+            refused = unsupported(
+                args, tools=kwargs.get("tools"), environment_factory=kwargs.get("environment_factory")
+            )
+            if refused:
+                option, why = refused[0]
+                raise ParameterError(f"{option}: not supported by the {args.arm} arm ({why})", argument=option)
+            if self.arm.critic != "tac":
+                raise ParameterError(f"arm: expected grpo or a TAC arm, got {args.arm!r}", argument="arm")
+        super().__init__(model, reward_funcs, args, **kwargs)
+        self._cfg: Any = args
+        if self.arm.critic is None:
+            return
+        self.scoring = step.ScoringSettings(
+            statistic=args.statistic,
+            gate_params=args.gate_params,
+            temperature=args.temperature,
+            fixed_gate=args.fixed_gate,
+        )
+        self.advantage_settings = step.AdvantageSettings(
+            gamma=args.gamma,
+            lam=args.lam,
+            lam_critic=args.lam_critic,
+            whiten=args.whiten_advantages,
+            kl_coef=args.beta,
+            kl_kind="k3",
+            kl_mode="loss",
+        )
+        budget = args.max_completion_length
+        self.loss_settings = step.LossSettings(
+            clip_low=args.epsilon,
+            clip_high=args.epsilon_high,
+            dual_clip=args.dual_clip,
+            value_clip=args.value_clip,
+            vf_coef=args.vf_coef,
+            agg=args.loss_agg,
+            normalizer=float(budget) if budget is not None and args.loss_agg == "seq-mean-token-sum-norm" else None,
+            kl_coef=args.beta,
+            kl_kind="k3",
+            kl_mode="loss",
+        )
+        self._cc_dist = Dist(self.accelerator.process_index, self.accelerator.num_processes, self.accelerator.device)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(args.seed)
+            critic = TransportAlignedCritic.for_model(
+                self._base_model(), width=args.tac_width, temporal=args.tac_temporal, trunk_grad=args.trunk_grad
+            )
+        self.critic = critic.to(device=self.accelerator.device, dtype=torch.float32)
+        self._cc_dist.broadcast_module(self.critic)
+        self.critic_optimizer = torch.optim.AdamW(
+            self.critic.parameters(), lr=args.critic_lr, weight_decay=args.weight_decay
+        )
+
+    @property
+    def _training(self) -> bool:
+        return bool(getattr(self.model, "training", False))
+
+    # ---- the models
+
+    def _base_model(self) -> Any:
+        """The unwrapped policy (with PEFT: the base model with the adapter injected)."""
+        inner = self.accelerator.unwrap_model(self.model)
+        get_base = getattr(inner, "get_base_model", None)
+        return get_base() if callable(get_base) else inner
+
+    @torch.no_grad()
+    def _reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Log-probs at τ under TRL's reference: ``ref_model``, or with PEFT the model with
+        its adapter disabled."""
+        tau = self._cfg.temperature
+        if self.ref_model is not None:
+            return score_tokens(self.ref_model, ids, mask, temperature=tau).logprobs
+        inner = self.accelerator.unwrap_model(self.model)
+        with inner.disable_adapter():
+            return score_tokens(self._base_model(), ids, mask, temperature=tau).logprobs
+
+    # ---- phase 2 and 3: on each generation batch
+
+    def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> Any:
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rewards_per_func = rewards  # every process's rows, as TRL gathers them
+        return rewards
+
+    def _gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate ``x`` over the processes in rank order (the identity on one)."""
+        if self.accelerator.num_processes == 1:
+            return x
+        wire = torch.float32 if x.is_floating_point() and x.dtype != torch.float64 else x.dtype
+        if x.dtype == torch.bool:
+            wire = torch.int64
+        return self.accelerator.gather(x.to(wire).contiguous()).to(x.dtype)
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        if self.critic is None:
+            return super()._generate_and_score_completions(inputs)
+        beta, self.beta = self.beta, 0.0  # the arm scores the reference itself, at τ
+        try:
+            out: dict[str, Any] = super()._generate_and_score_completions(inputs)
+        finally:
+            self.beta = beta
+        out = self._pad_to_global_widths(out)
+        b = out["prompt_ids"].shape[0]
+        rank = self.accelerator.process_index
+        weights = self.reward_weights.to(self._rewards_per_func.device)
+        scores = (self._rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)[rank * b : (rank + 1) * b]
+        rows = step.Rows(self._gather, slice(rank * b, (rank + 1) * b), self.accelerator.num_processes > 1)
+        batch, stats = self._score(out, scores, rows)
+        p = out["prompt_ids"].shape[1]
+        out["advantages"] = batch.advantages[:, p - 1 :]
+        out["old_per_token_logps"] = batch.old_logprobs[:, p - 1 :]
+        for name in _BATCH_FIELDS:
+            out["comppo_" + name] = getattr(batch, name)
+        mode = "train" if self._training else "eval"
+        for key, value in stats.items():
+            if value is not None:
+                self._metrics[mode]["comppo/" + key].append(float(value))
+        return out
+
+    def _pad_to_global_widths(self, out: dict[str, Any]) -> dict[str, Any]:
+        """Prompts left-padded and completions right-padded to the widest of every process,
+        so the rows of all processes form one ``[B, T]`` batch (one process: unchanged)."""
+        widths = torch.tensor(
+            [out["prompt_ids"].shape[1], out["completion_ids"].shape[1]], device=self.accelerator.device
+        )
+        p, c = (int(w) for w in self._gather(widths.unsqueeze(0)).max(0).values)
+        dp, dc = p - out["prompt_ids"].shape[1], c - out["completion_ids"].shape[1]
+        if dp == 0 and dc == 0:
+            return out
+        pad = getattr(self.processing_class, "pad_token_id", None) or 0
+        out = dict(out)
+        out["prompt_ids"] = torch.nn.functional.pad(out["prompt_ids"], (dp, 0), value=pad)
+        out["prompt_mask"] = torch.nn.functional.pad(out["prompt_mask"], (dp, 0), value=0)
+        out["completion_ids"] = torch.nn.functional.pad(out["completion_ids"], (0, dc), value=pad)
+        for key in ("completion_mask", "tool_mask", "old_per_token_logps", "sampling_per_token_logps"):
+            if out.get(key) is not None:
+                out[key] = torch.nn.functional.pad(out[key], (0, dc), value=0)
+        return out
+
+    def _score(self, out: dict[str, Any], scores: torch.Tensor, rows: step.Rows) -> tuple[step.Batch, dict[str, Any]]:
+        """Phases 2–3 of :class:`comppo_core.rl.Trainer` on TRL's generation batch."""
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1).bool()
+        loss_mask = (
+            out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
+        )
+        p = out["prompt_ids"].shape[1]
+        response_mask = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=ids.device)
+        response_mask[:, p - 1 :] = loss_mask.bool()
+        gates = step.step_gates(
+            self.arm,
+            self.scoring,
+            step=self.state.global_step,
+            seed=self._cfg.seed,
+            shape=(response_mask.shape[0], response_mask.shape[1]),
+            device=ids.device,
+            rows=rows,
+        )
+        with torch.no_grad(), self.accelerator.autocast():
+            s = step.score(
+                self._base_model(),
+                self.critic,
+                ids,
+                mask,
+                response_mask,
+                arm=self.arm,
+                settings=self.scoring,
+                grad=False,
+                gates=gates,
+                rows=rows,
+            )
+        ref = self._reference_logprobs(ids, mask) if self.beta != 0.0 else None
+        rewards, kl = step.rewards_with_kl(response_mask, scores, s.logprobs, ref, self.advantage_settings)
+        groups = torch.arange(ids.shape[0], device=ids.device) // int(
+            self.num_generations or 1
+        )  # unused by critic arms
+        advantages, returns, all_advantages = step.compute_advantages(
+            self.arm,
+            rewards,
+            response_mask,
+            values=s.values,
+            gates=s.gates,
+            groups=groups,
+            settings=self.advantage_settings,
+            rows=rows,
+        )
+        batch = step.Batch(
+            input_ids=ids,
+            attention_mask=mask,
+            response_mask=response_mask,
+            old_logprobs=s.logprobs,
+            advantages=advantages,
+            old_values=s.values,
+            returns=returns,
+            ref_logprobs=ref,
+            critic_gates=s.critic_gates,
+            gates=s.gates,
+        )
+        return batch, step.advantage_statistics(batch, kl, all_advantages, rows)
+
+    # ---- phase 4: each micro-batch's share of its optimiser step's batch
+
+    def _prepare_inputs(self, generation_batch: Any) -> Any:
+        before = self._buffered_inputs
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.critic is not None and self._training and self._buffered_inputs is not before:
+            self._set_shares(self._buffered_inputs)
+        return inputs
+
+    def _set_shares(self, chunks: list[dict[str, Any]]) -> None:
+        """``comppo_share`` / ``comppo_token_share`` of each buffered micro-batch: its part of
+        the denominator of the optimiser step it belongs to (``gradient_accumulation_steps``
+        consecutive chunks on every process; :func:`comppo_core.rl.step.loss_shares`)."""
+        accumulation = self._cfg.gradient_accumulation_steps
+        tokens = torch.stack([c["comppo_response_mask"].sum(-1) for c in chunks])  # [S, b]
+        every = self._gather(tokens.unsqueeze(0)).cpu()  # [P, S, b]
+        n_proc, _, b = every.shape
+        rank = self.accelerator.process_index
+        for k, chunk in enumerate(chunks):
+            w = k // accumulation
+            window = every[:, w * accumulation : (w + 1) * accumulation]  # [P, GA, b]
+            flat = window.reshape(-1)
+            index = torch.arange(flat.numel())
+            start = (rank * accumulation + (k - w * accumulation)) * b
+            share, token_share = step.loss_shares(flat, index, index[start : start + b], self._cfg.loss_agg)
+            chunk["comppo_share"], chunk["comppo_token_share"] = share, token_share
+        del n_proc
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        if self.critic is None:
+            return super()._compute_loss(model, inputs)
+        fields: dict[str, Any] = {name: inputs.get("comppo_" + name) for name in _BATCH_FIELDS}
+        mb = step.Batch(**fields)
+        with self.accelerator.autocast():
+            s = step.score(
+                self._base_model(),
+                self.critic,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.response_mask,
+                arm=self.arm,
+                settings=self.scoring,
+                grad=True,
+                gates=mb.critic_gates,
+            )
+        loss, entries = step.minibatch_loss(
+            mb,
+            s.logprobs,
+            s.values,
+            self.loss_settings,
+            train_actor=True,
+            share=float(inputs.get("comppo_share", 1.0)),
+            token_share=float(inputs.get("comppo_token_share", 1.0)),
+        )
+        assert loss is not None  # a TAC arm always has a value loss
+        self._log_entries(entries)
+        return loss * self.accelerator.num_processes
+
+    def _log_entries(self, entries: dict[str, float]) -> None:
+        """The micro-batch's shares of the step's loss statistics, summed over processes and
+        scaled by the accumulation steps, so TRL's mean over the step's micro-batches is the
+        statistic of the step's whole batch."""
+        mode = "train" if self._training else "eval"
+        keys = sorted(entries)
+        values = torch.tensor([entries[k] for k in keys], dtype=torch.float64, device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            values = self.accelerator.reduce(values.float(), reduction="sum").double()
+        scale = self.current_gradient_accumulation_steps if mode == "train" else 1
+        for key, value in zip(keys, values.tolist()):
+            self._metrics[mode]["comppo/" + key].append(value * scale)
+
+    # ---- the critic's optimiser step
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        loss: torch.Tensor = super().training_step(model, inputs, num_items_in_batch)
+        if self.critic is not None and self.accelerator.sync_gradients:
+            self._reduce_actor_gradients()
+            self._step_critic()
+        return loss
+
+    def _reduce_actor_gradients(self) -> None:
+        """Under DDP, the mean of the actor's gradients over processes (the update's forward
+        runs the unwrapped model, which the probe and the TAC's taps need, so DDP's own
+        reducer is not armed); ZeRO and FSDP reduce their gradients themselves."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(self.model_wrapped, DistributedDataParallel):
+            return
+        params = [p for p in self.model_wrapped.module.parameters() if p.requires_grad]
+        self._cc_dist.all_reduce_gradients(params)
+        for p in params:
+            if p.grad is not None:
+                p.grad.div_(self.accelerator.num_processes)
+
+    def _step_critic(self) -> None:
+        """All-reduce (the mean over processes, as DDP does for the actor), clip to
+        ``max_grad_norm`` and step the critic; log its gradient norm before clipping."""
+        assert self.critic is not None and self.critic_optimizer is not None
+        params = [p for p in self.critic.parameters() if p.requires_grad]
+        self._cc_dist.all_reduce_gradients(params)
+        world = self.accelerator.num_processes
+        if world > 1:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.div_(world)
+        norm = torch.nn.utils.clip_grad_norm_(params, self._cfg.max_grad_norm)
+        self.critic_optimizer.step()
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        self._metrics["train"]["comppo/grad_norm_critic"].append(float(norm))
+
+    # ---- checkpoints
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.critic is None or self.critic_optimizer is None or not self._cfg.should_save:
+            return
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        state = {
+            "arm": self.arm.name,
+            "critic": self.critic.state_dict(),
+            "optimizer": self.critic_optimizer.state_dict(),
+        }
+        torch.save(state, os.path.join(folder, CRITIC_FILE))
+
+    def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if self.critic is None or self.critic_optimizer is None or checkpoint is None:
+            return
+        path = os.path.join(checkpoint, CRITIC_FILE)
+        if not os.path.exists(path):
+            raise ParameterError(
+                f"resume_from_checkpoint: expected {CRITIC_FILE} in {checkpoint} (a checkpoint of a {self.arm.name} run)",
+                argument="resume_from_checkpoint",
+            )
+        state = torch.load(path, map_location=self.accelerator.device, weights_only=True)
+        if state["arm"] != self.arm.name:
+            raise ParameterError(
+                f"resume_from_checkpoint: expected a checkpoint of the {self.arm.name} arm, got {state['arm']}",
+                argument="resume_from_checkpoint",
+            )
+        self.critic.load_state_dict(state["critic"])
+        self.critic_optimizer.load_state_dict(state["optimizer"])
