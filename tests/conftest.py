@@ -1,5 +1,7 @@
 """Shared pytest configuration for the comppo-core test suite.
 
+* ``HF_HUB_OFFLINE=1`` for the whole suite (nothing is downloaded; a test that tried
+  would fail at once instead of waiting on the network);
 * a Hypothesis profile (no deadline: the first call of a kernel builds the thread pool,
   and CI machines are noisy; we never time anything);
 * a fixture that restores the kernels' thread count after a test changes it;
@@ -27,6 +29,8 @@ from hypothesis import HealthCheck, settings
 
 import comppo_core as cc
 from comppo_core import errors
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 settings.register_profile(
     "default",

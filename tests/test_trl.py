@@ -81,8 +81,9 @@ def test_the_overridden_private_methods_have_trl_1_16_signatures() -> None:
 
 
 def test_the_arms_are_grpo_and_every_tac_arm_of_the_registry() -> None:
-    assert cctrl.ARM_CHOICES == ("grpo", *(n for n, a in ARMS.items() if a.critic == "tac"))
-    assert "comppo" in cctrl.ARM_CHOICES and "ppo" not in cctrl.ARM_CHOICES
+    assert cctrl.ARM_CHOICES == ("grpo", *(n for n, a in ARMS.items() if a.critic == "tac" and not a.diagnostic))
+    assert "comppo" in cctrl.ARM_CHOICES and "comppo_inverted" in cctrl.ARM_CHOICES
+    assert "ppo" not in cctrl.ARM_CHOICES and "comppo_oracle" not in cctrl.ARM_CHOICES
     with pytest.raises(ParameterError, match="arm") as e:
         cctrl.CompPOConfig(output_dir="unused", arm="ppo", use_cpu=True)
     assert e.value.argument == "arm"

@@ -39,8 +39,10 @@ __all__ = ["ARM_CHOICES", "CompPOConfig", "tac_arms", "unsupported"]
 
 
 def tac_arms() -> tuple[str, ...]:
-    """The arms of :data:`~comppo_core.rl.arms.ARMS` whose critic is the TAC, in registry order."""
-    return tuple(name for name, arm in ARMS.items() if arm.critic == "tac")
+    """The arms of :data:`~comppo_core.rl.arms.ARMS` whose critic is the TAC, in registry order,
+    but the diagnostics (``comppo_oracle`` reads a task's pivotal tokens, which TRL has no
+    way to say)."""
+    return tuple(name for name, arm in ARMS.items() if arm.critic == "tac" and not arm.diagnostic)
 
 
 #: What ``CompPOConfig.arm`` accepts: plain GRPO and every TAC arm.
@@ -67,6 +69,10 @@ class CompPOConfig(GRPOConfig):  # type: ignore[misc]  # trl ships no type hints
     )
     fixed_gate: float | None = dataclasses.field(
         default=None, metadata={"help": "tac_fixed's constant gate (None: the batch mean of the concentration gates)"}
+    )
+    gate_causal: bool = dataclasses.field(
+        default=False,
+        metadata={"help": "Comp-GAE's gates from the row's running z-score of the concentration (tokens up to t)"},
     )
     statistic: str = dataclasses.field(
         default="entropy", metadata={"help": f"attention concentration statistic ({', '.join(STATISTICS)})"}

@@ -87,6 +87,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             gate_params=args.gate_params,
             temperature=args.temperature,
             fixed_gate=args.fixed_gate,
+            causal=args.gate_causal,
         )
         self.advantage_settings = step.AdvantageSettings(
             gamma=args.gamma,
@@ -105,7 +106,9 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             value_clip=args.value_clip,
             vf_coef=args.vf_coef,
             agg=args.loss_agg,
-            normalizer=float(budget) if budget is not None and args.loss_agg == "seq-mean-token-sum-norm" else None,
+            loss_scale_factor=float(budget)
+            if budget is not None and args.loss_agg == "seq-mean-token-sum-norm"
+            else None,
             kl_coef=args.beta,
             kl_kind="k3",
             kl_mode="loss",
@@ -263,7 +266,6 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             old_values=s.values,
             returns=returns,
             ref_logprobs=ref,
-            critic_gates=s.critic_gates,
             gates=s.gates,
         )
         return batch, step.advantage_statistics(batch, kl, all_advantages, rows)
@@ -311,7 +313,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
                 arm=self.arm,
                 settings=self.scoring,
                 grad=True,
-                gates=mb.critic_gates,
+                gates=None,
             )
         loss, entries = step.minibatch_loss(
             mb,
