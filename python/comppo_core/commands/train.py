@@ -20,7 +20,10 @@ last checkpoint.
 
 Exit status: 0 on success, 2 on a bad flag, setting or path (one line naming the flag,
 before torch is imported), 1 on a failure while training (a non-finite loss, an
-unreadable file), 130/143 when interrupted.
+unreadable file), 130/143 when interrupted. Under ``torchrun`` a failure on one rank stops
+every rank at once; the others exit with 1 too, printing
+:class:`~comppo_core.rl.interrupts.RankFailed` (the failing rank, its step, its error),
+and torchrun's closing summary shows the error.
 
 Neither the flags nor their help need torch: :class:`~comppo_core.rl.TrainConfig` imports
 none, so the parser is built, ``--help`` shown and every flag checked without the
@@ -31,10 +34,12 @@ none, so the parser is built, ``--help`` shown and every flag checked without th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -245,6 +250,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         except KeyboardInterrupt:
             print(f"comppo-core train: stopped at once; {_resume_hint(config)}", file=sys.stderr)
             return exit_status(2)
+        except Exception as exc:  # printed by the caller (cli.main); under torchrun also in its summary
+            record_for_torchrun(exc)
+            raise
     seconds = time.perf_counter() - t0
     if not trainer.dist.is_main:  # under torchrun, rank 0 reports
         return 0
@@ -260,6 +268,18 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     else:
         print(json.dumps(summary, indent=2), file=sys.stdout)
     return 0
+
+
+def record_for_torchrun(exc: BaseException) -> None:
+    """Under ``torchrun``, write ``exc`` to the agent's error file (``TORCHELASTIC_ERROR_FILE``),
+    so its closing summary shows this rank's error instead of a pointer to the docs. Call it
+    in the ``except`` block (the file holds the traceback being handled); never raises."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return
+    with contextlib.suppress(Exception):
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(exc)
 
 
 def _resume_hint(config: TrainConfig) -> str:

@@ -37,11 +37,32 @@ multiple of ``W``) and ``G = group_size``::
     outputs     rank 0 writes config.json, warmstart/, metrics.jsonl, checkpoint/ and
                 summary.json; every rank reads a checkpoint on resume
     evaluation  the held-out problems split across ranks (contiguous), scores summed
+    a failure   the rank whose step raised announces it and breaks the group; the others
+                leave the collective they wait in at once (:meth:`Dist.stop_all`, below)
 
 The parameters after k steps equal those of one process on the same global batch up to
 float rounding (the loss of a minibatch is summed in a different order, and the per-row
 forwards run in batches of a different size); ``tests/test_rl_distributed.py`` pins it
 with 2 gloo processes on CPU.
+
+**When one rank fails.** The ranks run in lockstep, so an exception on one rank (a
+verifier's error, a non-finite value only its rows hold) would leave the others waiting in
+their next collective until the backend's timeout (30 minutes on gloo) unless its process
+ends. :meth:`Dist.stop_all`, called by the trainer with the exception, (1) announces it:
+``{"rank", "step", "error"}`` under one key of the process group's store (the first rank to
+announce wins), (2) breaks the process group (``destroy_process_group``; NCCL: abort), also
+one the caller created, since ranks that disagree on the next collective cannot use it
+again, and (3) returns the exception to raise. A rank waiting in a collective sees its
+peer's connection close at once; every collective here turns that error into
+:class:`~comppo_core.rl.interrupts.RankFailed` naming the announced rank, step and error
+(waiting up to :data:`ANNOUNCE_WAIT_S` for the announcement; without one the backend's
+error stands), and that rank in turn breaks its group, so a third rank waiting on it leaves
+too. Nothing runs an extra collective: the step's cost is unchanged. No rank writes a
+checkpoint on the way out: rank 0 writes one only after a step whose every collective
+completed on every rank, so the kept checkpoint is the last state all ranks agreed on.
+Under ``torchrun`` the agent also stops the survivors once the failing process exits. On
+NCCL (not tried: no GPUs were lent to this work) a peer's kernel may not notice the abort;
+then that peer ends when torchrun stops it or at NCCL's own timeout (10 minutes).
 
 **Why not the ``DistributedDataParallel`` wrapper.** The gradient all-reduce is DDP's
 (the same SUM all-reduce of the same buckets, without overlapping it with the backward),
@@ -78,18 +99,31 @@ device, is *not wired into the trainer*: every rank holds the whole policy. What
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import json
 import os
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import ParameterError
+from ..errors import NonFiniteError, ParameterError
+from .interrupts import RankFailed
 
-__all__ = ["BUCKET_BYTES", "Dist", "resolve_device", "shard_bounds"]
+__all__ = ["ANNOUNCE_WAIT_S", "BUCKET_BYTES", "Dist", "describe_error", "resolve_device", "shard_bounds"]
 
 #: Bytes of gradients all-reduced in one call (DDP's default bucket is 25 MiB).
 BUCKET_BYTES = 25 * 2**20
+
+#: Seconds a rank whose collective failed waits for a peer's announcement of its error.
+ANNOUNCE_WAIT_S = 2.0
+
+#: Runs of this process (every rank builds its runs in the same order): a store key per run,
+#: so an announcement of one run is never read by the next in the same process group.
+_RUNS = itertools.count()
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
@@ -132,6 +166,8 @@ class Dist:
         self.world_size = world_size
         self.device = device
         self.owns_group = owns_group
+        #: the store key under which a failing rank announces its error (:meth:`stop_all`)
+        self.failure_key = f"comppo_core/failure/{next(_RUNS)}" if world_size > 1 else ""
 
     @classmethod
     def setup(cls, device: str = "auto") -> Dist:
@@ -178,6 +214,106 @@ class Dist:
                 td.destroy_process_group()
             self.owns_group = False
 
+    # ---- one rank's failure stops every rank (module docstring)
+
+    def stop_all(self, exc: BaseException, *, step: int, kept: str) -> BaseException:
+        """The exception to raise when ``exc`` ended this process's run at ``step``
+        (``kept``: what is left of the run, :func:`comppo_core.rl.checkpoint.describe_kept`).
+
+        * one process: ``exc``; a :class:`~comppo_core.errors.NonFiniteError` restated with
+          the step and ``kept``.
+        * :class:`RankFailed` (another rank failed, seen in a collective): the process group
+          is broken and the error restated with ``kept``.
+        * any other exception, this rank's own failure: announced under :attr:`failure_key`
+          (unless a rank announced first), the process group broken, and ``exc`` returned
+          (a NonFiniteError restated with the step, this rank and ``kept``; another
+          exception with a note saying the same, on Python ≥ 3.11)."""
+        where = f"at step {step}"
+        if not self.distributed:
+            return (
+                _restated(exc, f"{exc} {where}; training stopped, {kept}") if isinstance(exc, NonFiniteError) else exc
+            )
+        if isinstance(exc, RankFailed):
+            self.abort()
+            return RankFailed(f"{exc}; every rank stopped, {kept}", rank=exc.rank, step=exc.step, error=exc.error)
+        self.announce(exc, step)
+        self.abort()
+        me = f"on rank {self.rank} of {self.world_size}"
+        if isinstance(exc, NonFiniteError):
+            return _restated(exc, f"{exc} {where} {me}; every rank stopped, {kept}")
+        if isinstance(exc, Exception) and hasattr(exc, "add_note"):
+            exc.add_note(f"comppo-core: raised {where} {me}; every rank stopped, {kept}")
+        return exc
+
+    def _store(self) -> Any:
+        """The default process group's store, or None (no group, or a torch without it)."""
+        try:
+            from torch.distributed import distributed_c10d
+
+            return distributed_c10d._get_default_store()
+        except (ImportError, AttributeError, RuntimeError, ValueError):
+            return None
+
+    def announce(self, exc: BaseException, step: int) -> None:
+        """Record ``exc`` as this rank's failure at ``step`` in the store, unless a rank
+        announced one first (``compare_set`` on an absent key). Never raises."""
+        store = self._store()
+        if store is None:
+            return
+        value = json.dumps({"rank": self.rank, "step": step, "error": describe_error(exc)})
+        with contextlib.suppress(Exception):
+            store.compare_set(self.failure_key, "", value)
+
+    def peer_failure(self, wait: float = ANNOUNCE_WAIT_S) -> RankFailed | None:
+        """The failure another rank announced, as a :class:`RankFailed` (polling up to
+        ``wait`` seconds for it), or None."""
+        store = self._store() if self.distributed else None
+        if store is None:
+            return None
+        deadline = time.monotonic() + wait
+        try:
+            while not store.check([self.failure_key]):
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.05)
+            got = json.loads(store.get(self.failure_key))
+        except Exception:  # a store that went away with the failing rank
+            return None
+        rank, step, error = int(got["rank"]), int(got["step"]), str(got["error"])
+        if rank == self.rank:
+            return None
+        return RankFailed(
+            f"rank {rank} of {self.world_size} failed at step {step}: {error}", rank=rank, step=step, error=error
+        )
+
+    def abort(self) -> None:
+        """Break the process group, whoever created it, so that every rank waiting in a
+        collective with this one fails at once (gloo: ``destroy_process_group``; NCCL:
+        ``_abort_process_group``, which does not wait for the pending kernels). Never raises."""
+        if not self.distributed:
+            return
+        import torch.distributed as td
+
+        with contextlib.suppress(Exception):
+            if td.is_initialized():
+                if td.get_backend() == "nccl" and hasattr(td.distributed_c10d, "_abort_process_group"):
+                    td.distributed_c10d._abort_process_group()
+                else:
+                    td.destroy_process_group()
+        self.owns_group = False
+
+    @contextlib.contextmanager
+    def _collective(self) -> Iterator[None]:
+        """Turn the backend's error of a collective into :class:`RankFailed` when another rank
+        announced a failure (its process broke the group); else let it stand."""
+        try:
+            yield
+        except RuntimeError as exc:
+            failure = self.peer_failure()
+            if failure is None:
+                raise
+            raise failure from exc
+
     # ---- collectives
 
     def _wire(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
@@ -195,12 +331,14 @@ class Dist:
 
         y, dtype = self._wire(x)
         shapes = [torch.zeros(y.dim(), dtype=torch.long, device=self.device) for _ in range(self.world_size)]
-        td.all_gather(shapes, torch.tensor(y.shape, dtype=torch.long, device=self.device))
+        with self._collective():
+            td.all_gather(shapes, torch.tensor(y.shape, dtype=torch.long, device=self.device))
         if any(not torch.equal(s, shapes[self.rank]) for s in shapes):
             got = [tuple(s.tolist()) for s in shapes]
             raise ParameterError(f"x: expected the same shape on every rank, got {got}", argument="x")
         parts = [torch.empty_like(y) for _ in range(self.world_size)]
-        td.all_gather(parts, y)
+        with self._collective():
+            td.all_gather(parts, y)
         return torch.cat(parts).to(device=x.device, dtype=dtype)
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
@@ -217,7 +355,8 @@ class Dist:
         import torch.distributed as td
 
         y, dtype = self._wire(x.clone())
-        td.all_reduce(y, op=td.ReduceOp.SUM if op == "sum" else td.ReduceOp.MAX)
+        with self._collective():
+            td.all_reduce(y, op=td.ReduceOp.SUM if op == "sum" else td.ReduceOp.MAX)
         return y.to(device=x.device, dtype=dtype)
 
     def max_int(self, value: int) -> int:
@@ -230,7 +369,8 @@ class Dist:
         if self.distributed:
             import torch.distributed as td
 
-            td.barrier()
+            with self._collective():
+                td.barrier()
 
     def broadcast_module(self, module: nn.Module | None) -> None:
         """Rank 0's parameters and buffers copied into every rank's ``module``."""
@@ -238,42 +378,56 @@ class Dist:
             return
         import torch.distributed as td
 
-        with torch.no_grad():
+        with torch.no_grad(), self._collective():
             for t in [*module.parameters(), *module.buffers()]:
                 y, _ = self._wire(t.data)
                 td.broadcast(y, src=0)
                 t.data.copy_(y.to(device=t.device, dtype=t.dtype))
 
-    def all_reduce_gradients(self, params: Sequence[nn.Parameter], *, nonfinite: bool = False) -> bool:
+    def all_reduce_gradients(self, params: Sequence[nn.Parameter], *, nonfinite: bool = False) -> int | None:
         """SUM-all-reduce the gradients of ``params`` in place, in buckets of
-        :data:`BUCKET_BYTES`; returns whether any rank reported ``nonfinite``.
+        :data:`BUCKET_BYTES`; returns the highest rank that reported ``nonfinite`` (None
+        when none did): every rank learns it from the same all-reduce, so all stop together.
 
         A parameter with a gradient on some rank but not on this one (the rank held no row
         of the minibatch) gets a zero gradient first; one without a gradient on any rank
-        keeps ``grad = None``, as in one process. One process: only returns ``nonfinite``."""
+        keeps ``grad = None``, as in one process. One process: only returns 0 or None."""
         if not self.distributed:
-            return nonfinite
+            return 0 if nonfinite else None
         import torch.distributed as td
 
-        flags = torch.tensor([float(nonfinite)] + [float(p.grad is not None) for p in params], device=self.device)
-        td.all_reduce(flags, op=td.ReduceOp.MAX)
-        present = flags[1:].bool().tolist()
-        grads: list[torch.Tensor] = []
-        for p, has in zip(params, present):
-            if not has:
-                continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
-        for bucket in _buckets(grads, BUCKET_BYTES):
-            flat = torch.cat([g.reshape(-1) for g in bucket]).to(self.device)
-            td.all_reduce(flat, op=td.ReduceOp.SUM)
-            offset = 0
-            for g in bucket:
-                n = g.numel()
-                g.copy_(flat[offset : offset + n].view_as(g))
-                offset += n
-        return bool(flags[0].item())
+        first = float(self.rank + 1) if nonfinite else 0.0  # rank + 1: the MAX names a rank
+        flags = torch.tensor([first] + [float(p.grad is not None) for p in params], device=self.device)
+        with self._collective():
+            td.all_reduce(flags, op=td.ReduceOp.MAX)
+            present = flags[1:].bool().tolist()
+            grads: list[torch.Tensor] = []
+            for p, has in zip(params, present):
+                if not has:
+                    continue
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+            for bucket in _buckets(grads, BUCKET_BYTES):
+                flat = torch.cat([g.reshape(-1) for g in bucket]).to(self.device)
+                td.all_reduce(flat, op=td.ReduceOp.SUM)
+                offset = 0
+                for g in bucket:
+                    n = g.numel()
+                    g.copy_(flat[offset : offset + n].view_as(g))
+                    offset += n
+        return None if flags[0] == 0 else int(flags[0].item()) - 1
+
+
+def describe_error(exc: BaseException, limit: int = 2000) -> str:
+    """``"ValueError: message"``, at most ``limit`` characters (an announcement's ``error``)."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _restated(exc: NonFiniteError, message: str) -> NonFiniteError:
+    """``exc`` with ``message``, its attributes kept (raised ``from exc``)."""
+    return NonFiniteError(message, argument=exc.argument, row=exc.row, position=exc.position, index=exc.index)
 
 
 def _buckets(tensors: Iterable[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:

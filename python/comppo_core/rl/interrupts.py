@@ -1,5 +1,7 @@
-"""Stopping a run on request: Ctrl-C (SIGINT) or SIGTERM finish the current step, write a
-checkpoint of the steps completed, and end with the conventional exit status.
+"""Stopping a run early: on request, or because one process of a distributed run failed.
+
+On request: Ctrl-C (SIGINT) or SIGTERM finish the current step, write a checkpoint of the
+steps completed, and end with the conventional exit status.
 
 :class:`GracefulStop` is a context manager for the main thread that turns the first
 SIGINT/SIGTERM into a request (``stop()`` becomes True) instead of an exception, so the
@@ -8,6 +10,12 @@ second signal is not intercepted any more, so a second Ctrl-C stops at once (a
 ``KeyboardInterrupt``; the last checkpoint written stays as it was). On exit the previous
 handlers are put back. :class:`TrainingInterrupted` is what the trainer raises when it
 stopped on request.
+
+On a failure: :class:`RankFailed` is what every *other* rank of a ``torchrun`` run raises
+when one rank's step raised (a verifier's error, a non-finite value only its rows hold):
+the failing rank announces its error and breaks the process group, so the others leave the
+collective they wait in at once and raise this, naming the failing rank, its step and its
+error (:meth:`comppo_core.rl.distributed.Dist.stop_all`).
 """
 
 from __future__ import annotations
@@ -18,7 +26,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-__all__ = ["GracefulStop", "TrainingInterrupted", "exit_status"]
+from ..errors import ComppoError
+
+__all__ = ["GracefulStop", "RankFailed", "TrainingInterrupted", "exit_status"]
 
 
 class TrainingInterrupted(Exception):
@@ -30,6 +40,23 @@ class TrainingInterrupted(Exception):
         super().__init__(f"training stopped on request before step {next_step}; {where}")
         self.next_step = next_step
         self.checkpoint = checkpoint
+
+
+class RankFailed(ComppoError):
+    """Another rank of this distributed run failed: ``rank`` (None when no rank reported
+    an error) raised ``error`` (``"ValueError: ..."``) at ``step``; this rank stopped too.
+
+    The message names all three, e.g. ``rank 1 of 2 failed at step 2: ValueError: the
+    verifier broke; every rank stopped, the last good checkpoint (after 2 steps) is kept
+    at 'runs/x/checkpoint'``."""
+
+    def __init__(
+        self, message: str, *, rank: int | None = None, step: int | None = None, error: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.step = step
+        self.error = error
 
 
 def exit_status(signum: int) -> int:

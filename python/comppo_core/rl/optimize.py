@@ -9,7 +9,8 @@ critic's, each clipping its own gradient to ``max_grad_norm``. One step (:meth:`
     actor.step() if the actor trains (not during critic_warmup); critic.step()
 
 A non-finite loss on any process raises :class:`~comppo_core.errors.NonFiniteError` on
-every process (the all-reduce carries the flag), before any weight changes.
+every process (the all-reduce carries the flag and the rank that raised it), before any
+weight changes.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ class Optimizers:
             raise NonFiniteError(f"loss: expected a finite value, got {value} ({where})", argument="loss")
         if loss is not None and not bad:
             loss.backward()
-        if dist.all_reduce_gradients(self.actor_params + self.critic_params, nonfinite=bad):
-            got = f"got {value}" if bad else "got a non-finite value on another rank"
+        rank = dist.all_reduce_gradients(self.actor_params + self.critic_params, nonfinite=bad)
+        if rank is not None:
+            got = f"got {value}" if bad else f"got a non-finite value on rank {rank}"
             raise NonFiniteError(f"loss: expected a finite value, {got} ({where})", argument="loss")
         norms = {}
         if train_actor:

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import NonFiniteError, ParameterError
+from ..errors import ParameterError
 from ..hf.scoring import score as score_tokens
 from . import checkpoint, lora, metrics, oracle, run_dir, step
 from . import rollout as rollouts
@@ -508,39 +508,40 @@ class Trainer:
         process, the run writes a checkpoint of the steps completed and raises
         :class:`TrainingInterrupted` (the command line's Ctrl-C). A fresh run also writes a
         checkpoint after its first step, so a run that completed a step can be resumed
-        whatever stops it."""
+        whatever stops it. An exception on one rank stops every rank at once, the others
+        raising :class:`~comppo_core.rl.interrupts.RankFailed` (:meth:`Dist.stop_all`)."""
         cfg = self.config
         main = self.dist.is_main
         rows: list[dict[str, Any]] = []
         log = metrics.RunLog(cfg, self.out if main else None, start_step=self.start_step, enabled=main)
+        at = self.start_step  # the step under way, for a failure's message
         try:
-            for s in range(self.start_step, cfg.steps):
-                self._stop_if_asked(stop, s)
-                try:
-                    row = self.step(s)
-                except NonFiniteError as exc:
-                    raise NonFiniteError(
-                        f"{exc} at step {s}; training stopped, {checkpoint.describe_kept(self.out)}",
-                        argument=exc.argument,
-                        row=exc.row,
-                        position=exc.position,
-                        index=exc.index,
-                    ) from exc
+            for at in range(self.start_step, cfg.steps):
+                self._stop_if_asked(stop, at)
+                row = self.step(at)
                 rows.append(row)
                 log.step(row, max_new_tokens=self.max_new_tokens)
-                first = s == self.start_step == 0
-                if (first or (cfg.save_every and (s + 1) % cfg.save_every == 0)) and s + 1 < cfg.steps:
-                    self.save_checkpoint(s + 1)
+                first = at == self.start_step == 0
+                if (first or (cfg.save_every and (at + 1) % cfg.save_every == 0)) and at + 1 < cfg.steps:
+                    self.save_checkpoint(at + 1)
+            at = max(cfg.steps, self.start_step)
             if self.start_step < cfg.steps or self.checkpoint_dir is None or not self.checkpoint_dir.exists():
-                self.save_checkpoint(max(cfg.steps, self.start_step))
-            self._stop_if_asked(stop, max(cfg.steps, self.start_step))
+                self.save_checkpoint(at)
+            self._stop_if_asked(stop, at)
             final_eval = self.evaluate() if cfg.eval_every else None
             if final_eval is not None:
-                log.final(max(cfg.steps, self.start_step), final_eval)
+                log.final(at, final_eval)
+            summary = self._summary(rows, final_eval)
+            self.dist.barrier()  # the outputs are complete when any rank returns
+        except TrainingInterrupted:
+            raise
+        except BaseException as exc:  # on every rank, at once: announced, the group broken
+            failure = self.dist.stop_all(exc, step=at, kept=checkpoint.describe_kept(self.out))
+            if failure is exc:
+                raise
+            raise failure from exc
         finally:
             log.close()
-        summary = self._summary(rows, final_eval)
-        self.dist.barrier()  # the outputs are complete when any rank returns
         return summary
 
     def _stop_if_asked(self, stop: Callable[[], bool] | None, next_step: int) -> None:
