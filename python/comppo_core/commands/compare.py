@@ -354,7 +354,7 @@ def _continues(run_out: Path) -> bool:
 
 def _train_job(config: TrainConfig, resume: bool) -> tuple[str, Any]:
     """One run in a worker process (``compare --jobs``): ``("done", summary)``,
-    ``("nonfinite", message)`` or ``("stopped", next step)`` after Ctrl-C / SIGTERM (which
+    ``("nonfinite", the NonFiniteError)`` or ``("stopped", next step)`` after Ctrl-C / SIGTERM (which
     reach the workers of a terminal's process group too: each finishes its step and
     checkpoints)."""
     from ..rl.interrupts import GracefulStop, TrainingInterrupted
@@ -365,7 +365,7 @@ def _train_job(config: TrainConfig, resume: bool) -> tuple[str, Any]:
         try:
             return "done", trainer.train(stop=stop)
         except NonFiniteError as exc:
-            return "nonfinite", str(exc)
+            return "nonfinite", exc
         except TrainingInterrupted as exc:
             return "stopped", exc.next_step
         finally:
@@ -536,8 +536,8 @@ class _Runner:
                 if kind == "nonfinite":
                     if not tuning:
                         pool.shutdown(cancel_futures=True)
-                        raise NonFiniteError(value)
-                    self._nonfinite(rel, value)
+                        raise value  # the worker's NonFiniteError, as one process raises it
+                    self._nonfinite(rel, str(value))
                     value = None
                 self.done += 1
                 results[rel] = value
