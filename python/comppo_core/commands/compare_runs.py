@@ -1,0 +1,373 @@
+"""The runs of ``comppo-core compare``: warm starts, runs and tuning runs, one after another
+or ``--jobs`` at once in worker processes, each made, resumed or reused.
+
+A run in ``OUT/<rel>/`` is **reused** when it finished with the same shared settings
+(:func:`settings_of`, compared by :func:`differing`), **resumed** when it holds a
+checkpoint (:func:`continues`) and made otherwise. With ``--jobs N`` every warm start and
+run goes to one of N spawned worker processes (a fresh interpreter, one torch thread per
+run: :func:`train_job`); the results are recorded (``timings.json``,
+``grid/nonfinite.json``) and printed as they arrive. Ctrl-C reaches the workers of a
+terminal's process group too: a running worker finishes its step and checkpoints, an idle
+one ignores it (:func:`_ignore_interrupts`), and the compare stops with the ``--resume``
+hint (:class:`Stopped`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import multiprocessing
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import NonFiniteError, ParameterError
+from ..rl import run_dir
+from ..rl.config import TrainConfig
+from . import compare_report as report
+from .grid import Grid
+from .train import usage_error
+from .tuning import Outcome
+
+__all__ = [
+    "RESUMABLE",
+    "Runner",
+    "Stopped",
+    "continues",
+    "differing",
+    "finished",
+    "saved_config",
+    "settings_of",
+    "train_job",
+    "tune",
+    "warm_start",
+]
+
+#: The settings a resumed compare may change (the runs' other settings must be the same).
+RESUMABLE = ("progress", "num_threads", "device", "report_to", "save_every")
+
+
+def settings_of(config: TrainConfig) -> dict[str, Any]:
+    """The settings every run of a compare shares: the config without what differs per run
+    (arm, seed, out, init_from, resume) or may change on --resume (:data:`RESUMABLE`)."""
+    skip = {"arm", "seed", "out", "init_from", "resume", *RESUMABLE}
+    return {k: v for k, v in config.to_dict().items() if k not in skip}
+
+
+def differing(saved: dict[str, Any], config: TrainConfig) -> str | None:
+    """The first shared setting on which a saved config (dict) and ``config`` differ."""
+    want = settings_of(config)
+    for key, value in want.items():
+        if key in saved and saved[key] != value:
+            return f"--{key.replace('_', '-')}: the runs in --out have {key}={saved[key]!r}, got {value!r}"
+    return None
+
+
+def saved_config(out: Path) -> dict[str, Any] | None:
+    try:
+        saved: dict[str, Any] = json.loads((out / "config.json").read_text())
+        return saved
+    except (OSError, ValueError):
+        return None
+
+
+def finished(out: Path, config: TrainConfig) -> dict[str, Any] | None:
+    """The summary of a run finished in ``out`` with ``config``'s settings, or None."""
+    saved = saved_config(out)
+    if saved is None or differing(saved, config) or saved.get("steps") != config.steps:
+        return None
+    try:
+        summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+        return summary
+    except (OSError, ValueError):
+        return None
+
+
+def warm_start(base: TrainConfig, seed: int, out: Path) -> tuple[str, bool]:
+    """Warm-start seed ``seed`` into ``out`` (reusing one made there with the same settings);
+    the path of the policy every arm of the seed starts from, and whether it was made now."""
+    from ..rl.trainer import Trainer
+
+    # the policy alone: no critic warm-up (each run warms its own critic up)
+    config = base.replace(seed=seed, out=str(out), init_from=None, progress=False, critic_warmup=0)
+    policy = out / "warmstart"
+    saved = saved_config(out)
+    if saved is not None and not differing(saved, config) and (policy / "task.json").is_file():
+        return str(policy), False  # task.json: written after the weights
+    Trainer(config, overwrite=True)  # this compare's own warm start, unfinished or absent
+    return str(policy), True
+
+
+# --------------------------------------------------------------------------- #
+# Running
+# --------------------------------------------------------------------------- #
+
+
+class Stopped(Exception):
+    """Asked to stop between two runs (the one named is finished)."""
+
+
+def continues(run_out: Path) -> bool:
+    """Whether ``run_out`` holds an unfinished run to resume (a checkpoint and its config)."""
+    return run_dir.saved_checkpoint(run_out) is not None and saved_config(run_out) is not None
+
+
+def train_job(config: TrainConfig, resume: bool) -> tuple[str, Any]:
+    """One run in a worker process (``compare --jobs``): ``("done", summary)``,
+    ``("nonfinite", the NonFiniteError)`` or ``("stopped", next step)`` after Ctrl-C / SIGTERM (which
+    reach the workers of a terminal's process group too: each finishes its step and
+    checkpoints)."""
+    from ..rl.interrupts import GracefulStop, TrainingInterrupted
+    from ..rl.trainer import Trainer
+
+    with GracefulStop() as stop:
+        trainer = Trainer(config.replace(resume=resume), overwrite=not resume)
+        try:
+            return "done", trainer.train(stop=stop)
+        except NonFiniteError as exc:
+            return "nonfinite", exc
+        except TrainingInterrupted as exc:
+            return "stopped", exc.next_step
+        finally:
+            trainer.dist.close()
+
+
+def _ignore_interrupts() -> None:
+    """A worker between runs ignores Ctrl-C (the compare process decides); during a run,
+    :func:`train_job`'s ``GracefulStop`` handles it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _pool(jobs: int) -> Any:
+    """``jobs`` worker processes (spawned: a fresh interpreter each, one torch thread per run)."""
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_interrupts
+    )
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+class Runner:
+    """Makes (or reuses) the warm starts and runs of one compare, timing them; a tuning
+    run stopped by a non-finite value is recorded in ``grid/nonfinite.json`` (a collapse)."""
+
+    def __init__(
+        self, cmd: argparse.ArgumentParser, out: Path, base: TrainConfig, total: int, stop: Any, jobs: int = 1
+    ) -> None:
+        self.cmd, self.out, self.base, self.total, self.stop, self.jobs = cmd, out, base, total, stop, jobs
+        self.timings_path = out / "timings.json"
+        try:  # seconds each warm start and run took when it ran (kept for the runs a rerun reuses)
+            self.timings: dict[str, float] = json.loads(self.timings_path.read_text())
+        except (OSError, ValueError):
+            self.timings = {}
+        self.nonfinite_path = out / "grid" / "nonfinite.json"
+        try:
+            self.nonfinite: dict[str, Any] = json.loads(self.nonfinite_path.read_text())
+        except (OSError, ValueError):
+            self.nonfinite = {}
+        self.keys: list[str] = []
+        self.done = self.reused = 0
+        self._init_from: dict[int, str | None] = {}
+        self.warm_needed = base.init_from is None and base.model is None
+
+    def init_from(self, seed: int) -> str | None:
+        """The policy seed ``seed``'s runs start from: its warm start (made on first use)."""
+        if seed in self._init_from:
+            return self._init_from[seed]
+        init_from = self.base.init_from
+        if self.warm_needed:
+            t0 = time.perf_counter()
+            try:  # a bad path (the task file, say) is found here: a usage error naming its flag
+                init_from, made = warm_start(self.base, seed, self.out / "warmstart" / f"seed{seed}")
+            except ParameterError as exc:
+                usage_error(self.cmd, exc)
+            key = f"warmstart/seed{seed}"
+            self.keys.append(key)
+            if made:
+                self.timings[key] = time.perf_counter() - t0
+                run_dir.write_json_atomic(self.timings_path, self.timings)
+            status = f"made in {self.timings[key]:.0f} s" if made else "reused"
+            print(f"[seed {seed}] warm start {init_from} ({status})", flush=True)
+        self._init_from[seed] = init_from
+        return init_from
+
+    def run(self, rel: str, config: TrainConfig, label: str) -> dict[str, Any] | None:
+        """Run (or reuse) the run in ``OUT/rel``; its summary, or None for a tuning run
+        (``eval_split="validation"``) stopped by a non-finite value."""
+        from ..rl.trainer import Trainer
+
+        run_out = self.out / rel
+        config = config.replace(out=str(run_out), init_from=self.init_from(config.seed))
+        tuning = config.eval_split == "validation"
+        self.done += 1
+        self.keys.append(rel)
+        split = "validation" if tuning else "held-out"
+        if tuning and rel in self.nonfinite:
+            self.reused += 1
+            print(f"[{self.done}/{self.total}] {label}: stopped on a non-finite value (reused)", flush=True)
+            return self._after(label, None)
+        summary = finished(run_out, config)
+        t0 = time.perf_counter()
+        status = "reused"
+        if summary is None:
+            go_on = continues(run_out)
+            try:
+                trainer = Trainer(config.replace(resume=go_on), overwrite=not go_on)
+            except ParameterError as exc:  # a bad --init-from, --model or --task
+                usage_error(self.cmd, exc)
+            try:
+                summary = trainer.train(stop=self.stop)
+            except NonFiniteError as exc:
+                if not tuning:
+                    raise
+                self._nonfinite(rel, str(exc))
+            finally:
+                trainer.dist.close()
+            status = self._timed(rel, time.perf_counter() - t0, go_on)
+        else:
+            self.reused += 1
+        self._print(label, summary, status, split)
+        return self._after(label, summary)
+
+    def _nonfinite(self, rel: str, message: str) -> None:
+        self.nonfinite[rel] = {"message": message}
+        run_dir.write_json_atomic(self.nonfinite_path, self.nonfinite)
+
+    def _timed(self, rel: str, seconds: float, resumed: bool) -> str:
+        """Record a run's seconds (added to its earlier part when resumed); its status text."""
+        self.timings[rel] = seconds + self.timings.get(rel, 0.0) * resumed
+        run_dir.write_json_atomic(self.timings_path, self.timings)
+        return f"{self.timings[rel]:.0f} s" + (", resumed" if resumed else "")
+
+    def _print(self, label: str, summary: dict[str, Any] | None, status: str, split: str, done: int = 0) -> None:
+        n = done or self.done
+        if summary is None:
+            print(f"[{n}/{self.total}] {label}: stopped on a non-finite value ({status})", flush=True)
+        else:
+            first, final = summary["initial_eval_accuracy"], summary["final_eval_accuracy"]
+            print(
+                f"[{n}/{self.total}] {label}: {split} accuracy {report.pct(first)}% -> {report.pct(final)}% ({status})",
+                flush=True,
+            )
+
+    def run_all(self, items: list[tuple[str, TrainConfig, str]]) -> dict[str, dict[str, Any] | None]:
+        """Every run of ``items`` (``(rel, config, label)``), ``jobs`` at once; the summaries
+        by ``rel`` (None: a tuning run stopped by a non-finite value). With ``jobs > 1``
+        each run (and each missing warm start, first) runs in a worker process of one
+        torch thread; a worker's result is recorded and printed as it arrives."""
+        if self.jobs == 1:
+            return {rel: self.run(rel, config, label) for rel, config, label in items}
+        results: dict[str, dict[str, Any] | None] = {}
+        todo: list[tuple[str, TrainConfig, str, bool]] = []
+        with _pool(self.jobs) as pool:
+            self.warm_starts(pool, sorted({config.seed for _, config, _ in items}))
+            for rel, config, label in items:
+                run_out = self.out / rel
+                config = config.replace(out=str(run_out), init_from=self.init_from(config.seed))
+                self.keys.append(rel)
+                tuning = config.eval_split == "validation"
+                summary = None if tuning and rel in self.nonfinite else finished(run_out, config)
+                if summary is None and not (tuning and rel in self.nonfinite):
+                    todo.append((rel, config, label, continues(run_out)))
+                    continue
+                self.done += 1
+                self.reused += 1
+                results[rel] = summary
+                self._print(label, summary, "reused", "validation" if tuning else "held-out")
+            futures = {
+                pool.submit(train_job, config, go_on): (rel, config, label, go_on, time.perf_counter())
+                for rel, config, label, go_on in todo
+            }
+            stopped: str | None = None
+            for future in concurrent.futures.as_completed(futures):
+                rel, config, label, go_on, t0 = futures[future]
+                try:
+                    kind, value = future.result()
+                except ParameterError as exc:  # a bad --init-from, --model or --task
+                    pool.shutdown(cancel_futures=True)
+                    usage_error(self.cmd, exc)
+                tuning = config.eval_split == "validation"
+                if kind == "stopped":
+                    stopped = stopped or f"{label}, stopped after step {value}"
+                    continue
+                if kind == "nonfinite":
+                    if not tuning:
+                        pool.shutdown(cancel_futures=True)
+                        raise value  # the worker's NonFiniteError, as one process raises it
+                    self._nonfinite(rel, str(value))
+                    value = None
+                self.done += 1
+                results[rel] = value
+                status = self._timed(rel, time.perf_counter() - t0, go_on)
+                self._print(label, value, status, "validation" if tuning else "held-out")
+                if self.stop() and stopped is None:
+                    stopped = label
+                    for f in futures:
+                        f.cancel()
+            if stopped is not None:
+                raise Stopped(stopped)
+        return results
+
+    def warm_starts(self, pool: concurrent.futures.Executor, seeds: list[int]) -> None:
+        """Make (or reuse) the warm starts of ``seeds`` that this compare has not read yet, in ``pool``."""
+        missing = [seed for seed in seeds if seed not in self._init_from]
+        if not self.warm_needed:
+            for seed in missing:
+                self._init_from[seed] = self.base.init_from
+            return
+        t0 = time.perf_counter()
+        jobs = {
+            seed: pool.submit(warm_start, self.base, seed, self.out / "warmstart" / f"seed{seed}") for seed in missing
+        }
+        for seed, job in jobs.items():
+            try:
+                init_from, made = job.result()
+            except ParameterError as exc:
+                usage_error(self.cmd, exc)
+            key = f"warmstart/seed{seed}"
+            self.keys.append(key)
+            if made:
+                self.timings[key] = time.perf_counter() - t0
+                run_dir.write_json_atomic(self.timings_path, self.timings)
+            status = f"made in {self.timings[key]:.0f} s" if made else "reused"
+            print(f"[seed {seed}] warm start {init_from} ({status})", flush=True)
+            self._init_from[seed] = init_from
+
+    def _after(self, label: str, summary: dict[str, Any] | None) -> dict[str, Any] | None:
+        if self.stop():  # between two runs: this one is finished
+            raise Stopped(label)
+        return summary
+
+
+def tune(
+    runner: Runner, grid: Grid, arms: list[str], seeds: list[int], configs: dict[str, TrainConfig]
+) -> dict[str, list[list[Outcome]]]:
+    """Every tuning run (point by point, seed by seed, arm by arm); ``outcomes[arm][point][k]``."""
+    items = []
+    for i, point in enumerate(grid.points):
+        name = grid.name(i)
+        (runner.out / "grid" / name).mkdir(parents=True, exist_ok=True)
+        run_dir.write_json_atomic(runner.out / "grid" / name / "point.json", {"point": name, "settings": point})
+        for t in seeds:
+            for arm in arms:
+                rel = f"grid/{name}/{arm}/seed{t}"
+                items.append((rel, configs[rel], f"{arm} {name} seed {t}"))
+    summaries = runner.run_all(items)
+    outcomes: dict[str, list[list[Outcome]]] = {arm: [[] for _ in grid.points] for arm in arms}
+    for i in range(len(grid.points)):
+        for t in seeds:
+            for arm in arms:
+                rel = f"grid/{grid.name(i)}/{arm}/seed{t}"
+                summary = summaries[rel]
+                if summary is None:
+                    outcome = Outcome(None, None, nonfinite=runner.nonfinite[rel]["message"])
+                else:
+                    outcome = Outcome(summary["initial_eval_accuracy"], summary["final_eval_accuracy"])
+                outcomes[arm][i].append(outcome)
+    return outcomes
