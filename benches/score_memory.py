@@ -85,7 +85,7 @@ def run_case(case: str, a: argparse.Namespace) -> dict[str, Any]:
     def call() -> None:
         if case == "logits":
             with torch.no_grad():
-                model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+                _ = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         elif case == "plain_lp":
             with torch.no_grad():
                 plain_lp()
@@ -132,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cases = CASES[:3] if a.quick else CASES
     rounds = 1 if a.quick else a.rounds
-    fwd = [f"--{k}={getattr(a, k)}" for k in ("batch", "length", "hidden", "vocab", "temperature", "threads", "repeats")]
+    fwd = [
+        f"--{k}={getattr(a, k)}" for k in ("batch", "length", "hidden", "vocab", "temperature", "threads", "repeats")
+    ]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     results: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
     n_tok = a.batch * a.length
@@ -161,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [("score", "logits"), ("score", "plain_lp"), ("score_grad", "plain_lp_grad")]
     for num, den in pairs:
         if num in med and den in med:
-            print(
-                f"  {num + ' / ' + den:<30} {med[num][1] / med[den][1]:>7.2f} {med[num][0] / med[den][0]:>6.2f}"
-            )
+            print(f"  {num + ' / ' + den:<30} {med[num][1] / med[den][1]:>7.2f} {med[num][0] / med[den][0]:>6.2f}")
     if not all(x["hwm_reset"] for v in results.values() for x in v):
         print("(peak RSS from ru_maxrss: /proc/self/clear_refs was not writable; peaks include the model build)")
     return 0

@@ -88,16 +88,16 @@ def _chunk_logprobs(
     hidden: torch.Tensor,
     targets: torch.Tensor,
 ) -> torch.Tensor:
-    """``[n]`` float32 log-probs of one chunk: ``log_softmax(float32(post(head(hidden))) / τ)[y]``
-    (one fused pass over the ``[n, V]`` block; :func:`token_logprobs`' ``z[y] − logsumexp(z)``
-    up to float32 rounding, and faster on CPU)."""
+    """``[n]`` float32 log-probs of one chunk: ``z = float32(post(head(hidden))) / τ``,
+    ``z[y] − logsumexp(z)``, as :func:`token_logprobs` computes each position (so the two
+    agree bit for bit where the head's matmul rounds each row the same way)."""
     z = head(hidden)
     if post is not None:
         z = post(z)
     z = z.float()
     if temperature != 1.0:
         z = z.div_(temperature) if not z.requires_grad else z / temperature
-    return torch.log_softmax(z, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
 
 
 def head_logprobs(
@@ -114,7 +114,7 @@ def head_logprobs(
     ::
 
         z[n, v] = float32(post(head(hidden[n]))[v]) / τ                 τ = temperature
-        out[n]  = log_softmax(z[n])[y] = z[n, y] − log Σ_v exp(z[n, v]), y = targets[n]
+        out[n]  = z[n, y] − log Σ_v exp(z[n, v]),                       y = targets[n]
 
     ``head`` is the model's LM head (``model.get_output_embeddings()``: its bias, LoRA
     layers and hooks are the module's own) and ``post`` what the model does to the head's
@@ -124,8 +124,8 @@ def head_logprobs(
     ``[chunk_tokens]`` and freed. With gradients enabled each chunk runs under
     :func:`torch.utils.checkpoint.checkpoint` (non-reentrant), which keeps only its input
     rows for the backward and recomputes the chunk's logits there, so no logits are saved
-    either. Peak transient memory: about two ``[chunk_tokens, V]`` float32 blocks (the
-    head's output and its log-softmax; three with grad, in the backward).
+    either. Peak transient memory: about three ``[chunk_tokens, V]`` float32 blocks (the
+    head's output and ``logsumexp``'s temporaries).
 
     Args:
       hidden: ``[N, H]`` final hidden states (the LM head's input).

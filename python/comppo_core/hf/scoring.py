@@ -267,7 +267,7 @@ def score(
                 "log-probs expect one call (score with logprob_chunk=0)",
                 argument="model",
             )
-        if tap is not None and tap.hidden is not None:
+        if tap is not None and tap.hidden is not None and head is not None:
             hidden, post = tap.hidden, _post_head(inner)
             tap.hidden = None
             _check_last_position(inner, logits, head, post, hidden)
