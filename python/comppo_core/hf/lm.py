@@ -5,6 +5,10 @@ probe and no critic: :func:`comppo_core.hf.score` (the one scoring forward), the
 :func:`~comppo_core.hf.logprobs_and_concentration`, :func:`comppo_core.rl.forward` and
 the trainer's rollouts all use them.
 
+Two ways to per-token log-probs: :func:`token_logprobs` from logits a caller already has,
+and :func:`head_logprobs` from the final hidden states and the LM head, in chunks of
+tokens, so that the ``[N, V]`` logits never exist at once (the scoring forward's path).
+
 Columns: a ``[B, T]`` batch gives ``[B, T−1]`` per-token values; column j scores token
 ``input_ids[:, j+1]`` from query position j.
 """
@@ -12,17 +16,148 @@ Columns: a ``[B, T]`` batch gives ``[B, T−1]`` per-token values; column j scor
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ..errors import ParameterError, ShapeError
 
-__all__ = ["LOGPROB_CHUNK_ELEMENTS", "check_ids", "default_position_ids", "scored_columns", "token_logprobs"]
+__all__ = [
+    "LOGPROB_CHUNK_ELEMENTS",
+    "LOGPROB_CHUNK_ENV",
+    "check_ids",
+    "default_position_ids",
+    "head_logprobs",
+    "logprob_chunk_tokens",
+    "scored_columns",
+    "token_logprobs",
+]
 
-#: Most logits elements :func:`token_logprobs` converts to float32 at once (2^26: 256 MiB;
-#: one position's whole vocabulary row if that is larger).
+#: Most logits elements :func:`token_logprobs` converts to float32 at once, and the
+#: default size of :func:`head_logprobs`' chunks (2^26: 256 MiB of float32 logits; one
+#: position's whole vocabulary row if that is larger).
 LOGPROB_CHUNK_ELEMENTS = 1 << 26
+
+#: Environment variable: tokens per chunk of the scoring forward's LM head when
+#: ``score(..., logprob_chunk=None)`` (an integer ≥ 1, or 0 for the model's full logits).
+LOGPROB_CHUNK_ENV = "COMPPO_LOGPROB_CHUNK"
+
+
+def logprob_chunk_tokens(chunk: int | None, vocab: int) -> int:
+    """Tokens per LM-head chunk: ``chunk`` if given, else ``$COMPPO_LOGPROB_CHUNK`` if set,
+    else ``max(1, LOGPROB_CHUNK_ELEMENTS // vocab)`` (441 tokens for V = 151936: 256 MiB
+    of float32 logits). 0 means no chunking (the model's own full logits)."""
+    name = "logprob_chunk"
+    if chunk is None:
+        env = os.environ.get(LOGPROB_CHUNK_ENV, "").strip()
+        if not env:
+            return max(1, LOGPROB_CHUNK_ELEMENTS // max(1, vocab))
+        name = LOGPROB_CHUNK_ENV
+        try:
+            chunk = int(env)
+        except ValueError:
+            raise ParameterError(
+                f"{LOGPROB_CHUNK_ENV}: expected an integer >= 0 (tokens per chunk, 0 = unchunked), got {env!r}",
+                argument=LOGPROB_CHUNK_ENV,
+            ) from None
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+        raise ParameterError(
+            f"{name}: expected None or an integer >= 0 (tokens per chunk, 0 = unchunked), got {chunk!r}", argument=name
+        )
+    return chunk
+
+
+def _check_temperature(temperature: Any) -> float:
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature <= 0
+    ):
+        raise ParameterError(f"temperature: expected a finite float > 0, got {temperature!r}", argument="temperature")
+    return float(temperature)
+
+
+def _chunk_logprobs(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    post: Callable[[torch.Tensor], torch.Tensor] | None,
+    temperature: float,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+) -> torch.Tensor:
+    """``[n]`` float32 log-probs of one chunk: ``z = float32(post(head(hidden))) / τ``,
+    ``z[y] − logsumexp(z)``, as :func:`token_logprobs` computes each position (so the two
+    agree bit for bit where the head's matmul rounds each row the same way)."""
+    z = head(hidden)
+    if post is not None:
+        z = post(z)
+    z = z.float()
+    if temperature != 1.0:
+        z = z.div_(temperature) if not z.requires_grad else z / temperature
+    return z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+
+def head_logprobs(
+    hidden: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int,
+    post: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """``log softmax(post(head(hidden)) / τ)[n, targets[n]]`` in float32, ``chunk_tokens`` rows at a time.
+
+    ::
+
+        z[n, v] = float32(post(head(hidden[n]))[v]) / τ                 τ = temperature
+        out[n]  = z[n, y] − log Σ_v exp(z[n, v]),                       y = targets[n]
+
+    ``head`` is the model's LM head (``model.get_output_embeddings()``: its bias, LoRA
+    layers and hooks are the module's own) and ``post`` what the model does to the head's
+    output before returning logits (a final logit soft-capping or scale), so ``out`` equals
+    :func:`token_logprobs` of the model's logits at those positions. The ``[N, V]`` logits
+    never exist at once: each chunk's ``[chunk_tokens, V]`` block is computed, reduced to
+    ``[chunk_tokens]`` and freed. With gradients enabled each chunk runs under
+    :func:`torch.utils.checkpoint.checkpoint` (non-reentrant), which keeps only its input
+    rows for the backward and recomputes the chunk's logits there, so no logits are saved
+    either. Peak transient memory: about three ``[chunk_tokens, V]`` float32 blocks (the
+    head's output and ``logsumexp``'s temporaries).
+
+    Args:
+      hidden: ``[N, H]`` final hidden states (the LM head's input).
+      head: the LM head, ``[n, H] → [n, V]``.
+      targets: ``[N]`` integer token ids in ``[0, V)``.
+      temperature: ``τ``, a finite float > 0.
+      chunk_tokens: rows per chunk (integer ≥ 1).
+      post: optional elementwise map applied to the head's output (in its dtype).
+    """
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2 or not hidden.is_floating_point():
+        got = f"{hidden.dtype} {tuple(hidden.shape)}" if isinstance(hidden, torch.Tensor) else type(hidden).__name__
+        raise ShapeError(f"hidden: expected a 2-D float tensor [N, H], got {got}", argument="hidden")
+    n = hidden.shape[0]
+    if (
+        not isinstance(targets, torch.Tensor)
+        or tuple(targets.shape) != (n,)
+        or targets.dtype not in (torch.int64, torch.int32)
+    ):
+        got = f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, torch.Tensor) else type(targets).__name__
+        raise ShapeError(f"targets: expected an integer tensor [N] = [{n}], got {got}", argument="targets")
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+        raise ParameterError(f"chunk_tokens: expected an integer >= 1, got {chunk_tokens!r}", argument="chunk_tokens")
+    tau = _check_temperature(temperature)
+    targets = targets.to(device=hidden.device, dtype=torch.int64)
+    parts = []
+    for i in range(0, max(n, 1), chunk_tokens):  # N = 0 still runs the head once: the graph stays connected
+        h, y = hidden[i : i + chunk_tokens], targets[i : i + chunk_tokens]
+        if torch.is_grad_enabled():
+            parts.append(checkpoint(_chunk_logprobs, head, post, tau, h, y, use_reentrant=False))
+        else:
+            parts.append(_chunk_logprobs(head, post, tau, h, y))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def token_logprobs(
@@ -72,13 +207,7 @@ def token_logprobs(
         raise ParameterError(
             f"chunk_elements: expected an integer >= 1, got {chunk_elements!r}", argument="chunk_elements"
         )
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not math.isfinite(temperature)
-        or temperature <= 0
-    ):
-        raise ParameterError(f"temperature: expected a finite float > 0, got {temperature!r}", argument="temperature")
+    _check_temperature(temperature)
     out = torch.empty(b, length, dtype=torch.float32, device=logits.device)
     positions = max(1, min(length, chunk_elements // max(1, vocab)))
     rows = max(1, min(b, chunk_elements // max(1, length * vocab))) if positions == length else 1

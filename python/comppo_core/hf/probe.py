@@ -80,7 +80,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed transf
         f"sdpa_attention_forward): pip install 'comppo-core[hf]' ({exc})"
     ) from exc
 
-__all__ = ["IMPLEMENTATION", "ConcentrationProbe", "ProbeError", "UnsupportedModelError"]
+__all__ = ["IMPLEMENTATION", "ConcentrationProbe", "ProbeError", "UnsupportedModelError", "unwrap_model"]
 
 #: The attention implementation name a probed model runs under.
 IMPLEMENTATION = "comppo_probe_sdpa"
@@ -331,6 +331,32 @@ def _normalize_layers(layers: None | int | slice | Iterable[int], n: int) -> tup
     return tuple(sorted(out_list))
 
 
+def unwrap_model(model: Any) -> Any:
+    """The Hugging Face model inside ``model``'s wrappers (``model`` itself if it is one).
+
+    Peels, outermost first: ``.module`` (``DistributedDataParallel``, a DeepSpeed engine,
+    accelerate's wrappers, FSDP1), PEFT's ``get_base_model()`` (the transformers model
+    with the adapter layers injected) and ``torch.compile``'s ``_orig_mod``, until a
+    ``transformers.PreTrainedModel`` (or nothing more to peel) is reached. The probe and
+    the critic taps attach to what this returns; a caller still runs the forward through
+    the wrapper, so the wrapper's hooks and collectives (DDP's gradient all-reduce) run."""
+    m = model
+    for _ in range(16):
+        if isinstance(m, PreTrainedModel):
+            return m
+        get_base = getattr(m, "get_base_model", None)
+        inner = getattr(m, "module", None)
+        if callable(get_base) and isinstance(m, torch.nn.Module):  # peft.PeftModel
+            m = get_base()
+        elif isinstance(inner, torch.nn.Module):
+            m = inner
+        elif isinstance(getattr(m, "_orig_mod", None), torch.nn.Module):
+            m = m._orig_mod
+        else:
+            return m
+    return m
+
+
 class ConcentrationProbe:
     """Context manager that records attention concentration during a model's forward pass.
 
@@ -353,7 +379,10 @@ class ConcentrationProbe:
 
     Args:
       model: a transformers ``PreTrainedModel`` whose attention goes through
-        ``AttentionInterface`` (Llama, Qwen2, Qwen3, Mistral, GPT-2, ...).
+        ``AttentionInterface`` (Llama, Qwen2, Qwen3, Mistral, GPT-2, ...), or one wrapped
+        by DDP, DeepSpeed, accelerate or PEFT: the probe attaches to
+        :func:`unwrap_model`'s inner model (:attr:`model`) and records whichever forward
+        runs it, the wrapper's included.
       statistic: ``"entropy"`` (default), ``"max"`` or ``"l2"``.
       layers: ``None`` (all layers), a slice, or layer indices (negative ones count from
         the end).
@@ -385,6 +414,7 @@ class ConcentrationProbe:
         per_layer: bool = False,
         record_with_grad: bool = False,
     ) -> None:
+        model = unwrap_model(model)
         if not isinstance(model, PreTrainedModel):
             raise UnsupportedModelError(
                 f"model: expected a transformers PreTrainedModel, got {type(model).__module__}.{type(model).__name__}",

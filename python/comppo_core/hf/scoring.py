@@ -12,8 +12,25 @@ from query position j, and every value is 0 in a column whose query or target to
 padding. :func:`score` is the one path from ids to log-probs: the probe's
 :func:`logprobs_and_concentration`, :func:`comppo_core.hf.comp_gae_batch`,
 :func:`comppo_core.rl.forward` (which adds gates and a critic's values) and the trainer
-(old, new and reference log-probs) all call it. Log-probs are computed in float32 by
-:func:`~comppo_core.hf.lm.token_logprobs` in bounded chunks of the logits.
+(old, new and reference log-probs) all call it.
+
+**Memory-bounded log-probs.** The ``[B, T, V]`` logits are never materialised: a forward
+pre-hook on the LM head (``get_output_embeddings()``) keeps its input, the final hidden
+states ``[B, T, H]``, and hands the head only the last position, so the model's own head
+computes ``[B, 1, V]``. The log-probs of the scored columns are then computed from the
+hidden states by :func:`~comppo_core.hf.lm.head_logprobs`, ``logprob_chunk`` tokens at a
+time (default ``max(1, 2^26 // V)``: 256 MiB of float32 logits per chunk), with each
+chunk's logits recomputed in the backward when ``grad=True`` (never saved). What the
+model does to the head's output (Gemma's ``final_logit_softcapping``, Cohere's
+``logit_scale``, Granite's ``logits_scaling``) is applied per chunk, and every call checks
+that the model's own logits at the last position equal the chunked path's there
+(:class:`~comppo_core.hf.UnsupportedModelError` otherwise: score with
+``logprob_chunk=0``, the model's full logits and :func:`~comppo_core.hf.lm.token_logprobs`).
+
+**Wrapped models.** ``model`` may be wrapped by DDP, DeepSpeed, accelerate or PEFT: the
+forward is called through the wrapper (its hooks and collectives run, e.g. DDP's gradient
+all-reduce), and the probe, the LM-head hook and the critic taps attach to the inner
+Hugging Face model (:func:`~comppo_core.hf.probe.unwrap_model`).
 """
 
 from __future__ import annotations
@@ -24,8 +41,15 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .lm import check_ids, default_position_ids, scored_columns, token_logprobs
-from .probe import ConcentrationProbe
+from .lm import (
+    check_ids,
+    default_position_ids,
+    head_logprobs,
+    logprob_chunk_tokens,
+    scored_columns,
+    token_logprobs,
+)
+from .probe import ConcentrationProbe, UnsupportedModelError, unwrap_model
 from .statistics import DEFAULT_QUERY_CHUNK
 
 __all__ = [
@@ -69,6 +93,88 @@ class LogprobsAndConcentrationPerLayer(NamedTuple):
     per_layer: torch.Tensor
 
 
+class _HeadInput:
+    """Forward pre-hook on the LM head: keeps its ``[B, T, H]`` input and hands the head
+    only the last position, so the model computes ``[B, 1, V]`` logits instead of
+    ``[B, T, V]``. A call whose input is not ``[B, T, H]`` is left alone (not captured)."""
+
+    def __init__(self, head: torch.nn.Module, shape: tuple[int, int]) -> None:
+        self.head, self.shape = head, shape
+        self.hidden: torch.Tensor | None = None
+        self.calls = 0
+        self._handle: Any = None
+
+    def _hook(self, module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        self.calls += 1
+        x = args[0] if args else None
+        if self.calls == 1 and isinstance(x, torch.Tensor) and x.dim() == 3 and tuple(x.shape[:2]) == self.shape:
+            self.hidden = x
+            return (x[:, -1:], *args[1:])
+        return None
+
+    def __enter__(self) -> _HeadInput:
+        self._handle = self.head.register_forward_pre_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.remove()
+
+
+def _text_config(model: Any) -> Any:
+    get_text = getattr(model.config, "get_text_config", None)
+    return get_text() if callable(get_text) else model.config
+
+
+def _post_head(model: Any) -> Any:
+    """What ``model`` does to its LM head's output before returning logits, as a function
+    (None: nothing), in the model's order and dtype: a scale (Cohere ``logit_scale``,
+    Granite ``/ logits_scaling``), then Gemma's ``final_logit_softcapping``."""
+    cfg = _text_config(model)
+    softcap = getattr(cfg, "final_logit_softcapping", None)
+    scale = getattr(model, "logit_scale", None)  # Cohere keeps config.logit_scale on the model
+    scale = scale if isinstance(scale, (int, float)) and not isinstance(scale, bool) else None
+    divide = getattr(cfg, "logits_scaling", None)  # Granite
+    divide = divide if isinstance(divide, (int, float)) and not isinstance(divide, bool) and divide != 1 else None
+    if softcap is None and scale is None and divide is None:
+        return None
+
+    def post(z: torch.Tensor) -> torch.Tensor:
+        if scale is not None:
+            z = z * scale
+        if divide is not None:
+            z = z / divide
+        if softcap is not None:
+            z = torch.tanh(z / softcap) * softcap
+        return z
+
+    return post
+
+
+def _check_last_position(model: Any, logits: Any, head: Any, post: Any, hidden: torch.Tensor) -> None:
+    """The model's own logits at the last position must equal the chunked path's there."""
+    b = hidden.shape[0]
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != (b, 1):
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise UnsupportedModelError(
+            f"model: {type(model).__name__} returned logits {got} for an LM head given [B, 1, H] = [{b}, 1, ...]; "
+            "the chunked log-probs cannot be checked against it (score with logprob_chunk=0)",
+            argument="model",
+        )
+    with torch.no_grad():
+        ours = head(hidden[:, -1:].detach())
+        ours = (post(ours) if post is not None else ours).float()
+        theirs = logits.detach().float()
+        tol = 1e-5 if hidden.dtype in (torch.float32, torch.float64) else 2e-2
+        if ours.shape != theirs.shape or not torch.allclose(ours, theirs, rtol=tol, atol=tol):
+            diff = float((ours - theirs).abs().max()) if ours.shape == theirs.shape else float("nan")
+            raise UnsupportedModelError(
+                f"model: {type(model).__name__}'s logits are not its LM head's output (max abs difference {diff:.3g} "
+                "at the last position); it transforms them in a way the chunked log-probs do not know, so score "
+                "with logprob_chunk=0 (or COMPPO_LOGPROB_CHUNK=0): the model's full logits",
+                argument="model",
+            )
+
+
 def score(
     model: Any,
     input_ids: torch.Tensor,
@@ -84,12 +190,14 @@ def score(
     precision: str = "float32",
     grad: bool = False,
     position_ids: torch.Tensor | None = None,
+    logprob_chunk: int | None = None,
 ) -> Scores:
     """One forward of ``model``; per-token log-probs, and the concentration on request.
 
     Args:
       model: a causal LM (``...ForCausalLM``); with ``concentration`` or ``per_layer``, one
-        supported by :class:`~comppo_core.hf.ConcentrationProbe`.
+        supported by :class:`~comppo_core.hf.ConcentrationProbe`. It may be wrapped (DDP,
+        DeepSpeed, accelerate, PEFT): the forward goes through the wrapper.
       input_ids: ``[B, T]`` token ids, ``T >= 2``.
       attention_mask: optional ``[B, T]`` (nonzero = real token); any padding side.
       temperature: ``τ``: the log-probs are of ``softmax(logits / τ)`` (the rollout's
@@ -102,6 +210,10 @@ def score(
       position_ids: optional ``[B, T]``; by default ``cumsum(attention_mask) − 1`` clamped
         at 0, the positions ``generate`` gives a left-padded prompt (no mask: the model's
         default ``0..T−1``).
+      logprob_chunk: tokens per LM-head chunk (module docstring); None: the
+        ``COMPPO_LOGPROB_CHUNK`` environment variable if set, else ``max(1, 2^26 // V)``;
+        0: no chunking (the model's full ``[B, T, V]`` logits, as before). The log-probs do
+        not depend on it beyond float32 rounding of the head's matmul.
 
     Returns:
       :class:`Scores` on the model's device.
@@ -128,12 +240,49 @@ def score(
         if probing
         else None
     )
-    with torch.enable_grad() if grad else torch.no_grad(), probe if probe is not None else contextlib.nullcontext():
+    inner = unwrap_model(model)
+    head = inner.get_output_embeddings() if callable(getattr(inner, "get_output_embeddings", None)) else None
+    chunk = 0
+    if isinstance(head, torch.nn.Module):
+        weight = getattr(head, "weight", None)
+        vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else int(_text_config(inner).vocab_size)
+        chunk = logprob_chunk_tokens(logprob_chunk, vocab)
+    else:
+        logprob_chunk_tokens(logprob_chunk, 1)  # still checks the argument
+    tap = _HeadInput(head, (ids.shape[0], ids.shape[1])) if chunk and head is not None else None
+    columns = torch.ones(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=ids.device)
+    if mask is not None:
+        columns = scored_columns(mask)
+    with (
+        torch.enable_grad() if grad else torch.no_grad(),
+        probe if probe is not None else contextlib.nullcontext(),
+        tap if tap is not None else contextlib.nullcontext(),
+    ):
         out = model(**kwargs)
         logits = out.logits if hasattr(out, "logits") else out[0]
-        lp = token_logprobs(logits[:, :-1], ids[:, 1:], temperature=temperature)
-        del out, logits
-    columns = torch.ones_like(lp, dtype=torch.bool) if mask is None else scored_columns(mask)
+        del out
+        if tap is not None and tap.calls > 1:
+            raise UnsupportedModelError(
+                f"model: {type(inner).__name__} called its LM head {tap.calls} times in one forward; the chunked "
+                "log-probs expect one call (score with logprob_chunk=0)",
+                argument="model",
+            )
+        if tap is not None and tap.hidden is not None and head is not None:
+            hidden, post = tap.hidden, _post_head(inner)
+            tap.hidden = None
+            _check_last_position(inner, logits, head, post, hidden)
+            del logits
+            cols = columns.to(hidden.device)
+            h = hidden[:, :-1][cols] if mask is not None else hidden[:, :-1].reshape(-1, hidden.shape[-1])
+            y = ids[:, 1:].to(hidden.device)[cols] if mask is not None else ids[:, 1:].reshape(-1)
+            del hidden
+            vals = head_logprobs(h, head, y, temperature=temperature, chunk_tokens=chunk, post=post)
+            lp = torch.zeros(columns.shape, dtype=torch.float32, device=vals.device).masked_scatter(
+                columns.to(vals.device), vals
+            )
+        else:  # unchunked (logprob_chunk=0, or a head the hook cannot see): the model's full logits
+            lp = token_logprobs(logits[:, :-1], ids[:, 1:], temperature=temperature)
+            del logits
     conc = per = None
     if probe is not None:
         conc = torch.where(columns, probe.concentration[:, :-1], 0.0)

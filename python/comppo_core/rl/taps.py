@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import ParameterError
-from ..hf.probe import UnsupportedModelError, _num_layers
+from ..hf.probe import UnsupportedModelError, _num_layers, unwrap_model
 
 __all__ = ["TapRecorder", "decoder_layers", "default_taps", "normalize_taps"]
 
@@ -25,7 +25,10 @@ def decoder_layers(model: Any) -> nn.ModuleList:
     """The model's decoder layers: the ``nn.ModuleList`` with ``num_hidden_layers`` blocks.
 
     Llama/Qwen keep it at ``model.model.layers``, GPT-2 at ``model.transformer.h``; any
-    model whose stack is one such list is found."""
+    model whose stack is one such list is found. A wrapped model (DDP, DeepSpeed,
+    accelerate, PEFT) is searched inside :func:`~comppo_core.hf.probe.unwrap_model`'s
+    inner model."""
+    model = unwrap_model(model)
     n = _num_layers(model)
     found = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == n]
     if not found:
@@ -76,6 +79,8 @@ class TapRecorder:
             model(input_ids=ids, attention_mask=am)
         taps.hidden[27]            # [B, T, d], the residual stream after layer 27
 
+    ``model`` may be wrapped (DDP, DeepSpeed, accelerate, PEFT): the hooks go on the
+    inner model's layers, so a forward run through the wrapper is recorded.
     The recorded tensors are the model's own (no copy): they carry the autograd graph of
     the forward when it ran with gradients on, so the caller decides what to detach."""
 
