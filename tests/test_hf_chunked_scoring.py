@@ -246,3 +246,34 @@ def test_head_logprobs_equal_token_logprobs_and_check_arguments() -> None:
         head_logprobs(hidden, head, y, chunk_tokens=0)
     with pytest.raises(ParameterError, match="temperature"):
         head_logprobs(hidden, head, y, chunk_tokens=4, temperature=0.0)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_reused_block_path_equals_the_module_path_bit_for_bit(bias: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without gradients a bare float32 ``nn.Linear`` head writes each chunk into one reused
+    block and reduces it in place: the same values, bit for bit, as calling the module and
+    ``torch.logsumexp`` (chunks of 7 rows over 30: the last one shorter)."""
+    from comppo_core.hf import lm
+
+    g = torch.Generator().manual_seed(3)
+    head = torch.nn.Linear(16, 50, bias=bias)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    hidden = torch.randn(30, 16, generator=g)
+    targets = torch.randint(0, 50, (30,), generator=g)
+    calls: list[int] = []
+    real = lm._chunk_logprobs_in_place
+    monkeypatch.setattr(lm, "_chunk_logprobs_in_place", lambda z, t, y: calls.append(1) or real(z, t, y))
+    with torch.no_grad():
+        fast = lm.head_logprobs(hidden, head, targets, temperature=0.7, chunk_tokens=7)
+        slow = torch.cat(
+            [lm._chunk_logprobs(head, None, 0.7, hidden[i : i + 7], targets[i : i + 7]) for i in range(0, 30, 7)]
+        )
+    assert len(calls) == 5 and torch.equal(fast, slow)
+    handle = head.register_forward_hook(lambda *_: None)  # a hooked head goes through the module
+    calls.clear()
+    with torch.no_grad():
+        hooked = lm.head_logprobs(hidden, head, targets, temperature=0.7, chunk_tokens=7)
+    handle.remove()
+    assert not calls and torch.equal(hooked, slow)

@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from ..errors import ParameterError, ShapeError
 
 __all__ = [
+    "HEAD_CHUNK_ELEMENTS",
     "LOGPROB_CHUNK_ELEMENTS",
     "LOGPROB_CHUNK_ENV",
     "check_ids",
@@ -36,10 +37,14 @@ __all__ = [
     "token_logprobs",
 ]
 
-#: Most logits elements :func:`token_logprobs` converts to float32 at once, and the
-#: default size of :func:`head_logprobs`' chunks (2^26: 256 MiB of float32 logits; one
-#: position's whole vocabulary row if that is larger).
+#: Most logits elements :func:`token_logprobs` converts to float32 at once (2^26: 256 MiB
+#: of float32 logits; one position's whole vocabulary row if that is larger).
 LOGPROB_CHUNK_ELEMENTS = 1 << 26
+#: The default size of :func:`head_logprobs`' chunks, in logits elements (2^24: 64 MiB of
+#: float32 logits, 110 tokens at V = 151936): on CPU a smaller block is reused from cache,
+#: a larger one costs memory traffic (1.18× a plain logits forward at hidden 512, against
+#: 1.22× at 2^26: benches/score_memory.py).
+HEAD_CHUNK_ELEMENTS = 1 << 24
 
 #: Environment variable: tokens per chunk of the scoring forward's LM head when
 #: ``score(..., logprob_chunk=None)`` (an integer ≥ 1, or 0 for the model's full logits).
@@ -48,13 +53,13 @@ LOGPROB_CHUNK_ENV = "COMPPO_LOGPROB_CHUNK"
 
 def logprob_chunk_tokens(chunk: int | None, vocab: int) -> int:
     """Tokens per LM-head chunk: ``chunk`` if given, else ``$COMPPO_LOGPROB_CHUNK`` if set,
-    else ``max(1, LOGPROB_CHUNK_ELEMENTS // vocab)`` (441 tokens for V = 151936: 256 MiB
+    else ``max(1, HEAD_CHUNK_ELEMENTS // vocab)`` (110 tokens for V = 151936: 64 MiB
     of float32 logits). 0 means no chunking (the model's own full logits)."""
     name = "logprob_chunk"
     if chunk is None:
         env = os.environ.get(LOGPROB_CHUNK_ENV, "").strip()
         if not env:
-            return max(1, LOGPROB_CHUNK_ELEMENTS // max(1, vocab))
+            return max(1, HEAD_CHUNK_ELEMENTS // max(1, vocab))
         name = LOGPROB_CHUNK_ENV
         try:
             chunk = int(env)
@@ -98,6 +103,32 @@ def _chunk_logprobs(
     if temperature != 1.0:
         z = z.div_(temperature) if not z.requires_grad else z / temperature
     return z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+
+def _chunk_logprobs_in_place(z: torch.Tensor, temperature: float, targets: torch.Tensor) -> torch.Tensor:
+    """:func:`_chunk_logprobs` after the head, without gradients, overwriting ``z`` (a
+    float32 block this chunk owns): the same operations as ``torch.logsumexp``
+    (``log Σ exp(z − max) + max``, a non-finite max counted as 0), done in place, so a
+    chunk allocates no second ``[n, V]`` block; bit for bit the same values."""
+    if temperature != 1.0:
+        z.div_(temperature)
+    picked = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    top = z.amax(-1, keepdim=True)
+    top.masked_fill_(top.abs() == math.inf, 0.0)
+    total = z.sub_(top).exp_().sum(-1)
+    return picked - total.log_().add_(top.squeeze(-1))
+
+
+def _plain_linear(head: Any) -> bool:
+    """Whether ``head`` is a bare ``nn.Linear`` with no hooks (its output is ``x @ Wᵀ + b``
+    and nothing else may run), so a chunk can write it into a reused block."""
+    return (
+        type(head) is torch.nn.Linear
+        and not head._forward_hooks
+        and not head._forward_pre_hooks
+        and not torch.nn.modules.module._global_forward_hooks
+        and not torch.nn.modules.module._global_forward_pre_hooks
+    )
 
 
 def head_logprobs(
@@ -151,10 +182,26 @@ def head_logprobs(
     tau = _check_temperature(temperature)
     targets = targets.to(device=hidden.device, dtype=torch.int64)
     parts = []
+    grad = torch.is_grad_enabled()
+    # without gradients a plain float32 head writes each chunk into one reused block and the
+    # log-sum-exp runs in place on it: no [n, V] allocation per chunk (each would be fresh
+    # pages to fault in), the same values bit for bit
+    linear = head if isinstance(head, torch.nn.Linear) and _plain_linear(head) else None
+    reuse = not grad and post is None and linear is not None and linear.weight.dtype == torch.float32
+    block: torch.Tensor | None = None
     for i in range(0, max(n, 1), chunk_tokens):  # N = 0 still runs the head once: the graph stays connected
         h, y = hidden[i : i + chunk_tokens], targets[i : i + chunk_tokens]
-        if torch.is_grad_enabled():
+        if grad:
             parts.append(checkpoint(_chunk_logprobs, head, post, tau, h, y, use_reentrant=False))
+        elif reuse and linear is not None and h.dtype == torch.float32 and h.shape[0]:
+            if block is None or block.shape[0] < h.shape[0]:
+                block = torch.empty((h.shape[0], linear.weight.shape[0]), dtype=torch.float32, device=h.device)
+            z = block[: h.shape[0]]
+            if linear.bias is None:
+                torch.mm(h, linear.weight.t(), out=z)
+            else:
+                torch.addmm(linear.bias, h, linear.weight.t(), out=z)
+            parts.append(_chunk_logprobs_in_place(z, tau, y))
         else:
             parts.append(_chunk_logprobs(head, post, tau, h, y))
     return parts[0] if len(parts) == 1 else torch.cat(parts)

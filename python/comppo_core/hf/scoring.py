@@ -256,9 +256,9 @@ def score(
     with (
         torch.enable_grad() if grad else torch.no_grad(),
         probe if probe is not None else contextlib.nullcontext(),
-        tap if tap is not None else contextlib.nullcontext(),
     ):
-        out = model(**kwargs)
+        with tap if tap is not None else contextlib.nullcontext():  # off again before the chunks call the head
+            out = model(**kwargs)
         logits = out.logits if hasattr(out, "logits") else out[0]
         del out
         if tap is not None and tap.calls > 1:
