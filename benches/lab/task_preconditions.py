@@ -17,9 +17,12 @@ Run:  python benches/lab/task_preconditions.py probe [--seeds 5] [--json FILE] [
     alone, and the share of the concentration gates' variance that the response position
     explains (``R²`` of the per-position means: what ``comppo_position`` keeps). One line
     per seed and the mean with a 95% t-interval over seeds.
-(b) ``critic``: ``comppo-core compare --arms ppo,grpo --seeds N`` with ``--critic-warmup``
-    (default 10 steps): does a warmed critic beat ``grpo``? The paired difference and its
-    CI are ``DIR/results.md``'s ``vs grpo`` column.
+(b) ``critic``: does a warmed critic beat ``grpo``? Until the trainer has a critic warm-up
+    of its own: ``comppo-core compare --arms ppo --critic-warmup K --steps S+K --out
+    DIR/ppo_warm`` (the first K steps train the critic alone, then S steps as ``grpo``'s)
+    and ``comppo-core compare --arms grpo --steps S --out DIR/grpo``, same seeds and so the
+    same warm starts; prints the paired difference of final held-out accuracy with its
+    95% t-interval over seeds.
 (c) ``oracle``: ``comppo-core compare --arms comppo_oracle,tac_fixed --seeds N``: do the
     oracle gates (high on pivotal tokens) beat a constant gate? Needs the ``comppo_oracle``
     arm.
@@ -186,15 +189,47 @@ def _config(extra: list[str], **changes: Any) -> Any:
     return TrainConfig.from_args(ns).replace(**changes)
 
 
-def run_compare(args: argparse.Namespace, extra: list[str], arms: str, more: list[str]) -> int:
-    if not args.out:
-        sys.exit("--out: expected the compare's output directory")
+def run_compare(args: argparse.Namespace, extra: list[str], arms: str, out: str, more: list[str]) -> int:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in RUN_DEFAULTS.items()]
-    cmd = ["comppo-core", "compare", "--arms", arms, "--seeds", str(args.seeds), "--out", args.out, "--no-progress"]
-    cmd += flags + more + extra
+    cmd = ["comppo-core", "compare", "--arms", arms, "--seeds", str(args.seeds), "--out", out, "--no-progress"]
+    cmd += flags + extra + more  # a flag given later wins (argparse keeps the last)
     print(" ".join(cmd), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     return subprocess.call(cmd, env=env)
+
+
+def paired(a_dir: str, a_arm: str, b_dir: str, b_arm: str) -> tuple[list[float], str]:
+    """The per-seed differences of final held-out accuracy ``a − b`` (percentage points) of
+    two compares' results.json, and a line with their mean and 95% t-interval."""
+    from comppo_core.commands.compare import mean_ci as _mean_ci
+
+    def final(d: str, arm: str) -> dict[int, float]:
+        with open(os.path.join(d, "results.json"), encoding="utf-8") as fh:
+            entry = json.load(fh)["arms"][arm]
+        return dict(zip(entry["seeds"], entry["accuracy"]))
+
+    fa, fb = final(a_dir, a_arm), final(b_dir, b_arm)
+    seeds = sorted(set(fa) & set(fb))
+    diffs = [100 * (fa[s] - fb[s]) for s in seeds]
+    m, half = _mean_ci(diffs)
+    ci = "" if half is None else f" [{m - half:+.1f}, {m + half:+.1f}]"
+    per = ", ".join(f"seed {s}: {100 * fa[s]:.1f} vs {100 * fb[s]:.1f}" for s in seeds)
+    return diffs, f"{a_arm} − {b_arm}: {m:+.1f} points{ci} (95% t-CI over {len(seeds)} seeds; {per})"
+
+
+def run_critic(args: argparse.Namespace, extra: list[str]) -> int:
+    """(b) without a separate critic warm-up: ``ppo`` with ``--critic-warmup K`` and ``K`` more
+    steps (the same number of actor updates) against ``grpo``, two compares (``compare``
+    gives every arm the same flags, and ``grpo`` refuses a critic warm-up) whose warm starts
+    are the same per seed (the same settings and seed), paired by seed."""
+    steps = int(_config(extra).steps)
+    k = args.critic_warmup_steps
+    a, b = os.path.join(args.out, "ppo_warm"), os.path.join(args.out, "grpo")
+    rc = run_compare(args, extra, "ppo", a, [f"--critic-warmup={k}", f"--steps={steps + k}"])
+    rc = rc or run_compare(args, extra, "grpo", b, [])
+    if rc == 0:
+        print(paired(a, "ppo", b, "grpo")[1])
+    return rc
 
 
 def main() -> int:
@@ -207,12 +242,11 @@ def main() -> int:
     args, extra = parser.parse_known_args()
     if args.part == "probe":
         return run_probe(args, extra)
+    if not args.out:
+        sys.exit("--out: expected the output directory of the compares")
     if args.part == "critic":
-        # the warm-up is ppo's only: compare gives every arm the same flags, and grpo has no critic,
-        # so the two arms run as two compares into one directory would not pair; instead ppo's
-        # warm-up steps are part of its budget and grpo runs the same number of steps
-        return run_compare(args, extra, "ppo,grpo", [f"--critic-warmup={args.critic_warmup_steps}"])
-    return run_compare(args, extra, "comppo_oracle,tac_fixed", [])
+        return run_critic(args, extra)
+    return run_compare(args, extra, "comppo_oracle,tac_fixed", args.out, [])
 
 
 if __name__ == "__main__":

@@ -66,17 +66,17 @@ def demonstrations(task: Any, problems: list[Any], rng: np.random.Generator, car
     :class:`~comppo_core.errors.ParameterError`) replaces each solution, with probability
     ``carry_noise`` drawn per sequence with ``rng``, by the one that forgets every carry;
     0 draws nothing."""
+    if carry_noise > 0.0 and not isinstance(task, AdditionTask):
+        raise ParameterError(
+            f"carry_noise: expected 0 for the task {getattr(task, 'name', type(task).__name__)!r} "
+            f"(carries are addition's), got {carry_noise!r}",
+            argument="carry_noise",
+        )
     demo = getattr(task, "demonstration", None)
     if callable(demo):
         return [demo(p, rng) for p in problems]
     solutions = [p.solution for p in problems]
     if carry_noise > 0.0:
-        if not isinstance(task, AdditionTask):
-            raise ParameterError(
-                f"carry_noise: expected 0 for the task {getattr(task, 'name', type(task).__name__)!r} "
-                f"(carries are addition's), got {carry_noise!r}",
-                argument="carry_noise",
-            )
         forget = rng.random(len(problems)) < carry_noise
         solutions = [
             worked_solution(*map(int, p.prompt[:-1].split("+")), carries=False) if f else sol

@@ -1,25 +1,30 @@
 """A built-in task where token-level credit matters: recall one digit after a filler, then count.
 
-A problem is ``digits`` decimal digits ``x = x_0 … x_{n−1}`` and a query index ``q``; the prompt
-is ``"38472915?3="``. The response is a filler of ``N`` symbols from ``abcd`` (``N`` free
-in ``[filler_min, filler_max]``), the separator ``|``, the recalled digit ``x_q``, then a
-chain of ``steps`` digits each the previous plus 1 mod 10, then EOS::
+A problem is ``digits`` decimal digits ``x = x_0 … x_{n−1}`` and a query index ``q``; the
+prompt is ``"38472915?3="``. The response is a filler of ``N`` symbols from ``abcd``
+(``N`` free in ``[filler_min, filler_max]``), the separator ``|``, the recalled digit
+``x_q``, a chain of ``steps`` digits each the previous plus 1 mod 10, then (when
+``tail_max > 0``) a second ``|`` and a tail of ``M`` filler symbols (``M`` free in
+``[tail_min, tail_max]``), then EOS::
 
-    prompt    "38472915?3="                       (x_3 = 7)
-    response  "cabdbbacaddcbabcadbacbdd|789012345" <eos>
-               └── filler: N symbols ───┘│└ x_q ┘└ chain: x_q+1 … x_q+steps (mod 10)
+    prompt    "38472915?3="                                   (x_3 = 7)
+    response  "cabdbbacaddc|789012345|cbabcadbacbdd" <eos>
+               └ filler N ┘│x└chain─┘│└─ tail M ──┘      x = x_q; chain: x_q+1 … x_q+steps (mod 10)
 
-The filler is free: any symbols, any length in range, and none of it changes the reward.
-Only the recalled digit decides it (the chain then follows by a rule the warm start
-learns), and where that digit sits in the response varies with ``N`` from one sample to
-the next. So a response has one or a few *pivotal* tokens (:meth:`ChainTask.pivotal`:
-the recalled digit and the chain) among many that do not matter, at a position that a
-per-position average cannot know: the setting in which a good critic and well-placed
-gates have something to do, and GRPO's one advantage for every token does not.
+The fillers are free: any symbols, any lengths in range, and none of them changes the
+reward. Only the recalled digit decides it (the chain then follows by a rule the warm
+start learns), and where it sits in the response varies with ``N`` from one sample to the
+next, while the tail keeps the response's length from telling where the chain ended. So
+a response has a few *pivotal* tokens (:meth:`ChainTask.pivotal`: the recalled digit and
+the chain) among many that do not matter, at a position that a per-position average
+cannot know: the setting in which a good critic and well-placed gates have something to
+do, and GRPO's one advantage for every token does not. (``tail_max = 0`` is the variant
+without a tail, whose chain always ends the response.)
 
 **Verifier** (:meth:`ChainTask.score`): 1.0 iff the response stopped at EOS, has the
-format ``[abcd]{N} | [0-9]{steps+1}`` with ``filler_min ≤ N ≤ filler_max``, and its last
-digit is ``(x_q + steps) mod 10``; 0.0 otherwise. The chain's middle digits are not
+format ``[abcd]{N} | [0-9]{steps+1} | [abcd]{M}`` (``filler_min ≤ N ≤ filler_max``,
+``tail_min ≤ M ≤ tail_max``; without a tail, nothing after the digits) and the chain's
+last digit is ``(x_q + steps) mod 10``; 0.0 otherwise. The chain's middle digits are not
 checked (a wrong recall followed by a skipped step can still score, as a wrong worked
 step can in :class:`~comppo_core.rl.tasks.AdditionTask`).
 
@@ -30,9 +35,9 @@ draws training problems only; :meth:`ChainTask.heldout` and :meth:`ChainTask.val
 are fixed lists of distinct problems of their side, a function of ``split_seed`` and
 their ``seed``. The filler is not part of a problem's identity.
 
-**Demonstrations.** :attr:`Problem.solution` is a correct response with a filler drawn at
+**Demonstrations.** :attr:`Problem.solution` is a correct response with fillers drawn at
 random (by the ``rng`` of :meth:`ChainTask.sample`, or from the problem's hash for the
-fixed lists); :meth:`ChainTask.demonstration` draws a fresh one for each SFT use, so the
+fixed lists); :meth:`ChainTask.demonstration` draws fresh fillers for each SFT use, so the
 warm-started policy samples varied filler lengths and symbols.
 
 **Tokenizer.** A :class:`~comppo_core.rl.tasks.CharTokenizer` over :data:`CHAIN_ALPHABET`:
@@ -62,12 +67,13 @@ CHAIN_ALPHABET = "0123456789" + FILLER + "?=" + SEPARATOR
 
 
 class ChainTask:
-    """Recall the digit at a queried index after a random filler, then count on (module docstring).
+    """Recall the digit at a queried index after a random filler, count on, add a random tail (module docstring).
 
     Args:
       digits: digits in the prompt, 2 to 10 (the query index is one digit, ``0 … digits−1``).
       steps: chain digits after the recalled one, 1 to 32.
       filler_min, filler_max: the filler's length range, ``0 ≤ filler_min ≤ filler_max ≤ 256``.
+      tail_min, tail_max: the tail's, the same way (``tail_max = 0``: no tail, no second ``|``).
       split_seed: fixes which problems are held out and which are validation.
       heldout_fraction, validation_fraction: the two sides' shares, each in (0, 1), with
         ``heldout_fraction + validation_fraction < 1``.
@@ -210,8 +216,8 @@ class ChainTask:
                 yield x, q
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
-        """``n`` training problems (neither held out nor validation), each with a random
-        filler in its solution, drawn with ``rng``."""
+        """``n`` training problems (neither held out nor validation), each with random
+        fillers in its solution, drawn with ``rng``."""
         draws = self._draw(rng, "train")
         out = []
         for _ in range(n):

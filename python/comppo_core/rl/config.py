@@ -125,9 +125,9 @@ class TrainConfig:
     chain_digits: int = _f(8, "chain: digits in the prompt, one of which the response recalls (2 to 10)")
     chain_steps: int = _f(8, "chain: digits counted on after the recalled one; the last one is verified (1 to 32)")
     chain_filler_min: int = _f(0, "chain: shortest filler before the separator (symbols of abcd)")
-    chain_filler_max: int = _f(32, "chain: longest filler (a response is filler, |, the recalled digit and the chain)")
-    chain_tail_min: int = _f(0, "chain: shortest filler after the chain (behind a second |)")
-    chain_tail_max: int = _f(32, "chain: longest filler after the chain (0: no second | and no tail)")
+    chain_filler_max: int = _f(32, "chain: longest filler (a response: filler, separator, the recalled digit, the chain, separator, tail)")
+    chain_tail_min: int = _f(0, "chain: shortest tail (the filler after the chain and a second separator)")
+    chain_tail_max: int = _f(32, "chain: longest tail (0: no tail and no second separator)")
     split_seed: int = _f(0, "fixes which problems are held out (independent of seed)")
     heldout_fraction: float = _f(0.2, "share of problems held out for evaluation")
 
