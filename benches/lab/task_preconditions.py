@@ -51,7 +51,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     "steps": 40,
     "eval_size": 512,
     "eval_every": 10,
-    "prompts_per_step": 16,
+    "prompts_per_step": 8,
     "group_size": 8,
 }
 
@@ -108,7 +108,13 @@ def probe_seed(config: Any) -> dict[str, Any]:
     conc = out.concentration.float().numpy()
     gates = np.asarray(gating.gates_from_concentration(conc, mask=r.response_mask.numpy(), params=config.gate_params))
     mask = r.response_mask.numpy()
-    piv_c, fill_c, piv_g, fill_g, piv_pos, fill_pos, row_aucs = [], [], [], [], [], [], []
+    piv_c: list[float] = []
+    fill_c: list[float] = []
+    piv_g: list[float] = []
+    fill_g: list[float] = []
+    piv_pos: list[int] = []
+    fill_pos: list[int] = []
+    row_aucs: list[float] = []
     g_by_pos: dict[int, list[float]] = {}
     filler_lengths = []
     for b, (problem, text) in enumerate(zip(r.problems, r.responses)):
@@ -123,9 +129,15 @@ def probe_seed(config: Any) -> dict[str, Any]:
         for k, (col, kind) in enumerate(zip(cols, kinds)):
             g_by_pos.setdefault(k, []).append(float(gates[b, col]))
             if kind == "pivotal":
-                piv_c.append(conc[b, col]), piv_g.append(gates[b, col]), piv_pos.append(k), rp.append(conc[b, col])
+                rp.append(float(conc[b, col]))
+                piv_g.append(float(gates[b, col]))
+                piv_pos.append(k)
             elif kind == "filler":
-                fill_c.append(conc[b, col]), fill_g.append(gates[b, col]), fill_pos.append(k), rf.append(conc[b, col])
+                rf.append(float(conc[b, col]))
+                fill_g.append(float(gates[b, col]))
+                fill_pos.append(k)
+        piv_c += rp
+        fill_c += rf
         if rp and rf:
             row_aucs.append(auc(np.array(rp), np.array(rf)))
     all_g = np.concatenate([np.array(v) for v in g_by_pos.values()])
@@ -217,35 +229,62 @@ def paired(a_dir: str, a_arm: str, b_dir: str, b_arm: str) -> tuple[list[float],
     return diffs, f"{a_arm} − {b_arm}: {m:+.1f} points{ci} (95% t-CI over {len(seeds)} seeds; {per})"
 
 
-def run_critic(args: argparse.Namespace, extra: list[str]) -> int:
-    """(b) without a separate critic warm-up: ``ppo`` with ``--critic-warmup K`` and ``K`` more
-    steps (the same number of actor updates) against ``grpo``, two compares (``compare``
-    gives every arm the same flags, and ``grpo`` refuses a critic warm-up) whose warm starts
-    are the same per seed (the same settings and seed), paired by seed."""
-    steps = int(_config(extra).steps)
+def run_critic_now(args: argparse.Namespace, extra: list[str]) -> int:
+    """(b) with the trainer as it is: per seed, one warm start (``DIR/warmstart/seed<s>``),
+    then from it ``ppo`` with ``critic_warmup=K`` and ``steps + K`` steps (the first K train
+    the critic alone, so it makes as many actor updates as ``grpo``) and ``grpo`` with
+    ``steps``, in this process, one after the other; each run's wall and CPU seconds; the
+    paired difference of final held-out accuracy with its 95% t-interval over seeds."""
+    import torch
+
+    from comppo_core.commands.compare import mean_ci as _mean_ci
+    from comppo_core.rl import Trainer, train
+
+    torch.set_num_threads(1)
+    base = _config(extra, progress=False)
     k = args.critic_warmup_steps
-    a, b = os.path.join(args.out, "ppo_warm"), os.path.join(args.out, "grpo")
-    rc = run_compare(args, extra, "ppo", a, [f"--critic-warmup={k}", f"--steps={steps + k}"])
-    rc = rc or run_compare(args, extra, "grpo", b, [])
-    if rc == 0:
-        print(paired(a, "ppo", b, "grpo")[1])
-    return rc
+    rows = []
+    for seed in range(args.seeds):
+        ws = os.path.join(args.out, "warmstart", f"seed{seed}")
+        if not os.path.isfile(os.path.join(ws, "warmstart", "task.json")):
+            Trainer(base.replace(seed=seed, out=ws), overwrite=True)
+        init = os.path.join(ws, "warmstart")
+        row: dict[str, Any] = {"seed": seed}
+        for arm, changes in (("ppo", {"critic_warmup": k, "steps": base.steps + k}), ("grpo", {})):
+            config = base.replace(seed=seed, arm=arm, init_from=init, out=os.path.join(args.out, arm, f"seed{seed}"))
+            t0, c0 = time.perf_counter(), time.process_time()
+            summary = train(config.replace(**changes), overwrite=True)
+            row[arm] = summary["final_eval_accuracy"]
+            row[f"{arm}_warm_start"] = summary.get("initial_eval_accuracy")
+            row[f"{arm}_wall_s"], row[f"{arm}_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    diffs = [100 * (r["ppo"] - r["grpo"]) for r in rows]
+    m, half = _mean_ci(diffs)
+    ci = "" if half is None else f" [{m - half:+.1f}, {m + half:+.1f}]"
+    print(f"ppo (critic warm-up {k}) − grpo: {m:+.1f} points{ci} (95% t-CI over {len(rows)} seeds)")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"settings": base.to_dict(), "critic_warmup": k, "seeds": rows}, fh, indent=2)
+    return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("part", choices=("probe", "critic", "oracle"))
+    parser.add_argument("part", choices=("probe", "critic", "critic-now", "oracle"))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", default=None, help="critic, oracle: the compare's output directory")
-    parser.add_argument("--json", default=None, help="probe: also write the per-seed figures here")
-    parser.add_argument("--critic-warmup-steps", type=int, default=10, help="critic: ppo's critic-only first steps")
+    parser.add_argument("--json", default=None, help="probe, critic-now: also write the per-seed figures here")
+    parser.add_argument("--critic-warmup-steps", type=int, default=10, help="critic-now: ppo's critic-only first steps")
     args, extra = parser.parse_known_args()
     if args.part == "probe":
         return run_probe(args, extra)
     if not args.out:
         sys.exit("--out: expected the output directory of the compares")
-    if args.part == "critic":
-        return run_critic(args, extra)
+    if args.part == "critic":  # after the merge: compare's critic warm-up flags go in the extra flags
+        return run_compare(args, extra, "ppo,grpo", args.out, [])
+    if args.part == "critic-now":
+        return run_critic_now(args, extra)
     return run_compare(args, extra, "comppo_oracle,tac_fixed", args.out, [])
 
 
