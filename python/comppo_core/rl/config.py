@@ -125,7 +125,9 @@ class TrainConfig:
     chain_digits: int = _f(8, "chain: digits in the prompt, one of which the response recalls (2 to 10)")
     chain_steps: int = _f(8, "chain: digits counted on after the recalled one; the last one is verified (1 to 32)")
     chain_filler_min: int = _f(0, "chain: shortest filler before the separator (symbols of abcd)")
-    chain_filler_max: int = _f(32, "chain: longest filler (a response: filler, separator, the recalled digit, the chain, separator, tail)")
+    chain_filler_max: int = _f(
+        32, "chain: longest filler (a response: filler, separator, the recalled digit, the chain, separator, tail)"
+    )
     chain_tail_min: int = _f(0, "chain: shortest tail (the filler after the chain and a second separator)")
     chain_tail_max: int = _f(32, "chain: longest tail (0: no tail and no second separator)")
     split_seed: int = _f(0, "fixes which problems are held out (independent of seed)")
@@ -274,7 +276,7 @@ class TrainConfig:
         _integer("chain_filler_max", self.chain_filler_max, self.chain_filler_min, 256)
         _integer("chain_tail_min", self.chain_tail_min, 0, 256)
         _integer("chain_tail_max", self.chain_tail_max, self.chain_tail_min, 256)
-        if self.task != "addition" and self.sft_carry_noise:
+        if self.task == "chain" and self.sft_carry_noise:
             raise ParameterError(
                 f"sft_carry_noise: expected 0 for the task {self.task!r} (carries are addition's), "
                 f"got {self.sft_carry_noise!r}",
