@@ -41,7 +41,31 @@ from .train import require_rl_extra, usage_error
 __all__ = ["add_parser", "run", "saved_task_settings"]
 
 #: The TrainConfig fields ``DIR/task.json`` can give defaults for.
-_FROM_TASK_JSON = ("task", "digits", "split_seed", "heldout_fraction", "chat_template", "eval_size", "max_new_tokens")
+_FROM_TASK_JSON = (
+    "task",
+    "digits",
+    "chain_digits",
+    "chain_steps",
+    "chain_filler_min",
+    "chain_filler_max",
+    "chain_tail_min",
+    "chain_tail_max",
+    "split_seed",
+    "heldout_fraction",
+    "chat_template",
+    "eval_size",
+    "max_new_tokens",
+)
+
+#: The chain task's ``to_dict`` keys → the TrainConfig fields they set.
+_CHAIN_FIELDS = {
+    "digits": "chain_digits",
+    "steps": "chain_steps",
+    "filler_min": "chain_filler_min",
+    "filler_max": "chain_filler_max",
+    "tail_min": "chain_tail_min",
+    "tail_max": "chain_tail_max",
+}
 
 
 def _integer(text: str) -> int:
@@ -80,8 +104,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--task",
         default=None,
         metavar="TASK",
-        help="addition (the built-in task) or a .jsonl file of {prompt, answer} rows (default: DIR/task.json's, "
-        "else addition)",
+        help="addition or chain (the built-in tasks) or a .jsonl file of {prompt, answer} rows (default: "
+        "DIR/task.json's, else addition)",
     )
     cmd.add_argument(
         "--eval-size",
@@ -171,11 +195,13 @@ def saved_task_settings(model_dir: Path) -> tuple[dict[str, Any], Path | None]:
     out: dict[str, Any] = {}
     if saved.get("name") == "addition":
         out["task"] = "addition"
+    elif saved.get("name") == "chain":
+        out["task"] = "chain"
     elif saved.get("name") == "jsonl" and "path" in saved:
         out["task"] = saved["path"]
-    for key in ("digits", "split_seed", "heldout_fraction"):
-        if key in saved:
-            out[key] = saved[key]
+    fields = {"split_seed": "split_seed", "heldout_fraction": "heldout_fraction"}
+    fields.update(_CHAIN_FIELDS if out.get("task") == "chain" else {"digits": "digits"})
+    out.update({field: saved[key] for key, field in fields.items() if key in saved})
     tokenizer = saved.get("tokenizer")
     if isinstance(tokenizer, dict) and "chat_template" in tokenizer:
         out["chat_template"] = tokenizer["chat_template"]

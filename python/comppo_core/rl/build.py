@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import NonFiniteError
+from ..errors import NonFiniteError, ParameterError
 from .arms import Arm
 from .config import TrainConfig
 from .evaluation import build_task
@@ -26,11 +26,19 @@ from .standard_critic import StandardCritic
 from .tac import TransportAlignedCritic
 from .tasks import AdditionTask, worked_solution
 
-__all__ = ["build_policy", "initial_policy", "make_critic", "make_reference", "make_task", "sft_warm_start"]
+__all__ = [
+    "build_policy",
+    "demonstrations",
+    "initial_policy",
+    "make_critic",
+    "make_reference",
+    "make_task",
+    "sft_warm_start",
+]
 
 
 def make_task(config: TrainConfig) -> tuple[Any, Any]:
-    """The run's task and tokenizer: the built-in addition task with its character tokenizer,
+    """The run's task and tokenizer: a built-in task (addition, chain) with its character tokenizer,
     or (with ``config.model``) the model's tokenizer; a JSONL file with the model's tokenizer
     (the task: :func:`comppo_core.rl.evaluation.build_task`)."""
     task = build_task(config)
@@ -58,9 +66,37 @@ def build_policy(config: TrainConfig, vocab_size: int) -> Any:
     return LlamaForCausalLM(cfg)
 
 
+def demonstrations(task: Any, problems: list[Any], rng: np.random.Generator, carry_noise: float = 0.0) -> list[str]:
+    """The SFT targets of ``problems``, without EOS.
+
+    A task with a ``demonstration(problem, rng)`` method gives one per problem, drawn with
+    ``rng`` each time (the chain task's random filler); any other task gives each
+    ``problem.solution``. ``carry_noise > 0`` (the addition task only; another task is a
+    :class:`~comppo_core.errors.ParameterError`) replaces each solution, with probability
+    ``carry_noise`` drawn per sequence with ``rng``, by the one that forgets every carry;
+    0 draws nothing."""
+    if carry_noise > 0.0 and not isinstance(task, AdditionTask):
+        raise ParameterError(
+            f"carry_noise: expected 0 for the task {getattr(task, 'name', type(task).__name__)!r} "
+            f"(carries are addition's), got {carry_noise!r}",
+            argument="carry_noise",
+        )
+    demo = getattr(task, "demonstration", None)
+    if callable(demo):
+        return [demo(p, rng) for p in problems]
+    solutions = [p.solution for p in problems]
+    if carry_noise > 0.0:
+        forget = rng.random(len(problems)) < carry_noise
+        solutions = [
+            worked_solution(*map(int, p.prompt[:-1].split("+")), carries=False) if f else sol
+            for p, sol, f in zip(problems, solutions, forget)
+        ]
+    return solutions
+
+
 def sft_warm_start(
     model: nn.Module,
-    task: AdditionTask,
+    task: Any,
     *,
     steps: int,
     batch_size: int,
@@ -68,7 +104,7 @@ def sft_warm_start(
     rng: np.random.Generator,
     carry_noise: float = 0.0,
 ) -> list[float]:
-    """Supervised warm start on the task's worked solutions; returns the loss per step.
+    """Supervised warm start on the task's demonstrations (:func:`demonstrations`); returns the loss per step.
 
     Cross-entropy on the response tokens (EOS included) of ``bos + prompt + solution +
     eos``, right-padded; AdamW (no weight decay), linear warm-up over 50 steps then
@@ -88,13 +124,7 @@ def sft_warm_start(
     out: list[float] = []
     for _ in range(steps):
         problems = task.sample(rng, batch_size)
-        solutions = [p.solution for p in problems]
-        if carry_noise > 0.0:
-            forget = rng.random(batch_size) < carry_noise
-            solutions = [
-                worked_solution(*map(int, p.prompt[:-1].split("+")), carries=False) if f else sol
-                for p, sol, f in zip(problems, solutions, forget)
-            ]
+        solutions = demonstrations(task, problems, rng, carry_noise)
         seqs = [
             (tok.encode(p.prompt, add_bos=True), tok.encode(sol, add_eos=True)) for p, sol in zip(problems, solutions)
         ]

@@ -48,7 +48,8 @@ __all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig"]
 # against comes from comppo_core.options (KL_MODES is re-exported from there), so that
 # reading, validating and parsing a TrainConfig (``comppo-core train --help``) stays light.
 
-TASKS = ("addition",)
+#: The built-in tasks: ``addition`` (rl.tasks.AdditionTask), ``chain`` (rl.chain_task.ChainTask).
+TASKS = ("addition", "chain")
 #: Critic warm-up rounds of an arm with a critic when ``critic_warmup`` is None.
 DEFAULT_CRITIC_WARMUP = 10
 
@@ -119,10 +120,19 @@ class TrainConfig:
     # ---- the task
     task: str = _f(
         "addition",
-        'the built-in task (addition, comppo_core.rl.tasks) or a .jsonl file of {"prompt", '
-        '"answer"} rows (comppo_core.rl.jsonl_task; needs model)',
+        "a built-in task (addition: comppo_core.rl.tasks; chain: recall a digit after a random filler, "
+        'comppo_core.rl.chain_task) or a .jsonl file of {"prompt", "answer"} rows (comppo_core.rl.jsonl_task; '
+        "needs model)",
     )
-    digits: int = _f(2, "difficulty: operands below 10**digits")
+    digits: int = _f(2, "addition's difficulty: operands below 10**digits")
+    chain_digits: int = _f(8, "chain: digits in the prompt, one of which the response recalls (2 to 10)")
+    chain_steps: int = _f(8, "chain: digits counted on after the recalled one; the last one is verified (1 to 32)")
+    chain_filler_min: int = _f(0, "chain: shortest filler before the separator (symbols of abcd)")
+    chain_filler_max: int = _f(
+        32, "chain: longest filler (a response: filler, separator, the recalled digit, the chain, separator, tail)"
+    )
+    chain_tail_min: int = _f(0, "chain: shortest tail (the filler after the chain and a second separator)")
+    chain_tail_max: int = _f(32, "chain: longest tail (0: no tail and no second separator)")
     split_seed: int = _f(0, "fixes which problems are held out (independent of seed)")
     heldout_fraction: float = _f(0.2, "share of problems held out for evaluation")
     validation_fraction: float = _f(
@@ -283,6 +293,18 @@ class TrainConfig:
         for name in ("seed", "save_every", "eval_every", "split_seed", "warmup_sft_steps"):
             _integer(name, getattr(self, name), 0)
         _integer("digits", self.digits, 1, 6)
+        _integer("chain_digits", self.chain_digits, 2, 10)
+        _integer("chain_steps", self.chain_steps, 1, 32)
+        _integer("chain_filler_min", self.chain_filler_min, 0, 256)
+        _integer("chain_filler_max", self.chain_filler_max, self.chain_filler_min, 256)
+        _integer("chain_tail_min", self.chain_tail_min, 0, 256)
+        _integer("chain_tail_max", self.chain_tail_max, self.chain_tail_min, 256)
+        if self.task == "chain" and self.sft_carry_noise:
+            raise ParameterError(
+                f"sft_carry_noise: expected 0 for the task {self.task!r} (carries are addition's), "
+                f"got {self.sft_carry_noise!r}",
+                argument="sft_carry_noise",
+            )
         for name in ("num_threads", "max_new_tokens"):
             if getattr(self, name) is not None:
                 _integer(name, getattr(self, name), 1)

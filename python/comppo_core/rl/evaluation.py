@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .chain_task import ChainTask
 from .config import TASKS, TrainConfig
 from .jsonl_task import JsonlTask
 from .tasks import AdditionTask, Problem
@@ -35,8 +36,22 @@ __all__ = ["build_task", "describe_task", "heldout_accuracy", "heldout_scores"]
 def build_task(config: TrainConfig) -> Any:
     """The task of ``config``, as :func:`comppo_core.rl.build.make_task` builds it: the
     built-in addition task (``digits``, ``split_seed``, ``heldout_fraction``,
-    ``validation_fraction``) or the JSONL file ``task`` (the same split settings and
+    ``validation_fraction``), the built-in chain task (``chain_digits``, ``chain_steps``,
+    ``chain_filler_min``, ``chain_filler_max``, ``chain_tail_min``, ``chain_tail_max`` and the
+    same split settings) or the JSONL file ``task`` (the split settings and
     ``max_new_tokens``). Imports no torch."""
+    if config.task == "chain":
+        return ChainTask(
+            config.chain_digits,
+            config.chain_steps,
+            filler_min=config.chain_filler_min,
+            filler_max=config.chain_filler_max,
+            tail_min=config.chain_tail_min,
+            tail_max=config.chain_tail_max,
+            split_seed=config.split_seed,
+            heldout_fraction=config.heldout_fraction,
+            validation_fraction=config.validation_fraction,
+        )
     if config.task in TASKS:
         return AdditionTask(
             config.digits,
@@ -54,9 +69,12 @@ def build_task(config: TrainConfig) -> Any:
 
 
 def describe_task(task: Any) -> str:
-    """A few words for ``task``: ``"2-digit addition"``, or the JSONL file's name."""
+    """A few words for ``task``: ``"2-digit addition"``, ``"chain recall (8 digits, filler
+    20-40, 8 steps)"``, or the JSONL file's name."""
     if isinstance(task, AdditionTask):
         return f"{task.digits}-digit addition"
+    if isinstance(task, ChainTask):
+        return f"chain recall ({task.digits} digits, filler {task.filler_min}-{task.filler_max}, {task.steps} steps)"
     if isinstance(task, JsonlTask):
         return Path(task.path).name
     return str(getattr(task, "name", type(task).__name__))
