@@ -19,7 +19,7 @@ pre-hook on the LM head (``get_output_embeddings()``) keeps its input, the final
 states ``[B, T, H]``, and hands the head only the last position, so the model's own head
 computes ``[B, 1, V]``. The log-probs of the scored columns are then computed from the
 hidden states by :func:`~comppo_core.hf.lm.head_logprobs`, ``logprob_chunk`` tokens at a
-time (default ``max(1, 2^26 // V)``: 256 MiB of float32 logits per chunk), with each
+time (default ``max(1, 2^24 // V)``: 64 MiB of float32 logits per chunk), with each
 chunk's logits recomputed in the backward when ``grad=True`` (never saved). What the
 model does to the head's output (Gemma's ``final_logit_softcapping``, Cohere's
 ``logit_scale``, Granite's ``logits_scaling``) is applied per chunk, and every call checks
@@ -211,7 +211,7 @@ def score(
         at 0, the positions ``generate`` gives a left-padded prompt (no mask: the model's
         default ``0..T−1``).
       logprob_chunk: tokens per LM-head chunk (module docstring); None: the
-        ``COMPPO_LOGPROB_CHUNK`` environment variable if set, else ``max(1, 2^26 // V)``;
+        ``COMPPO_LOGPROB_CHUNK`` environment variable if set, else ``max(1, 2^24 // V)``;
         0: no chunking (the model's full ``[B, T, V]`` logits, as before). The log-probs do
         not depend on it beyond float32 rounding of the head's matmul.
 
