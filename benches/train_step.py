@@ -1,4 +1,4 @@
-"""The seven arms' PPO step side by side: time by phase and peak memory, one model, one batch.
+"""The arms' PPO step side by side (every arm but the diagnostic oracle): time by phase and peak memory, one model, one batch.
 
 Run:  python benches/train_step.py                   (CPU: the built-in task and policy; about a minute)
       python benches/train_step.py --rounds 2 --sft-steps 0    (a quicker look)
@@ -61,7 +61,7 @@ try:
 except ImportError as exc:  # pragma: no cover
     sys.exit(f"benches/train_step.py needs the [rl] extra (torch, transformers, tqdm, matplotlib): {exc}")
 
-ARMS = tuple(rl.ARMS)
+ARMS = tuple(name for name, arm in rl.ARMS.items() if not arm.diagnostic)
 PHASES = ("rollout", "score", "advantages", "update")
 
 #: Qwen3-shaped presets (random weights, synthetic task): model and batch.
@@ -204,8 +204,8 @@ def trainers_on_one_model(a: argparse.Namespace) -> tuple[dict[str, rl.Trainer],
     # one CPU thread unless told: for models this small more only add overhead (and on a shared
     # machine they fight other processes for the cores)
     threads = a.threads if a.threads is not None else (1 if a.device == "cpu" else None)
-    base_cfg = rl.TrainConfig(
-        device=a.device, progress=False, eval_every=0, save_every=0, seed=a.seed, num_threads=threads
+    base_cfg = rl.TrainConfig(  # one step each, no critic warm-up rounds (they are steps without the actor)
+        device=a.device, progress=False, eval_every=0, save_every=0, seed=a.seed, num_threads=threads, critic_warmup=0
     )
     if a.preset == "cpu":
         sft = base_cfg.warmup_sft_steps if a.sft_steps is None else a.sft_steps

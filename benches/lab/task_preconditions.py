@@ -17,12 +17,10 @@ Run:  python benches/lab/task_preconditions.py probe [--seeds 5] [--json FILE] [
     alone, and the share of the concentration gates' variance that the response position
     explains (``R²`` of the per-position means: what ``comppo_position`` keeps). One line
     per seed and the mean with a 95% t-interval over seeds.
-(b) ``critic``: does a warmed critic beat ``grpo``? Until the trainer has a critic warm-up
-    of its own: ``comppo-core compare --arms ppo --critic-warmup K --steps S+K --out
-    DIR/ppo_warm`` (the first K steps train the critic alone, then S steps as ``grpo``'s)
-    and ``comppo-core compare --arms grpo --steps S --out DIR/grpo``, same seeds and so the
-    same warm starts; prints the paired difference of final held-out accuracy with its
-    95% t-interval over seeds.
+(b) ``critic``: does a warmed critic beat ``grpo``? ``comppo-core compare --arms ppo,grpo``
+    (``ppo``'s critic warms up for ``critic_warmup`` rounds, 10 by default, before the same
+    ``steps`` actor updates as ``grpo``'s); its results.md has the paired difference with
+    its 95% t-interval over seeds.
 (c) ``oracle``: ``comppo-core compare --arms comppo_oracle,tac_fixed --seeds N``: do the
     oracle gates (high on pivotal tokens) beat a constant gate? Needs the ``comppo_oracle``
     arm.
@@ -170,7 +168,7 @@ def run_probe(args: argparse.Namespace, extra: list[str]) -> int:
     torch.set_num_threads(1)
     rows = []
     for seed in range(args.seeds):
-        config = _config(extra, seed=seed, out=None, progress=False)
+        config = _config(extra, seed=seed, out=None, progress=False, critic_warmup=0)  # the policy alone
         row = probe_seed(config)
         rows.append(row)
         print(
@@ -210,81 +208,19 @@ def run_compare(args: argparse.Namespace, extra: list[str], arms: str, out: str,
     return subprocess.call(cmd, env=env)
 
 
-def paired(a_dir: str, a_arm: str, b_dir: str, b_arm: str) -> tuple[list[float], str]:
-    """The per-seed differences of final held-out accuracy ``a − b`` (percentage points) of
-    two compares' results.json, and a line with their mean and 95% t-interval."""
-    from comppo_core.commands.compare import mean_ci as _mean_ci
-
-    def final(d: str, arm: str) -> dict[int, float]:
-        with open(os.path.join(d, "results.json"), encoding="utf-8") as fh:
-            entry = json.load(fh)["arms"][arm]
-        return dict(zip(entry["seeds"], entry["accuracy"]))
-
-    fa, fb = final(a_dir, a_arm), final(b_dir, b_arm)
-    seeds = sorted(set(fa) & set(fb))
-    diffs = [100 * (fa[s] - fb[s]) for s in seeds]
-    m, half = _mean_ci(diffs)
-    ci = "" if half is None else f" [{m - half:+.1f}, {m + half:+.1f}]"
-    per = ", ".join(f"seed {s}: {100 * fa[s]:.1f} vs {100 * fb[s]:.1f}" for s in seeds)
-    return diffs, f"{a_arm} − {b_arm}: {m:+.1f} points{ci} (95% t-CI over {len(seeds)} seeds; {per})"
-
-
-def run_critic_now(args: argparse.Namespace, extra: list[str]) -> int:
-    """(b) with the trainer as it is: per seed, one warm start (``DIR/warmstart/seed<s>``),
-    then from it ``ppo`` with ``critic_warmup=K`` and ``steps + K`` steps (the first K train
-    the critic alone, so it makes as many actor updates as ``grpo``) and ``grpo`` with
-    ``steps``, in this process, one after the other; each run's wall and CPU seconds; the
-    paired difference of final held-out accuracy with its 95% t-interval over seeds."""
-    import torch
-
-    from comppo_core.commands.compare import mean_ci as _mean_ci
-    from comppo_core.rl import Trainer, train
-
-    torch.set_num_threads(1)
-    base = _config(extra, progress=False)
-    k = args.critic_warmup_steps
-    rows = []
-    for seed in range(args.seeds):
-        ws = os.path.join(args.out, "warmstart", f"seed{seed}")
-        if not os.path.isfile(os.path.join(ws, "warmstart", "task.json")):
-            Trainer(base.replace(seed=seed, out=ws), overwrite=True)
-        init = os.path.join(ws, "warmstart")
-        row: dict[str, Any] = {"seed": seed}
-        for arm, changes in (("ppo", {"critic_warmup": k, "steps": base.steps + k}), ("grpo", {})):
-            config = base.replace(seed=seed, arm=arm, init_from=init, out=os.path.join(args.out, arm, f"seed{seed}"))
-            t0, c0 = time.perf_counter(), time.process_time()
-            summary = train(config.replace(**changes), overwrite=True)
-            row[arm] = summary["final_eval_accuracy"]
-            row[f"{arm}_warm_start"] = summary.get("initial_eval_accuracy")
-            row[f"{arm}_wall_s"], row[f"{arm}_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    diffs = [100 * (r["ppo"] - r["grpo"]) for r in rows]
-    m, half = _mean_ci(diffs)
-    ci = "" if half is None else f" [{m - half:+.1f}, {m + half:+.1f}]"
-    print(f"ppo (critic warm-up {k}) − grpo: {m:+.1f} points{ci} (95% t-CI over {len(rows)} seeds)")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"settings": base.to_dict(), "critic_warmup": k, "seeds": rows}, fh, indent=2)
-    return 0
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("part", choices=("probe", "critic", "critic-now", "oracle"))
+    parser.add_argument("part", choices=("probe", "critic", "oracle"))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", default=None, help="critic, oracle: the compare's output directory")
-    parser.add_argument("--json", default=None, help="probe, critic-now: also write the per-seed figures here")
-    parser.add_argument("--critic-warmup-steps", type=int, default=10, help="critic-now: ppo's critic-only first steps")
+    parser.add_argument("--json", default=None, help="probe: also write the per-seed figures here")
     args, extra = parser.parse_known_args()
     if args.part == "probe":
         return run_probe(args, extra)
     if not args.out:
         sys.exit("--out: expected the output directory of the compares")
-    if args.part == "critic":  # after the merge: compare's critic warm-up flags go in the extra flags
+    if args.part == "critic":
         return run_compare(args, extra, "ppo,grpo", args.out, [])
-    if args.part == "critic-now":
-        return run_critic_now(args, extra)
     return run_compare(args, extra, "comppo_oracle,tac_fixed", args.out, [])
 
 

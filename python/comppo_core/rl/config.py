@@ -504,8 +504,8 @@ class TrainConfig:
 
 
 #: Named settings (fields changed from the defaults) for ``TrainConfig.from_preset`` and the CLI's
-#: ``--preset``. ``default`` is the defaults: sized so that ``comppo-core compare`` of the seven arms ×
-#: 3 seeds fits an hour on a 2-core CPU; ``quick`` is one arm, warm start included, in under 3 minutes
+#: ``--preset``. ``default`` is the defaults: sized so that ``comppo-core compare`` of the seven arms
+#: of the time × 3 seeds fitted an hour on a 2-core CPU (before the critic warm-up and three more arms); ``quick`` is one arm, warm start included, in under 3 minutes
 #: there. Both were chosen by the held-out accuracy gain averaged over the arms (docs/training.md).
 #: ``demo`` is ``comppo-core demo``'s: a longer warm start on demonstrations half of which forget the
 #: carries, so that the policy starts confident in the format but unsure at the pivotal carry tokens,
