@@ -315,7 +315,11 @@ def task_json_with_bad_digits(d: Path) -> None:
         (["--model", "{nowhere}"], None, r"--model: expected a local Hugging Face model directory, got '.*nowhere'"),
         (["--model", "{file}"], None, r"--model: expected a local Hugging Face model directory"),
         (["--model", "{bare}"], None, r"--model: expected a tokenizer in the model directory '.*bare'"),
-        (["--model", "{model}", "--task", "sums.csv"], None, r"--task: expected addition, chain or a path to a .jsonl file"),
+        (
+            ["--model", "{model}", "--task", "sums.csv"],
+            None,
+            r"--task: expected addition, chain or a path to a .jsonl file",
+        ),
         (["--model", "{model}", "--task", "{nowhere}.jsonl"], None, r"--task: expected a JSONL file, got '.*'"),
         (
             ["--model", "{model}", "--task", "{broken}"],

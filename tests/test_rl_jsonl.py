@@ -192,7 +192,9 @@ def test_task_file_errors_without_a_line(tmp_path: Path, model_dir: Path) -> Non
         ParameterError, match=r"^task: '.*one.jsonl': expected rows on both sides of the held-out split"
     ):
         JsonlTask(tmp_path / "one.jsonl")
-    with pytest.raises(ParameterError, match=r"^task: expected addition, chain or a path to a .jsonl file, got 'data.csv'"):
+    with pytest.raises(
+        ParameterError, match=r"^task: expected addition, chain or a path to a .jsonl file, got 'data.csv'"
+    ):
         TrainConfig(task="data.csv", model=str(model_dir))
     with pytest.raises(ParameterError, match=r"^model: expected a local model directory for the task"):
         TrainConfig(task=str(tmp_path / "one.jsonl"))
