@@ -53,7 +53,8 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 PHASES = ("generate", "score", "loss", "backward")
 
-#: Model and batch presets: a Llama for the CPU, a Qwen3-0.6B shape for a GPU, and the dry run.
+#: Model and batch presets: a Llama for the CPU (and ``quick``, its smaller batch), a Qwen3-0.6B
+#: shape for a GPU, and the dry run.
 PRESETS: dict[str, dict[str, Any]] = {
     # about 8M parameters: hidden 256, 6 layers, 4 heads / 2 KV heads of 64, vocabulary 6144 (untied)
     "cpu": dict(
@@ -70,21 +71,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         group=4,
         prompt_tokens=32,
         completion_tokens=64,
-    ),
-    "quick": dict(
-        arch="llama",
-        hidden=256,
-        layers=6,
-        heads=4,
-        kv_heads=2,
-        head_dim=64,
-        intermediate=768,
-        vocab=6144,
-        tied=False,
-        prompts=2,
-        group=4,
-        prompt_tokens=16,
-        completion_tokens=32,
     ),
     # Qwen3-0.6B: 28 layers, hidden 1024, 16 heads / 8 KV heads of 128, MLP 3072, tied embeddings
     "qwen3-0.6b": dict(
@@ -119,6 +105,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         completion_tokens=8,
     ),
 }
+PRESETS["quick"] = {**PRESETS["cpu"], "prompts": 2, "prompt_tokens": 16, "completion_tokens": 32}
 
 
 # --------------------------------------------------------------------------- #

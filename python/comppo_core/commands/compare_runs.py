@@ -187,15 +187,19 @@ class Runner:
                 init_from, made = warm_start(self.base, seed, self.out / "warmstart" / f"seed{seed}")
             except ParameterError as exc:
                 usage_error(self.cmd, exc)
-            key = f"warmstart/seed{seed}"
-            self.keys.append(key)
-            if made:
-                self.timings[key] = time.perf_counter() - t0
-                run_dir.write_json_atomic(self.timings_path, self.timings)
-            status = f"made in {self.timings[key]:.0f} s" if made else "reused"
-            print(f"[seed {seed}] warm start {init_from} ({status})", flush=True)
+            self._warm_started(seed, init_from, made, time.perf_counter() - t0)
         self._init_from[seed] = init_from
         return init_from
+
+    def _warm_started(self, seed: int, init_from: str, made: bool, seconds: float) -> None:
+        """Record (its time, when made now) and print seed ``seed``'s warm start."""
+        key = f"warmstart/seed{seed}"
+        self.keys.append(key)
+        if made:
+            self.timings[key] = seconds
+            run_dir.write_json_atomic(self.timings_path, self.timings)
+        status = f"made in {self.timings[key]:.0f} s" if made else "reused"
+        print(f"[seed {seed}] warm start {init_from} ({status})", flush=True)
 
     def run(self, rel: str, config: TrainConfig, label: str) -> dict[str, Any] | None:
         """Run (or reuse) the run in ``OUT/rel``; its summary, or None for a tuning run
@@ -330,13 +334,7 @@ class Runner:
                 init_from, made = job.result()
             except ParameterError as exc:
                 usage_error(self.cmd, exc)
-            key = f"warmstart/seed{seed}"
-            self.keys.append(key)
-            if made:
-                self.timings[key] = time.perf_counter() - t0
-                run_dir.write_json_atomic(self.timings_path, self.timings)
-            status = f"made in {self.timings[key]:.0f} s" if made else "reused"
-            print(f"[seed {seed}] warm start {init_from} ({status})", flush=True)
+            self._warm_started(seed, init_from, made, time.perf_counter() - t0)
             self._init_from[seed] = init_from
 
     def _after(self, label: str, summary: dict[str, Any] | None) -> dict[str, Any] | None:
