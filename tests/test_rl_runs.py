@@ -191,6 +191,17 @@ def test_a_resumed_run_may_find_its_model_moved_only_with_the_same_content(
 # interrupts
 
 
+@pytest.fixture(autouse=True)
+def python_sigint_handler() -> Any:
+    """Python's own SIGINT handler for each test, as an interactive shell gives it (a
+    shell's background job inherits SIGINT ignored, and Python then leaves it so); what
+    was there is put back after."""
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupt_at(monkeypatch: pytest.MonkeyPatch, step: int, signum: int = signal.SIGINT) -> None:
     """Send ``signum`` to this process during the update of step ``step`` (mid-step)."""
     original = Trainer.update

@@ -338,7 +338,9 @@ def test_bf16_autocast_runs(tmp_path: Path) -> None:
 
 def test_two_processes_equal_one_on_the_same_global_batch(tmp_path: Path) -> None:
     worker = Path(__file__).with_name("trl_worker.py")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT / "tests")]),
+    # the installed comppo_core (a checkout's python/ has no compiled extension); tests/ for trl_tiny
+    paths = [str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths),
            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
            "PYTHONWARNINGS": "ignore"}  # fmt: skip
     for n in (1, 2):
@@ -359,22 +361,7 @@ def test_two_processes_equal_one_on_the_same_global_batch(tmp_path: Path) -> Non
           max_diff(one["actor"], r0["actor"]))  # fmt: skip
 
 
-# ---- the shipped example and accelerate configs
-
-
-def test_the_example_runs(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    program = ROOT / "examples" / "trl_comppo.py"
-    done = subprocess.run(
-        [sys.executable, "-W", "error", str(program)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "CompPOTrainer trained" in done.stdout, done.stdout[-2000:]
+# ---- the accelerate configs (tests/test_examples.py runs examples/trl_comppo.py)
 
 
 def test_the_accelerate_configs_are_valid_yaml() -> None:
