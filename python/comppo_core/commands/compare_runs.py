@@ -106,6 +106,13 @@ def warm_start(base: TrainConfig, seed: int, out: Path) -> tuple[str, bool]:
 # --------------------------------------------------------------------------- #
 
 
+def _timed_warm_start(base: TrainConfig, seed: int, out: Path) -> tuple[str, bool, float]:
+    """:func:`warm_start` in a worker, with its own seconds (not its wait in the queue)."""
+    t0 = time.perf_counter()
+    init_from, made = warm_start(base, seed, out)
+    return init_from, made, time.perf_counter() - t0
+
+
 class Stopped(Exception):
     """Asked to stop between two runs (the one named is finished)."""
 
@@ -115,22 +122,24 @@ def continues(run_out: Path) -> bool:
     return run_dir.saved_checkpoint(run_out) is not None and saved_config(run_out) is not None
 
 
-def train_job(config: TrainConfig, resume: bool) -> tuple[str, Any]:
-    """One run in a worker process (``compare --jobs``): ``("done", summary)``,
-    ``("nonfinite", the NonFiniteError)`` or ``("stopped", next step)`` after Ctrl-C / SIGTERM (which
-    reach the workers of a terminal's process group too: each finishes its step and
-    checkpoints)."""
+def train_job(config: TrainConfig, resume: bool) -> tuple[str, Any, float]:
+    """One run in a worker process (``compare --jobs``): ``("done", summary, seconds)``,
+    ``("nonfinite", the NonFiniteError, seconds)`` or ``("stopped", next step, seconds)``
+    after Ctrl-C / SIGTERM (which reach the workers of a terminal's process group too: each
+    finishes its step and checkpoints); ``seconds`` is the run's own time, not its wait in
+    the queue."""
     from ..rl.interrupts import GracefulStop, TrainingInterrupted
     from ..rl.trainer import Trainer
 
+    t0 = time.perf_counter()
     with GracefulStop() as stop:
         trainer = Trainer(config.replace(resume=resume), overwrite=not resume)
         try:
-            return "done", trainer.train(stop=stop)
+            return "done", trainer.train(stop=stop), time.perf_counter() - t0
         except NonFiniteError as exc:
-            return "nonfinite", exc
+            return "nonfinite", exc, time.perf_counter() - t0
         except TrainingInterrupted as exc:
-            return "stopped", exc.next_step
+            return "stopped", exc.next_step, time.perf_counter() - t0
         finally:
             trainer.dist.close()
 
@@ -285,14 +294,13 @@ class Runner:
                 results[rel] = summary
                 self._print(label, summary, "reused", "validation" if tuning else "held-out")
             futures = {
-                pool.submit(train_job, config, go_on): (rel, config, label, go_on, time.perf_counter())
-                for rel, config, label, go_on in todo
+                pool.submit(train_job, config, go_on): (rel, config, label, go_on) for rel, config, label, go_on in todo
             }
             stopped: str | None = None
             for future in concurrent.futures.as_completed(futures):
-                rel, config, label, go_on, t0 = futures[future]
+                rel, config, label, go_on = futures[future]
                 try:
-                    kind, value = future.result()
+                    kind, value, seconds = future.result()
                 except ParameterError as exc:  # a bad --init-from, --model or --task
                     pool.shutdown(cancel_futures=True)
                     usage_error(self.cmd, exc)
@@ -308,7 +316,7 @@ class Runner:
                     value = None
                 self.done += 1
                 results[rel] = value
-                status = self._timed(rel, time.perf_counter() - t0, go_on)
+                status = self._timed(rel, seconds, go_on)
                 self._print(label, value, status, "validation" if tuning else "held-out")
                 if self.stop() and stopped is None:
                     stopped = label
@@ -325,16 +333,16 @@ class Runner:
             for seed in missing:
                 self._init_from[seed] = self.base.init_from
             return
-        t0 = time.perf_counter()
         jobs = {
-            seed: pool.submit(warm_start, self.base, seed, self.out / "warmstart" / f"seed{seed}") for seed in missing
+            seed: pool.submit(_timed_warm_start, self.base, seed, self.out / "warmstart" / f"seed{seed}")
+            for seed in missing
         }
         for seed, job in jobs.items():
             try:
-                init_from, made = job.result()
+                init_from, made, seconds = job.result()
             except ParameterError as exc:
                 usage_error(self.cmd, exc)
-            self._warm_started(seed, init_from, made, time.perf_counter() - t0)
+            self._warm_started(seed, init_from, made, seconds)
             self._init_from[seed] = init_from
 
     def _after(self, label: str, summary: dict[str, Any] | None) -> dict[str, Any] | None:
