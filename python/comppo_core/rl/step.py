@@ -169,7 +169,7 @@ class LossSettings:
         the fixed response budget ``max_new_tokens`` (the ``[B, T−1]`` width would also count
         the prompt columns and vary with the batch)."""
         c = config
-        loss_scale_factor = float(max_new_tokens) if c.loss_agg == "seq-mean-token-sum-norm" else None
+        loss_scale_factor = cls.horizon(c.loss_agg, max_new_tokens)
         return cls(
             c.clip_low,
             c.clip_high,
@@ -182,6 +182,12 @@ class LossSettings:
             c.kl_kind,
             c.kl_mode,
         )
+
+    @staticmethod
+    def horizon(agg: str, max_new_tokens: int | None) -> float | None:
+        """``loss_scale_factor`` of aggregation ``agg``: the response budget for
+        ``seq-mean-token-sum-norm`` (verl's L), None for the other modes or without a budget."""
+        return float(max_new_tokens) if agg == "seq-mean-token-sum-norm" and max_new_tokens is not None else None
 
     def kl_in_loss(self, train_actor: bool) -> bool:
         """Whether the minibatch loss has the KL term (the actor trains and kl_mode="loss")."""

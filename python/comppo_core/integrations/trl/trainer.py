@@ -98,7 +98,6 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             kl_kind="k3",
             kl_mode="loss",
         )
-        budget = args.max_completion_length
         self.loss_settings = step.LossSettings(
             clip_low=args.epsilon,
             clip_high=args.epsilon_high,
@@ -106,9 +105,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             value_clip=args.value_clip,
             vf_coef=args.vf_coef,
             agg=args.loss_agg,
-            loss_scale_factor=float(budget)
-            if budget is not None and args.loss_agg == "seq-mean-token-sum-norm"
-            else None,
+            loss_scale_factor=step.LossSettings.horizon(args.loss_agg, args.max_completion_length),
             kl_coef=args.beta,
             kl_kind="k3",
             kl_mode="loss",
