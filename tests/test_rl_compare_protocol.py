@@ -73,6 +73,51 @@ def test_interaction_needs_all_four_cells_and_a_common_seed() -> None:
     assert one["mean"] == pytest.approx(0.5)
 
 
+def test_contrasts_against_a_hand_computation() -> None:
+    final = {
+        "ppo": {0: 0.50, 1: 0.40, 2: 0.45},
+        "grpo": {0: 0.40, 1: 0.35, 2: 0.30},
+        "comppo_oracle": {0: 0.5, 1: 0.5},
+        "tac_fixed": {1: 0.4, 2: 0.1},
+    }
+    got = compare_stats.contrasts(final)
+    # only the contrasts whose arms both ran, in CONTRASTS' order; seeds in common only
+    assert [(c["a"], c["b"]) for c in got] == [("ppo", "grpo"), ("comppo_oracle", "tac_fixed")]
+    ppo = got[0]
+    per_seed = [0.10, 0.05, 0.15]
+    mean = sum(per_seed) / 3
+    s = math.sqrt(sum((v - mean) ** 2 for v in per_seed) / 2)
+    assert ppo["seeds"] == [0, 1, 2] and ppo["per_seed"] == pytest.approx(per_seed, abs=1e-15)
+    assert ppo["mean"] == pytest.approx(0.10) and ppo["ci"] == pytest.approx(T975_2 * s / math.sqrt(3), rel=1e-9)
+    oracle = got[1]
+    assert oracle["seeds"] == [1] and oracle["per_seed"] == pytest.approx([0.1]) and oracle["ci"] is None
+    assert compare_stats.contrasts({"ppo": {0: 0.5}, "grpo": {1: 0.5}}) == []
+    table = compare_report.contrasts_table(got)
+    assert md_row(table, "ppo − grpo")[1:] == [
+        "does a learned critic beat the group baseline",
+        "+10.0",
+        compare_report.ci_cell(ppo["mean"], ppo["ci"], True),
+        "no difference detected (within ±22.4)",  # 0.10 ± 4.3027 · 0.05 / √3 = [−2.4, +22.4] points
+    ]
+    assert md_row(table, "comppo_oracle − tac_fixed")[3:] == ["—", "one seed: no interval"]
+    assert compare_report.contrasts_table([]) == ""
+
+
+@pytest.mark.parametrize(
+    ("mean", "half", "expected"),
+    [
+        (0.05, 0.02, "a > b"),
+        (-0.05, 0.02, "a < b"),
+        (0.01, 0.03, "no difference detected (within ±4.0)"),
+        (-0.02, 0.03, "no difference detected (within ±5.0)"),
+        (0.0, 0.0, "no difference detected (within ±0.0)"),
+        (0.02, None, "one seed: no interval"),
+    ],
+)
+def test_reading_words_what_the_interval_allows(mean: float, half: float | None, expected: str) -> None:
+    assert compare_stats.reading("a", "b", mean, half) == expected
+
+
 def test_window_means() -> None:
     values = [0.1, None, 0.3, 0.5, 0.7]
     assert compare_stats.window_means(values, 2) == (pytest.approx(0.1), pytest.approx(0.6))
@@ -328,6 +373,17 @@ def test_compare_reports_the_interaction_and_the_critics_fit(tmp_path: Path, mon
     assert results["interaction"]["mean"] == pytest.approx(mean) and results["interaction"]["ci"] == pytest.approx(half)
     text = (out / "results.md").read_text()
     assert "(comppo − tac_fixed) − (comp_gae − ppo) = " + compare_report.pct(mean, True) + " points" in text
+    # the named contrasts whose two arms ran, from the same summaries
+    found = {(c["a"], c["b"]): c for c in results["contrasts"]}
+    assert set(found) == {("comppo", "tac_fixed")}
+    diff = [acc["comppo", s] - acc["tac_fixed", s] for s in (0, 1)]
+    assert found["comppo", "tac_fixed"]["per_seed"] == pytest.approx(diff, abs=1e-12)
+    dm, dh = compare.mean_ci(diff)
+    assert md_row(text, "comppo − tac_fixed")[2:] == [
+        compare_report.pct(dm, True),
+        compare_report.ci_cell(dm, dh, True),
+        compare_stats.reading("comppo", "tac_fixed", dm, dh),
+    ]
     for arm in arms:
         evs = {
             s: [

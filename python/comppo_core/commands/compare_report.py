@@ -4,6 +4,9 @@
   paired differences to the warm start and to each of :data:`REFERENCES` compared;
 * :func:`interaction_line`: the 2×2 interaction and its paired CI
   (:func:`comppo_core.commands.compare_stats.interaction`);
+* :func:`contrasts_table`: the named paired differences
+  (:data:`~comppo_core.commands.compare_stats.CONTRASTS`) with their intervals and what
+  the intervals allow (:func:`~comppo_core.commands.compare_stats.reading`);
 * :func:`explained_variance_table`: the critic's explained variance over the first and
   the last steps of the runs, per arm (``—`` for an arm without a critic);
 * :func:`tuning_tables`: with ``--grid``, the chosen setting and "k/n stable" per arm,
@@ -27,7 +30,7 @@ from typing import Any
 from ..rl import run_dir
 from ..rl.arms import ARMS
 from ..rl.config import TrainConfig
-from .compare_stats import interaction, mean_ci, window_means
+from .compare_stats import contrasts, interaction, mean_ci, reading, window_means
 from .grid import Grid
 from .tuning import COLLAPSE_MARGIN, Outcome, collapsed, score, stability
 
@@ -38,6 +41,7 @@ __all__ = [
     "Tuning",
     "ci_cell",
     "collapse_rule",
+    "contrasts_table",
     "eval_size",
     "explained_variance",
     "explained_variance_table",
@@ -154,6 +158,20 @@ def interaction_line(inter: dict[str, Any] | None) -> str:
         f"{pct(inter['mean'], True)} points, 95% CI {ci_cell(inter['mean'], inter['ci'], True)} "
         f"({n} seed{'s' if n != 1 else ''}; per seed: {', '.join(pct(v, True) for v in inter['per_seed'])}).\n"
     )
+
+
+def contrasts_table(found: list[dict[str, Any]]) -> str:
+    """The contrasts of :func:`~comppo_core.commands.compare_stats.contrasts` as a markdown
+    table (points, paired 95% CI, the reading), or "" when there is none."""
+    if not found:
+        return ""
+    lines = ["| contrast | question | mean | 95% CI | reading |", "|---|---|---|---|---|"]
+    for c in found:
+        a, b, m, h = c["a"], c["b"], c["mean"], c["ci"]
+        lines.append(
+            f"| {a} − {b} | {c['question']} | {pct(m, True)} | {ci_cell(m, h, True)} | {reading(a, b, m, h)} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def explained_variance_table(ev: dict[str, tuple[float | None, float | None] | None], window: int) -> str:
@@ -296,6 +314,7 @@ def write_results(
     }
     table, numbers = results_table(final, warm)
     inter = interaction(final)
+    found = contrasts(final)
     ev = explained_variance(out, arms, range(n_seeds))
     wm, wh = mean_ci(list(warm.values()))
     setting = f"preset `{preset}`"
@@ -315,6 +334,13 @@ def write_results(
     ]
     if inter is not None:
         lines += [interaction_line(inter)]
+    if found:
+        lines += [
+            "Named contrasts, paired per seed (points; reading: which side the 95% CI excludes 0 on, or the "
+            "largest difference it leaves open):",
+            "",
+            contrasts_table(found),
+        ]
     lines += [
         "Final accuracy per seed (%):",
         "",
@@ -378,6 +404,7 @@ def write_results(
             "arms": numbers,
             "warm_start": {str(s): a for s, a in warm.items()},
             "interaction": inter,
+            "contrasts": found,
             "explained_variance": {
                 arm: None if pair is None else {"first": pair[0], "last": pair[1], "window": EV_WINDOW}
                 for arm, pair in ev.items()

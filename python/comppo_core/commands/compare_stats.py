@@ -17,6 +17,14 @@ difference-in-differences, per seed ``s``::
 (how much more the concentration gates give with TAC than with a standard critic), with
 the t-interval of its mean over the seeds all four arms ran.
 
+**Contrasts.** :data:`CONTRASTS` names the paired differences ``acc(a, s) − acc(b, s)``
+that answer the design's questions (does a critic help, do well-placed gates help, does
+the gate's alignment or its direction matter); :func:`contrasts` gives each whose two arms
+ran, with its interval, and :func:`reading` words an interval by what it allows:
+``"a > b"`` or ``"a < b"`` when it excludes 0, ``"no difference detected (within ±x)"``
+when it holds 0, ``x`` the larger of its ends in absolute value (so an effect bigger
+than ``x`` points is ruled out at that level), and ``"one seed: no interval"`` without one.
+
 **Critic fit.** :func:`window_means`: the mean of a per-step metric (the critic's
 explained variance) over a run's first and last ``k`` steps.
 
@@ -29,12 +37,36 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["INTERACTION", "interaction", "mean_ci", "t_cdf", "t_quantile", "window_means"]
+__all__ = [
+    "CONTRASTS",
+    "INTERACTION",
+    "contrasts",
+    "interaction",
+    "mean_ci",
+    "reading",
+    "t_cdf",
+    "t_quantile",
+    "window_means",
+]
 
 #: The 2×2's cells in the order of the interaction ``(a − b) − (c − d)``: TAC with
 #: concentration gates, TAC with a fixed gate, a standard critic with concentration gates,
 #: a standard critic with a fixed gate.
 INTERACTION = ("comppo", "tac_fixed", "comp_gae", "ppo_fixed")
+
+#: The named paired differences ``(a, b, question)``: ``acc(a) − acc(b)`` answers ``question``.
+CONTRASTS: tuple[tuple[str, str, str], ...] = (
+    ("ppo", "grpo", "does a learned critic beat the group baseline"),
+    ("ppo_fixed", "ppo", "does a constant gate (a discount) change plain GAE"),
+    ("comp_gae", "ppo_fixed", "concentration gates vs a constant gate, standard critic"),
+    ("comppo", "tac_fixed", "concentration gates vs a constant gate, TAC"),
+    ("tac_fixed", "ppo_fixed", "TAC vs a standard critic, constant gate"),
+    ("comppo", "comppo_shuffle", "the gates' placement within a response"),
+    ("comppo", "comppo_position", "the gates beyond their per-position mean"),
+    ("comppo_inverted", "comppo", "the gate mapping's direction"),
+    ("comppo_oracle", "tac_fixed", "gates high on the pivotal tokens vs a constant gate (diagnostic)"),
+    ("comppo", "grpo", "CompPO vs GRPO"),
+)
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -132,6 +164,39 @@ def interaction(final: dict[str, dict[int, float]], level: float = 0.95) -> dict
     per_seed = [(a[s] - b[s]) - (c[s] - d[s]) for s in seeds]
     mean, half = mean_ci(per_seed, level)
     return {"arms": list(INTERACTION), "seeds": seeds, "per_seed": per_seed, "mean": mean, "ci": half}
+
+
+def contrasts(final: dict[str, dict[int, float]], level: float = 0.95) -> list[dict[str, Any]]:
+    """Each of :data:`CONTRASTS` whose two arms are in ``final`` (``final[arm][seed]``) with a
+    seed in common, in that order: ``{"a", "b", "question", "seeds", "per_seed", "mean",
+    "ci"}`` (``ci`` the half-width, None for one seed)."""
+    result = []
+    for a, b, question in CONTRASTS:
+        if a not in final or b not in final:
+            continue
+        seeds = sorted(set(final[a]) & set(final[b]))
+        if not seeds:
+            continue
+        per_seed = [final[a][s] - final[b][s] for s in seeds]
+        mean, half = mean_ci(per_seed, level)
+        result.append(
+            {"a": a, "b": b, "question": question, "seeds": seeds, "per_seed": per_seed, "mean": mean, "ci": half}
+        )
+    return result
+
+
+def reading(a: str, b: str, mean: float, half: float | None) -> str:
+    """What the interval ``mean ± half`` of ``acc(a) − acc(b)`` (fractions) allows, in words
+    (module docstring); points with one decimal."""
+    if half is None:
+        return "one seed: no interval"
+    lo, hi = mean - half, mean + half
+    if lo > 0:
+        return f"{a} > {b}"
+    if hi < 0:
+        return f"{a} < {b}"
+    bound = round(100 * max(abs(lo), abs(hi)), 1)
+    return f"no difference detected (within ±{bound:.1f})"
 
 
 def window_means(values: Sequence[float | None], k: int = 10) -> tuple[float | None, float | None]:
