@@ -10,6 +10,7 @@ demonstrations vary their fillers; ``train`` runs the task and saves a ``task.js
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -133,6 +134,35 @@ def test_splits_are_disjoint_and_fixed() -> None:
     assert task.sample(np.random.default_rng(4), 20) == again.sample(np.random.default_rng(4), 20)
     other = ChainTask(4, 2, filler_min=0, filler_max=2, tail_max=0, split_seed=6, validation_fraction=0.15)
     assert keys(other.heldout(200)) != keys(task.heldout(200))
+
+
+def test_a_small_split_is_listed_whole_instead_of_drawn_forever() -> None:
+    """2 digits: 200 problems, about 40 held out; asking for 512 used to loop forever."""
+    task = ChainTask(2, 3, validation_fraction=0.1)
+    every = [(f"{i:02d}", q) for i in range(100) for q in range(2)]
+    for split, listed, member in (
+        ("heldout", task.heldout, task.is_heldout),
+        ("validation", task.validation, task.is_validation),
+    ):
+        whole = {k for k in every if member(*k)}
+        problems = listed(512)
+        keys = [task.parse(p) for p in problems]
+        assert len(keys) == len(set(keys)) == len(whole) > 0, split
+        assert set(keys) == whole, split
+        assert [p.prompt for p in listed(5)] == [p.prompt for p in listed(5)]  # fixed by the seed
+        assert listed(len(whole) + 1, seed=1) != problems  # and shuffled by it
+    # a split too large to list: more than half of it is refused, naming eval_size
+    with pytest.raises(ParameterError, match=r"eval_size: expected at most half") as err:
+        ChainTask(6).heldout(700_000)
+    assert err.value.argument == "eval_size"
+
+
+def test_the_draws_that_worked_are_unchanged() -> None:
+    """Up to half a split, the problems are the distinct draws they always were."""
+    assert [p.prompt for p in ChainTask().heldout(4)] == ["74565032?6=", "46540783?6=", "09936038?1=", "92739802?1="]
+    t4 = ChainTask(4, validation_fraction=0.1)
+    text = "".join(p.prompt + p.solution for p in t4.heldout(512) + t4.validation(512))
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == "0adfa8a82aed4fc8"
 
 
 @pytest.mark.parametrize(

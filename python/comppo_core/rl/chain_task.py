@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ParameterError
-from .tasks import CharTokenizer, Problem
+from .tasks import _ENUMERABLE, CharTokenizer, Problem
 
 __all__ = ["CHAIN_ALPHABET", "FILLER", "SEPARATOR", "ChainTask"]
 
@@ -232,7 +232,29 @@ class ChainTask:
         return out
 
     def _fixed(self, n: int, seed: int, side: str, stream: int) -> list[Problem]:
+        """``n`` distinct problems of ``side``, fixed by ``seed`` (:meth:`heldout`). Up to half
+        of the side's expected size: distinct draws; more, from a problem space of at most
+        ``_ENUMERABLE`` (4 digits: 4·10⁴ problems): the side listed and shuffled, all of it
+        when it has fewer than ``n``; more of a side too large to list: a ParameterError
+        naming ``eval_size`` (rejection sampling would take too long or never end)."""
         rng = np.random.default_rng([self.split_seed, seed, stream])
+        total = 10**self.digits * self.digits
+        share = self.heldout_fraction if side == "heldout" else self.validation_fraction
+        if n > share * total / 2:
+            if total > _ENUMERABLE:
+                name = "heldout_fraction" if side == "heldout" else "validation_fraction"
+                raise ParameterError(
+                    f"eval_size: expected at most half of the about {share * total:.0f} {side} problems of "
+                    f"{self.digits} digits, got {n}; lower eval_size or raise {name}",
+                    argument="eval_size",
+                )
+            keys = [
+                (f"{i:0{self.digits}d}", q)
+                for i in range(10**self.digits)
+                for q in range(self.digits)
+                if self._side(f"{i:0{self.digits}d}", q) == side
+            ]
+            return [self.problem(*keys[int(i)]) for i in rng.permutation(len(keys))[:n]]
         seen: set[tuple[str, int]] = set()
         out: list[Problem] = []
         for key in self._draw(rng, side):
@@ -244,7 +266,8 @@ class ChainTask:
         return out
 
     def heldout(self, n: int, seed: int = 0) -> list[Problem]:
-        """A fixed list of ``n`` distinct held-out problems (a function of ``split_seed`` and ``seed``)."""
+        """A fixed list of ``n`` distinct held-out problems (a function of ``split_seed`` and
+        ``seed``; fewer if the split has fewer: :meth:`_fixed`)."""
         return self._fixed(n, seed, "heldout", 7)
 
     def validation(self, n: int, seed: int = 0) -> list[Problem]:
