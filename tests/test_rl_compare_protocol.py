@@ -60,7 +60,13 @@ def test_interaction_against_a_hand_computation() -> None:
     assert got["ci"] == pytest.approx(T975_2 * s / math.sqrt(3), rel=1e-9)
     line = compare_report.interaction_line(got)
     lo, hi = 100 * (mean - got["ci"]), 100 * (mean + got["ci"])
-    assert f"= +8.3 points, 95% CI [{lo:+.1f}, {hi:+.1f}] (3 seeds; per seed: +8.0, +7.0, +10.0)" in line
+    assert f"= +8.3 points, 95% CI [{lo:+.1f}, {hi:+.1f}] (3 seeds; per seed: +8.0, +7.0, +10.0): " in line
+    assert line.rstrip().endswith(": interaction > 0.")  # [+4.5, +12.1]: the interval excludes 0
+    null = compare_stats.interaction({**final, "comppo": {0: 0.40, 1: 0.60, 2: 0.50}})
+    assert null is not None and compare_report.interaction_line(null).rstrip().endswith(
+        f": {compare_stats.reading('interaction', '0', null['mean'], null['ci'])}."
+    )
+    assert "no difference detected (within ±" in compare_report.interaction_line(null)
 
 
 def test_interaction_needs_all_four_cells_and_a_common_seed() -> None:

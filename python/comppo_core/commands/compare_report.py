@@ -148,15 +148,19 @@ def plot_curves(
 
 def interaction_line(inter: dict[str, Any] | None) -> str:
     """The interaction (a dict of :func:`~comppo_core.commands.compare_stats.interaction`) as
-    one markdown paragraph, or "" for None."""
+    one markdown paragraph ending in its reading (``interaction > 0``, ``interaction < 0`` or
+    "no difference detected (within ±x)": :func:`~comppo_core.commands.compare_stats.reading`),
+    or "" for None."""
     if inter is None:
         return ""
     a, b, c, d = inter["arms"]
     n = len(inter["seeds"])
+    said = reading("interaction", "0", inter["mean"], inter["ci"])  # the contrasts' rule
     return (
         f"Interaction (critic × gates), paired per seed: ({a} − {b}) − ({c} − {d}) = "
         f"{pct(inter['mean'], True)} points, 95% CI {ci_cell(inter['mean'], inter['ci'], True)} "
-        f"({n} seed{'s' if n != 1 else ''}; per seed: {', '.join(pct(v, True) for v in inter['per_seed'])}).\n"
+        f"({n} seed{'s' if n != 1 else ''}; per seed: {', '.join(pct(v, True) for v in inter['per_seed'])}): "
+        f"{said}.\n"
     )
 
 
