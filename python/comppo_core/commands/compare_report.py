@@ -30,7 +30,7 @@ from typing import Any
 from ..rl import run_dir
 from ..rl.arms import ARMS
 from ..rl.config import TrainConfig
-from .compare_stats import contrasts, interaction, mean_ci, reading, window_means
+from .compare_stats import contrasts, interaction, mean_ci, paired, reading, window_means
 from .grid import Grid
 from .tuning import COLLAPSE_MARGIN, Outcome, collapsed, score, stability
 
@@ -89,13 +89,12 @@ def results_table(final: dict[str, dict[int, float]], warm: dict[int, float]) ->
         row = [arm, str(len(seeds)), pct(m), ci_cell(m, h), pct(dm, True), ci_cell(dm, dh, True)]
         entry: dict[str, Any] = {"seeds": seeds, "accuracy": accs, "mean": m, "ci": h, "vs_warm_start": [dm, dh]}
         for r in refs:
-            common = [s for s in seeds if s in final[r]]
-            if r == arm or not common:
+            diff = None if r == arm else paired(by_seed, final[r])
+            if diff is None:
                 row += ["—", "—"]
                 continue
-            rm, rh = mean_ci([by_seed[s] - final[r][s] for s in common])
-            row += [pct(rm, True), ci_cell(rm, rh, True)]
-            entry[f"vs_{r}"] = [rm, rh]
+            row += [pct(diff["mean"], True), ci_cell(diff["mean"], diff["ci"], True)]
+            entry[f"vs_{r}"] = [diff["mean"], diff["ci"]]
         lines.append("| " + " | ".join(row) + " |")
         numbers[arm] = entry
     return "\n".join(lines) + "\n", numbers

@@ -43,6 +43,7 @@ __all__ = [
     "contrasts",
     "interaction",
     "mean_ci",
+    "paired",
     "reading",
     "t_cdf",
     "t_quantile",
@@ -172,17 +173,21 @@ def contrasts(final: dict[str, dict[int, float]], level: float = 0.95) -> list[d
     "ci"}`` (``ci`` the half-width, None for one seed)."""
     result = []
     for a, b, question in CONTRASTS:
-        if a not in final or b not in final:
-            continue
-        seeds = sorted(set(final[a]) & set(final[b]))
-        if not seeds:
-            continue
-        per_seed = [final[a][s] - final[b][s] for s in seeds]
-        mean, half = mean_ci(per_seed, level)
-        result.append(
-            {"a": a, "b": b, "question": question, "seeds": seeds, "per_seed": per_seed, "mean": mean, "ci": half}
-        )
+        if a in final and b in final and (diff := paired(final[a], final[b], level)) is not None:
+            result.append({"a": a, "b": b, "question": question, **diff})
     return result
+
+
+def paired(a: dict[int, float], b: dict[int, float], level: float = 0.95) -> dict[str, Any] | None:
+    """The paired difference ``a[s] − b[s]`` over the seeds both have: ``{"seeds",
+    "per_seed", "mean", "ci"}`` (``ci`` the half-width of :func:`mean_ci`, None for one
+    seed), or None without a seed in common."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    per_seed = [a[s] - b[s] for s in seeds]
+    mean, half = mean_ci(per_seed, level)
+    return {"seeds": seeds, "per_seed": per_seed, "mean": mean, "ci": half}
 
 
 def reading(a: str, b: str, mean: float, half: float | None) -> str:

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ParameterError
-from .tasks import _ENUMERABLE, CharTokenizer, Problem
+from .tasks import CharTokenizer, Problem, distinct_problems
 
 __all__ = ["CHAIN_ALPHABET", "FILLER", "SEPARATOR", "ChainTask"]
 
@@ -232,38 +232,26 @@ class ChainTask:
         return out
 
     def _fixed(self, n: int, seed: int, side: str, stream: int) -> list[Problem]:
-        """``n`` distinct problems of ``side``, fixed by ``seed`` (:meth:`heldout`). Up to half
-        of the side's expected size: distinct draws; more, from a problem space of at most
-        ``_ENUMERABLE`` (4 digits: 4·10⁴ problems): the side listed and shuffled, all of it
-        when it has fewer than ``n``; more of a side too large to list: a ParameterError
-        naming ``eval_size`` (rejection sampling would take too long or never end)."""
-        rng = np.random.default_rng([self.split_seed, seed, stream])
-        total = 10**self.digits * self.digits
-        share = self.heldout_fraction if side == "heldout" else self.validation_fraction
-        if n > share * total / 2:
-            if total > _ENUMERABLE:
-                name = "heldout_fraction" if side == "heldout" else "validation_fraction"
-                raise ParameterError(
-                    f"eval_size: expected at most half of the about {share * total:.0f} {side} problems of "
-                    f"{self.digits} digits, got {n}; lower eval_size or raise {name}",
-                    argument="eval_size",
-                )
-            keys = [
-                (f"{i:0{self.digits}d}", q)
-                for i in range(10**self.digits)
-                for q in range(self.digits)
-                if self._side(f"{i:0{self.digits}d}", q) == side
-            ]
-            return [self.problem(*keys[int(i)]) for i in rng.permutation(len(keys))[:n]]
-        seen: set[tuple[str, int]] = set()
-        out: list[Problem] = []
-        for key in self._draw(rng, side):
-            if len(out) >= n:
-                break
-            if key not in seen:
-                seen.add(key)
-                out.append(self.problem(*key))
-        return out
+        """``n`` distinct problems of ``side``, fixed by ``seed``
+        (:func:`~comppo_core.rl.tasks.distinct_problems`: drawn up to half the side, listed
+        beyond that while the problem space is small, refused when it is not)."""
+        width = self.digits
+
+        def keys() -> Iterator[tuple[str, int]]:
+            return ((f"{i:0{width}d}", q) for i in range(10**width) for q in range(width))
+
+        return distinct_problems(
+            n,
+            np.random.default_rng([self.split_seed, seed, stream]),
+            share=self.heldout_fraction if side == "heldout" else self.validation_fraction,
+            total=10**width * width,
+            keys=keys,
+            on_side=lambda key: self._side(*key) == side,
+            draws=lambda rng: self._draw(rng, side),
+            problem=lambda key: self.problem(*key),
+            what=f"{side} problems of {width} digits",
+            fraction="heldout_fraction" if side == "heldout" else "validation_fraction",
+        )
 
     def heldout(self, n: int, seed: int = 0) -> list[Problem]:
         """A fixed list of ``n`` distinct held-out problems (a function of ``split_seed`` and

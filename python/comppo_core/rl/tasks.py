@@ -39,8 +39,8 @@ the training draws are then exactly those of a task without the argument.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -49,10 +49,61 @@ from ..errors import ParameterError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-__all__ = ["ALPHABET", "AdditionTask", "CharTokenizer", "Problem", "worked_solution"]
+#: A problem's key in its task's space (addition's ``(a, b)``, the chain task's ``(x, q)``).
+K = TypeVar("K")
 
-#: Most pairs :meth:`AdditionTask.heldout` lists to pick from (3 digits: 10⁶).
-_ENUMERABLE = 10**6
+__all__ = ["ALPHABET", "ENUMERABLE", "AdditionTask", "CharTokenizer", "Problem", "distinct_problems", "worked_solution"]
+
+#: The largest problem space :func:`distinct_problems` lists a side of (addition's 3
+#: digits: 10⁶ pairs).
+ENUMERABLE = 10**6
+
+
+def distinct_problems(
+    n: int,
+    rng: np.random.Generator,
+    *,
+    share: float,
+    total: int,
+    keys: Callable[[], Iterable[K]],
+    on_side: Callable[[K], bool],
+    draws: Callable[[np.random.Generator], Iterator[K]],
+    problem: Callable[[K], Problem],
+    what: str,
+    fraction: str,
+    list_always: bool = False,
+) -> list[Problem]:
+    """``n`` distinct problems of one side of a split (a held-out or validation list), fixed by ``rng``.
+
+    A side of about ``share · total`` problems; up to half of it, distinct keys are drawn
+    (``draws(rng)``: keys of the side, with replacement; about ``1.4·n`` draws at most half);
+    more, or always with ``list_always``, every key of ``keys()`` on the side
+    (``on_side``) is listed and shuffled with ``rng`` (all of them when fewer than ``n``),
+    when ``total ≤`` :data:`ENUMERABLE`; more than half of a side too large to list is a
+    ParameterError naming ``eval_size`` (drawing would take too long or never end), whose
+    message says ``what`` the side holds and to raise ``fraction``."""
+    if n <= 0:
+        return []
+    over_half = n > share * total / 2
+    if list_always or (over_half and total <= ENUMERABLE):
+        side = [k for k in keys() if on_side(k)]
+        return [problem(side[int(i)]) for i in rng.permutation(len(side))[:n]]
+    if over_half:
+        raise ParameterError(
+            f"eval_size: expected at most half of the about {share * total:.0f} {what}, got {n}; "
+            f"lower eval_size or raise {fraction}",
+            argument="eval_size",
+        )
+    seen: set[K] = set()
+    out: list[Problem] = []
+    for key in draws(rng):
+        if key not in seen:
+            seen.add(key)
+            out.append(problem(key))
+            if len(out) == n:
+                break
+    return out
+
 
 #: The characters of the built-in task.
 ALPHABET = "0123456789+=,;"
@@ -346,28 +397,19 @@ class AdditionTask:
         return self._fixed_list(n, "validation", np.random.default_rng([self.split_seed, seed, 8]))
 
     def _fixed_list(self, n: int, side: str, rng: np.random.Generator) -> list[Problem]:
-        share = self._share(side)
-        pairs = 10 ** (2 * self.digits)
-        if self.digits <= 2 or (n > share * pairs / 2 and pairs <= _ENUMERABLE):
-            held = [p for p in self._pairs() if self._side(*p) == side]
-            order = rng.permutation(len(held))
-            return [self.problem(*held[i]) for i in order[:n]]
-        if n > share * pairs / 2:
-            name = "heldout_fraction" if side == "held-out" else "validation_fraction"
-            raise ParameterError(
-                f"eval_size: expected at most half of the about {share * pairs:.0f} {side} "
-                f"{self.digits}-digit pairs, got {n}; lower eval_size or raise {name}",
-                argument="eval_size",
-            )
-        seen: set[tuple[int, int]] = set()
-        out: list[Problem] = []
-        for pair in self._draw(rng, 4 * n, side):  # distinct: about 1.4·n draws at most half
-            if pair not in seen:
-                seen.add(pair)
-                out.append(self.problem(*pair))
-                if len(out) == n:
-                    break
-        return out
+        return distinct_problems(
+            n,
+            rng,
+            share=self._share(side),
+            total=10 ** (2 * self.digits),
+            keys=self._pairs,
+            on_side=lambda pair: self._side(*pair) == side,
+            draws=lambda r: self._draw(r, 4 * n, side),
+            problem=lambda pair: self.problem(*pair),
+            what=f"{side} {self.digits}-digit pairs",
+            fraction="heldout_fraction" if side == "held-out" else "validation_fraction",
+            list_always=self.digits <= 2,
+        )
 
     def score(self, problem: Problem, response: str, finished: bool) -> float:
         """The verifier: 1.0 iff the response ``finished`` at EOS and its text after its
