@@ -318,7 +318,7 @@ def task_json_with_bad_digits(d: Path) -> None:
         (
             ["--model", "{model}", "--task", "sums.csv"],
             None,
-            r"--task: expected addition, chain or a path to a .jsonl file",
+            r"--task: expected addition, chain, filler_addition or a path to a .jsonl file",
         ),
         (["--model", "{model}", "--task", "{nowhere}.jsonl"], None, r"--task: expected a JSONL file, got '.*'"),
         (

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import ParameterError
 from ..rl import run_dir
-from ..rl.config import TrainConfig
+from ..rl.config import TASKS, TrainConfig
 from ..rl.evaluation import build_task, describe_task
 from ..rl.pretrained import check_model_directory
 from .train import require_rl_extra, usage_error
@@ -50,6 +50,10 @@ _FROM_TASK_JSON = (
     "chain_filler_max",
     "chain_tail_min",
     "chain_tail_max",
+    "addition_filler_min",
+    "addition_filler_max",
+    "addition_tail_min",
+    "addition_tail_max",
     "split_seed",
     "heldout_fraction",
     "chat_template",
@@ -65,6 +69,15 @@ _CHAIN_FIELDS = {
     "filler_max": "chain_filler_max",
     "tail_min": "chain_tail_min",
     "tail_max": "chain_tail_max",
+}
+
+#: The addition-between-fillers task's ``to_dict`` keys → the TrainConfig fields they set.
+_FILLER_ADDITION_FIELDS = {
+    "digits": "digits",
+    "filler_min": "addition_filler_min",
+    "filler_max": "addition_filler_max",
+    "tail_min": "addition_tail_min",
+    "tail_max": "addition_tail_max",
 }
 
 
@@ -104,7 +117,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--task",
         default=None,
         metavar="TASK",
-        help="addition or chain (the built-in tasks) or a .jsonl file of {prompt, answer} rows (default: "
+        help="addition, chain or filler_addition (the built-in tasks) or a .jsonl file of {prompt, answer} rows (default: "
         "DIR/task.json's, else addition)",
     )
     cmd.add_argument(
@@ -193,14 +206,13 @@ def saved_task_settings(model_dir: Path) -> tuple[dict[str, Any], Path | None]:
             argument="model",
         )
     out: dict[str, Any] = {}
-    if saved.get("name") == "addition":
-        out["task"] = "addition"
-    elif saved.get("name") == "chain":
-        out["task"] = "chain"
+    if saved.get("name") in TASKS:
+        out["task"] = saved["name"]
     elif saved.get("name") == "jsonl" and "path" in saved:
         out["task"] = saved["path"]
     fields = {"split_seed": "split_seed", "heldout_fraction": "heldout_fraction"}
-    fields.update(_CHAIN_FIELDS if out.get("task") == "chain" else {"digits": "digits"})
+    by_task = {"chain": _CHAIN_FIELDS, "filler_addition": _FILLER_ADDITION_FIELDS}
+    fields.update(by_task.get(out.get("task", ""), {"digits": "digits"}))
     out.update({field: saved[key] for key, field in fields.items() if key in saved})
     tokenizer = saved.get("tokenizer")
     if isinstance(tokenizer, dict) and "chat_template" in tokenizer:

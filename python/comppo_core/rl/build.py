@@ -71,10 +71,11 @@ def demonstrations(task: Any, problems: list[Any], rng: np.random.Generator, car
 
     A task with a ``demonstration(problem, rng)`` method gives one per problem, drawn with
     ``rng`` each time (the chain task's random filler); any other task gives each
-    ``problem.solution``. ``carry_noise > 0`` (the addition task only; another task is a
+    ``problem.solution``. ``carry_noise > 0`` (the addition tasks only; another task is a
     :class:`~comppo_core.errors.ParameterError`) replaces each solution, with probability
-    ``carry_noise`` drawn per sequence with ``rng``, by the one that forgets every carry;
-    0 draws nothing."""
+    ``carry_noise`` drawn per sequence with ``rng``, by the one that forgets every carry
+    (between fillers: the draws of who forgets come first, then each demonstration's
+    fillers); 0 draws nothing."""
     if carry_noise > 0.0 and not isinstance(task, AdditionTask):
         raise ParameterError(
             f"carry_noise: expected 0 for the task {getattr(task, 'name', type(task).__name__)!r} "
@@ -82,6 +83,9 @@ def demonstrations(task: Any, problems: list[Any], rng: np.random.Generator, car
             argument="carry_noise",
         )
     demo = getattr(task, "demonstration", None)
+    if callable(demo) and carry_noise > 0.0:  # addition between fillers: who forgets first, then the fillers
+        forget = rng.random(len(problems)) < carry_noise
+        return [demo(p, rng, carries=not f) for p, f in zip(problems, forget)]
     if callable(demo):
         return [demo(p, rng) for p in problems]
     solutions = [p.solution for p in problems]

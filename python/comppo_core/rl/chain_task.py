@@ -47,21 +47,17 @@ one token per character, so response token ``k`` is character ``k`` of the respo
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import ParameterError
+from .fillers import FILLER, SEPARATOR, FillerRange, body_pattern, pivotal_body, wrap
 from .tasks import CharTokenizer, Problem, distinct_problems
 
 __all__ = ["CHAIN_ALPHABET", "FILLER", "SEPARATOR", "ChainTask"]
 
-#: The filler's symbols.
-FILLER = "abcd"
-#: Between the filler and the recalled digit.
-SEPARATOR = "|"
 #: The characters of the chain task: digits, filler symbols, ``?`` and ``=`` of the prompt, the separator.
 CHAIN_ALPHABET = "0123456789" + FILLER + "?=" + SEPARATOR
 
@@ -98,16 +94,10 @@ class ChainTask:
         for name, value, lo, hi in (
             ("digits", digits, 2, 10),
             ("steps", steps, 1, 32),
-            ("filler_min", filler_min, 0, 256),
-            ("filler_max", filler_max, 0, 256),
-            ("tail_min", tail_min, 0, 256),
-            ("tail_max", tail_max, 0, 256),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise ParameterError(f"{name}: expected an integer in [{lo}, {hi}], got {value!r}", argument=name)
-        for name, lo, hi in (("filler", filler_min, filler_max), ("tail", tail_min, tail_max)):
-            if hi < lo:
-                raise ParameterError(f"{name}_max: expected at least {name}_min={lo}, got {hi}", argument=f"{name}_max")
+        self._sizes = FillerRange(filler_min, filler_max, tail_min, tail_max)
         for name, share, open_low in (
             ("heldout_fraction", heldout_fraction, True),
             ("validation_fraction", validation_fraction, False),  # 0: no validation split
@@ -134,9 +124,7 @@ class ChainTask:
         self.tokenizer = CharTokenizer(CHAIN_ALPHABET)
         self._held_below = int(self.heldout_fraction * 2**64)
         self._valid_below = int((self.heldout_fraction + self.validation_fraction) * 2**64)
-        sep = re.escape(SEPARATOR)
-        tail = f"{sep}[{FILLER}]{{{tail_min},{tail_max}}}" if tail_max else ""
-        self._format = re.compile(f"[{FILLER}]{{{filler_min},{filler_max}}}{sep}[0-9]{{{steps + 1}}}{tail}", re.ASCII)
+        self._format = body_pattern(f"[0-9]{{{steps + 1}}}", self._sizes)
 
     # ---- sizes
 
@@ -144,7 +132,7 @@ class ChainTask:
     def max_new_tokens(self) -> int:
         """Tokens the longest response needs, EOS included: ``filler_max + 1 + (steps + 1)``,
         then ``1 + tail_max`` with a tail, then 1."""
-        return self.filler_max + self.steps + 3 + (self.tail_max + 1 if self.tail_max else 0)
+        return self._sizes.extra_tokens + self.steps + 2
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -181,15 +169,6 @@ class ChainTask:
         d = int(x[q])
         return "".join(str((d + k) % 10) for k in range(self.steps + 1))
 
-    def _filler(self, rng: np.random.Generator, low: int, high: int) -> str:
-        n = int(rng.integers(low, high + 1))
-        return "".join(FILLER[int(i)] for i in rng.integers(0, len(FILLER), size=n))
-
-    def _response(self, answer: str, rng: np.random.Generator) -> str:
-        head = self._filler(rng, self.filler_min, self.filler_max)
-        tail = SEPARATOR + self._filler(rng, self.tail_min, self.tail_max) if self.tail_max else ""
-        return head + SEPARATOR + answer + tail
-
     def problem(self, x: str, q: int, rng: np.random.Generator | None = None) -> Problem:
         """The problem ``(x, q)``, ``x`` the prompt's digits as a string: prompt ``f"{x}?{q}="``,
         answer the chain (:meth:`chain`), solution a correct response whose fillers are drawn
@@ -197,7 +176,7 @@ class ChainTask:
         self._check(x, q)
         answer = self.chain(x, q)
         rng = np.random.default_rng(self._hash(x, q)) if rng is None else rng
-        return Problem(f"{x}?{q}=", answer, self._response(answer, rng))
+        return Problem(f"{x}?{q}=", answer, wrap(answer, rng, self._sizes))
 
     def parse(self, problem: Problem) -> tuple[str, int]:
         """``(x, q)`` of a problem built by :meth:`problem`."""
@@ -210,7 +189,7 @@ class ChainTask:
         """A correct response to ``problem`` with fresh random fillers (lengths uniform in
         ``[filler_min, filler_max]`` and ``[tail_min, tail_max]``, symbols uniform), without
         EOS: the SFT warm start's target (:func:`comppo_core.rl.build.sft_warm_start`)."""
-        return self._response(self.chain(*self.parse(problem)), rng)
+        return wrap(self.chain(*self.parse(problem)), rng, self._sizes)
 
     def _draw(self, rng: np.random.Generator, side: str) -> Iterator[tuple[str, int]]:
         """Problems drawn uniformly from one side, with replacement (rejection sampling;
@@ -277,7 +256,7 @@ class ChainTask:
         is ``(x_q + steps) mod 10``."""
         if not finished or not self._format.fullmatch(response):
             return 0.0
-        return 1.0 if response.split(SEPARATOR)[1][-1] == problem.answer[-1] else 0.0
+        return 1.0 if response.split(SEPARATOR)[1][-1] == problem.answer[-1] else 0.0  # the body's last digit
 
     def scores(self, problems: Sequence[Problem], responses: Sequence[str], finished: Sequence[bool]) -> list[float]:
         return [self.score(p, r, f) for p, r, f in zip(problems, responses, finished)]
@@ -293,12 +272,7 @@ class ChainTask:
         response without a separator. ``problem`` is not read (the split is by format alone); it is in the
         signature so that a task whose pivotal tokens depend on the problem fits it."""
         del problem
-        cut = response.find(SEPARATOR)
-        if cut < 0:
-            return [False] * len(response)
-        end = response.find(SEPARATOR, cut + 1)
-        end = len(response) if end < 0 else end
-        return [cut < k < end for k in range(len(response))]
+        return pivotal_body(response)
 
     def to_dict(self) -> dict[str, Any]:
         return {

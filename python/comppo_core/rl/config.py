@@ -48,8 +48,9 @@ __all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig"]
 # against comes from comppo_core.options (KL_MODES is re-exported from there), so that
 # reading, validating and parsing a TrainConfig (``comppo-core train --help``) stays light.
 
-#: The built-in tasks: ``addition`` (rl.tasks.AdditionTask), ``chain`` (rl.chain_task.ChainTask).
-TASKS = ("addition", "chain")
+#: The built-in tasks: ``addition`` (rl.tasks.AdditionTask), ``chain`` (rl.chain_task.ChainTask),
+#: ``filler_addition`` (rl.filler_addition.FillerAdditionTask).
+TASKS = ("addition", "chain", "filler_addition")
 #: Critic warm-up rounds of an arm with a critic when ``critic_warmup`` is None.
 DEFAULT_CRITIC_WARMUP = 10
 
@@ -121,10 +122,17 @@ class TrainConfig:
     task: str = _f(
         "addition",
         "a built-in task (addition: comppo_core.rl.tasks; chain: recall a digit after a random filler, "
-        'comppo_core.rl.chain_task) or a .jsonl file of {"prompt", "answer"} rows (comppo_core.rl.jsonl_task; '
+        "comppo_core.rl.chain_task; filler_addition: worked addition between random fillers, "
+        'comppo_core.rl.filler_addition) or a .jsonl file of {"prompt", "answer"} rows (comppo_core.rl.jsonl_task; '
         "needs model)",
     )
-    digits: int = _f(2, "addition's difficulty: operands below 10**digits")
+    digits: int = _f(2, "addition's difficulty (and filler_addition's): operands below 10**digits")
+    addition_filler_min: int = _f(0, "filler_addition: shortest filler before the worked addition (symbols of abcd)")
+    addition_filler_max: int = _f(
+        16, "filler_addition: longest filler (a response: filler, separator, worked addition, separator, tail)"
+    )
+    addition_tail_min: int = _f(0, "filler_addition: shortest tail (the filler after the second separator)")
+    addition_tail_max: int = _f(16, "filler_addition: longest tail (0: no tail and no second separator)")
     chain_digits: int = _f(8, "chain: digits in the prompt, one of which the response recalls (2 to 10)")
     chain_steps: int = _f(8, "chain: digits counted on after the recalled one; the last one is verified (1 to 32)")
     chain_filler_min: int = _f(0, "chain: shortest filler before the separator (symbols of abcd)")
@@ -299,6 +307,10 @@ class TrainConfig:
         _integer("chain_filler_max", self.chain_filler_max, self.chain_filler_min, 256)
         _integer("chain_tail_min", self.chain_tail_min, 0, 256)
         _integer("chain_tail_max", self.chain_tail_max, self.chain_tail_min, 256)
+        _integer("addition_filler_min", self.addition_filler_min, 0, 256)
+        _integer("addition_filler_max", self.addition_filler_max, self.addition_filler_min, 256)
+        _integer("addition_tail_min", self.addition_tail_min, 0, 256)
+        _integer("addition_tail_max", self.addition_tail_max, self.addition_tail_min, 256)
         if self.task == "chain" and self.sft_carry_noise:
             raise ParameterError(
                 f"sft_carry_noise: expected 0 for the task {self.task!r} (carries are addition's), "

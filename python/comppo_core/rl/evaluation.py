@@ -27,6 +27,7 @@ from typing import Any
 
 from .chain_task import ChainTask
 from .config import TASKS, TrainConfig
+from .filler_addition import FillerAdditionTask
 from .jsonl_task import JsonlTask
 from .tasks import AdditionTask, Problem
 
@@ -38,7 +39,9 @@ def build_task(config: TrainConfig) -> Any:
     built-in addition task (``digits``, ``split_seed``, ``heldout_fraction``,
     ``validation_fraction``), the built-in chain task (``chain_digits``, ``chain_steps``,
     ``chain_filler_min``, ``chain_filler_max``, ``chain_tail_min``, ``chain_tail_max`` and the
-    same split settings) or the JSONL file ``task`` (the split settings and
+    same split settings), the built-in addition between fillers (``digits``,
+    ``addition_filler_min``, ``addition_filler_max``, ``addition_tail_min``,
+    ``addition_tail_max`` and the split settings) or the JSONL file ``task`` (the split settings and
     ``max_new_tokens``). Imports no torch."""
     if config.task == "chain":
         return ChainTask(
@@ -48,6 +51,17 @@ def build_task(config: TrainConfig) -> Any:
             filler_max=config.chain_filler_max,
             tail_min=config.chain_tail_min,
             tail_max=config.chain_tail_max,
+            split_seed=config.split_seed,
+            heldout_fraction=config.heldout_fraction,
+            validation_fraction=config.validation_fraction,
+        )
+    if config.task == "filler_addition":
+        return FillerAdditionTask(
+            config.digits,
+            filler_min=config.addition_filler_min,
+            filler_max=config.addition_filler_max,
+            tail_min=config.addition_tail_min,
+            tail_max=config.addition_tail_max,
             split_seed=config.split_seed,
             heldout_fraction=config.heldout_fraction,
             validation_fraction=config.validation_fraction,
@@ -70,7 +84,13 @@ def build_task(config: TrainConfig) -> Any:
 
 def describe_task(task: Any) -> str:
     """A few words for ``task``: ``"2-digit addition"``, ``"chain recall (8 digits, filler
-    20-40, 8 steps)"``, or the JSONL file's name."""
+    20-40, 8 steps)"``, ``"2-digit addition between fillers (0-16, tail 0-16)"``, or the
+    JSONL file's name."""
+    if isinstance(task, FillerAdditionTask):
+        return (
+            f"{task.digits}-digit addition between fillers ({task.filler_min}-{task.filler_max}, "
+            f"tail {task.tail_min}-{task.tail_max})"
+        )
     if isinstance(task, AdditionTask):
         return f"{task.digits}-digit addition"
     if isinstance(task, ChainTask):
