@@ -472,6 +472,56 @@ def test_compare_grid_tunes_each_arm_then_reports_and_resumes(
     assert re.search(r"--grid: the compare in --out has grid \{'actor_lr': \[1e-05, 0.003\]\}", capsys.readouterr().err)
 
 
+def test_a_point_that_differs_only_in_what_an_arm_ignores_is_a_repeat() -> None:
+    grid = parse_grid(["actor_lr=1e-5,3e-5", "gate_low=0.5,0.9"])  # p0..p3: (1e-5, .5) (1e-5, .9) (3e-5, .5) ...
+    assert grid.first_alike("grpo") == [0, 0, 2, 2] and grid.first_alike("ppo") == [0, 0, 2, 2]
+    for arm in ("ppo_fixed", "comp_gae", "tac_fixed", "comppo", "comppo_oracle"):  # the gates or a TAC read it
+        assert grid.first_alike(arm) == [0, 1, 2, 3]
+    assert parse_grid(["statistic=entropy,max", "fixed_gate=none,0.9"]).first_alike("grpo") == [0, 0, 0, 0]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_an_arm_without_routing_runs_the_same_whatever_its_gate_settings(tmp_path: Path) -> None:
+    """The premise of a repeat: grpo's and ppo's runs do not change with a gate setting."""
+    from comppo_core.rl import train
+
+    for arm in ("grpo", "ppo"):
+        rows = []
+        for low in (0.5, 0.9):
+            out = tmp_path / f"{arm}{low}"
+            settings = {**TINY_SETTINGS, "eval_size": 8, "eval_every": 1, "device": "cpu"}
+            train(
+                TrainConfig(
+                    **settings, arm=arm, gate_low=low, statistic="max" if low < 0.9 else "entropy", out=str(out)
+                )
+            )
+            lines = (out / "metrics.jsonl").read_text().splitlines()
+            rows.append(
+                [
+                    {k: v for k, v in json.loads(line).items() if "time" not in k and not k.endswith("_s")}
+                    for line in lines
+                ]
+            )
+        assert rows[0] == rows[1]
+
+
+@pytest.mark.usefixtures("one_torch_thread", "signal")
+def test_compare_grid_runs_a_repeat_once(tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    argv = ["compare", "--arms", "grpo,ppo_fixed", "--grid", "gate_low=0.5,0.9", "--tuning-seeds", "1", "--seeds", "1"]
+    assert cli.main([*argv, *TINY, "--out", str(out)]) == 0
+    assert (out / "grid" / "p0" / "grpo" / "seed1000" / "summary.json").is_file()
+    assert not (out / "grid" / "p1" / "grpo").exists()  # grpo's p1 is its p0
+    assert all((out / "grid" / f"p{i}" / "ppo_fixed" / "seed1000" / "summary.json").is_file() for i in (0, 1))
+    tuned = json.loads((out / "results.json").read_text())["tuning"]["arms"]
+    assert tuned["grpo"]["scores"]["p0"] == tuned["grpo"]["scores"]["p1"] and tuned["grpo"]["stable"][1] == 2
+    assert set(json.loads((out / "timings.json").read_text())) >= {
+        "grid/p0/grpo/seed1000",
+        "grid/p1/ppo_fixed/seed1000",
+    }
+    assert "grid/p1/grpo/seed1000" not in json.loads((out / "timings.json").read_text())
+
+
 @pytest.mark.usefixtures("one_torch_thread")
 def test_a_tuning_run_stopped_by_a_nonfinite_value_is_a_collapse_and_is_not_rerun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

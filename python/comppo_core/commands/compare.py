@@ -22,7 +22,7 @@ Outputs under ``OUT``::
     warmstart/seed<s>/      the warm start (its warmstart/ is every arm's init_from)
     <arm>/seed<s>/          each run's config.json, metrics.jsonl, summary.json, checkpoint/
     grid/p<k>/point.json    with --grid: point k's settings
-    grid/p<k>/<arm>/seed<t>/  the tuning runs (seed t ≥ 1000, validation split)
+    grid/p<k>/<arm>/seed<t>/  the tuning runs (seed t ≥ 1000, validation split; none for a repeat: grid.py)
     grid/nonfinite.json     tuning runs stopped by a non-finite value (a collapse)
     grid/choice.json        each arm's chosen point, once the tuning is done
     results.md              the table below, per-seed accuracies, the settings
@@ -334,6 +334,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             usage_error(cmd, exc)
         for i, point in enumerate(grid.points):
             for arm in arms:
+                if grid.first_alike(arm)[i] != i:  # the same run as an earlier point's (grid.py, "Repeats")
+                    continue
                 for t in tseeds:
                     config = base.replace(arm=arm, seed=t, eval_split="validation", **point)
                     configs[f"grid/{grid.name(i)}/{arm}/seed{t}"] = config

@@ -354,7 +354,11 @@ class Runner:
 def tune(
     runner: Runner, grid: Grid, arms: list[str], seeds: list[int], configs: dict[str, TrainConfig]
 ) -> dict[str, list[list[Outcome]]]:
-    """Every tuning run (point by point, seed by seed, arm by arm); ``outcomes[arm][point][k]``."""
+    """Every tuning run (point by point, seed by seed, arm by arm); ``outcomes[arm][point][k]``.
+
+    A point that is the same run as an earlier one for an arm (:meth:`Grid.first_alike`)
+    is not run again: its outcome is the earlier point's run's."""
+    alike = {arm: grid.first_alike(arm) for arm in arms}
     items = []
     for i, point in enumerate(grid.points):
         name = grid.name(i)
@@ -363,13 +367,14 @@ def tune(
         for t in seeds:
             for arm in arms:
                 rel = f"grid/{name}/{arm}/seed{t}"
-                items.append((rel, configs[rel], f"{arm} {name} seed {t}"))
+                if alike[arm][i] == i:
+                    items.append((rel, configs[rel], f"{arm} {name} seed {t}"))
     summaries = runner.run_all(items)
     outcomes: dict[str, list[list[Outcome]]] = {arm: [[] for _ in grid.points] for arm in arms}
     for i in range(len(grid.points)):
         for t in seeds:
             for arm in arms:
-                rel = f"grid/{grid.name(i)}/{arm}/seed{t}"
+                rel = f"grid/{grid.name(alike[arm][i])}/{arm}/seed{t}"
                 summary = summaries[rel]
                 if summary is None:
                     outcome = Outcome(None, None, nonfinite=runner.nonfinite[rel]["message"])

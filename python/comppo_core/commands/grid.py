@@ -24,11 +24,17 @@ A field may be given once, a value once per field.
 advantages, the critic, the KL, the rollouts, ``steps``, LoRA). Not
 (:data:`NOT_TUNABLE`, each with its reason): what ``compare`` sets itself (the arm, the
 seed, the output, the split evaluated), what fixes the problems and the evaluation (the
-task and its splits, ``eval_size``, ``eval_every``): every point must be scored on the
-same validation set; what makes the warm start (the built-in model's shape and its SFT,
+task, its sizes and its splits, ``eval_size``, ``eval_every``): every point must be scored on the
+same validation set of the same task; what makes the warm start (the built-in model's shape and its SFT,
 ``init_from``, ``model``): every point and arm of a seed starts from the same warm start,
 as in the paired comparison; and the settings of a run's handling (threads, device,
 progress, checkpoints, logging), which are not settings of the method.
+
+**Repeats.** A point that differs from an earlier one only in fields an arm never reads
+(the gate settings, for ``grpo`` and ``ppo``: :data:`comppo_core.rl.arms.GATE_SETTINGS`)
+is the same run for that arm: :meth:`Grid.first_alike` names the earlier point, and
+``compare`` runs it once and counts its outcome at both points, so every arm is scored on
+every point and no arm spends budget rerunning an identical run.
 
 Imports no torch.
 """
@@ -46,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ParameterError
+from ..rl.arms import get_arm
 from ..rl.config import TrainConfig
 
 __all__ = ["NOT_TUNABLE", "WARM_START_FIELDS", "Grid", "parse_grid"]
@@ -67,6 +74,7 @@ WARM_START_FIELDS = (
 
 _WHY_OWN = "compare sets it per run"
 _WHY_SPLIT = "every point is scored on the same validation problems and trained on the same problems"
+_WHY_TASK = "every point is a setting of the method on one task"
 _WHY_WARM = "every point and arm of a seed starts from the same warm start"
 _WHY_HANDLING = "a setting of how a run is handled, not of the method"
 
@@ -86,6 +94,21 @@ NOT_TUNABLE: dict[str, str] = {
             "max_new_tokens",
         ),
         _WHY_SPLIT,
+    ),
+    **dict.fromkeys(
+        (
+            "chain_digits",
+            "chain_steps",
+            "chain_filler_min",
+            "chain_filler_max",
+            "chain_tail_min",
+            "chain_tail_max",
+            "addition_filler_min",
+            "addition_filler_max",
+            "addition_tail_min",
+            "addition_tail_max",
+        ),
+        _WHY_TASK,
     ),
     **dict.fromkeys(WARM_START_FIELDS, _WHY_WARM),
     **dict.fromkeys(("progress", "num_threads", "device", "report_to", "save_every"), _WHY_HANDLING),
@@ -112,6 +135,16 @@ class Grid:
     def to_dict(self) -> dict[str, list[Any]]:
         """``{field: [values]}`` in the grid's order (what ``compare.json`` records)."""
         return {f: list(v) for f, v in zip(self.fields, self.values)}
+
+    def first_alike(self, arm: str) -> list[int]:
+        """For each point, the first point that is the same run for ``arm``: the same
+        values in every field the arm reads (:meth:`comppo_core.rl.arms.Arm.ignores`; for
+        ``grpo`` and ``ppo`` the gate settings do not count). ``result[i] == i`` for a point
+        the arm runs; another index for a *repeat*, which ``compare`` does not run again
+        (its outcome is that point's)."""
+        who = get_arm(arm)
+        keys = [tuple((k, v) for k, v in point.items() if not who.ignores(k)) for point in self.points]
+        return [keys.index(key) for key in keys]
 
     @staticmethod
     def describe(point: dict[str, Any]) -> str:

@@ -52,7 +52,7 @@ import dataclasses
 
 from ..options import ARM_NAMES, GATE_CONTROLS, check_choice
 
-__all__ = ["ARMS", "CONTROLS", "CRITICS", "FROM_CONCENTRATION", "GATE_SOURCES", "Arm", "get_arm"]
+__all__ = ["ARMS", "CONTROLS", "CRITICS", "FROM_CONCENTRATION", "GATE_SETTINGS", "GATE_SOURCES", "Arm", "get_arm"]
 
 #: The gate sources that are controls of the concentration gates (``cc.controls``).
 CONTROLS = GATE_CONTROLS
@@ -60,6 +60,19 @@ CONTROLS = GATE_CONTROLS
 #: and the reversed mapping.
 FROM_CONCENTRATION = (*CONTROLS, "inverted")
 
+
+#: The TrainConfig fields of the concentration and its gates: read only by an arm that
+#: reads routing (:attr:`Arm.reads_routing`); ``grpo`` and ``ppo`` never do.
+GATE_SETTINGS = (
+    "statistic",
+    "gate_low",
+    "gate_high",
+    "gate_sharpness",
+    "gate_normalize",
+    "gate_invert",
+    "gate_causal",
+    "fixed_gate",
+)
 
 #: The critics an arm may train (None: no critic).
 CRITICS = ("standard", "tac")
@@ -86,6 +99,12 @@ class Arm:
     def reads_routing(self) -> bool:
         """Whether the scoring pass needs the probe: concentration gates or a TAC's routing features."""
         return self.gates != "none" or self.critic == "tac"
+
+    def ignores(self, field: str) -> bool:
+        """Whether a run of this arm never reads the TrainConfig ``field`` (a gate setting
+        of an arm that reads no routing), so that two settings differing only there are the
+        same run."""
+        return field in GATE_SETTINGS and not self.reads_routing
 
     @property
     def critic_reads_routing(self) -> bool:
