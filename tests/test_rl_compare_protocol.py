@@ -25,7 +25,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
 from comppo_core import cli
-from comppo_core.commands import compare, compare_report, compare_stats, tuning
+from comppo_core.commands import compare, compare_report, compare_runs, compare_stats, tuning
 from comppo_core.commands.grid import NOT_TUNABLE, WARM_START_FIELDS, Grid, parse_grid
 from comppo_core.commands.tuning import Outcome, choose, collapsed, score, stability
 from comppo_core.errors import ParameterError
@@ -598,6 +598,45 @@ def test_compare_jobs_runs_in_workers_and_gives_the_same_runs(tmp_path: Path) ->
     before = (tmp_path / "two" / "timings.json").read_text()
     assert cli.main([*argv, "--jobs", "2", "--out", str(tmp_path / "two"), "--resume"]) == 0
     assert (tmp_path / "two" / "timings.json").read_text() == before  # nothing ran again
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_sigterm_to_compare_alone_stops_its_workers_at_a_step(tmp_path: Path) -> None:
+    """SIGTERM to the compare process only (not its process group, as ``kill PID`` sends
+    it): every worker's run stops at its next step boundary with a checkpoint that
+    ``--resume`` continues from, and nothing further starts."""
+    import os
+    import signal
+    import threading
+    import time
+
+    out = tmp_path / "cmp"
+    many = as_flags({**TINY_SETTINGS, "steps": 3000, "eval_every": 3000, "eval_size": 8})
+    argv = ["compare", "--arms", "grpo,ppo", "--seeds", "2", "--jobs", "2", *many, "--out", str(out)]
+    runs = [out / arm / f"seed{s}" for s in (0, 1) for arm in ("grpo", "ppo")]
+
+    returned = threading.Event()
+
+    def signal_once_two_runs_are_stepping() -> None:
+        while not returned.wait(0.05):
+            if sum((run / "config.json").is_file() for run in runs) >= 2:
+                time.sleep(1.0)  # well inside their 3000 steps
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    thread = threading.Thread(target=signal_once_two_runs_are_stepping)
+    thread.start()
+    try:
+        status = cli.main(argv)
+    finally:
+        returned.set()
+        thread.join()
+    assert status == 143
+    started = [run for run in runs if (run / "config.json").is_file()]
+    assert len(started) == 2  # the two that were stepping; the other two never started
+    for run in started:
+        assert not (run / "summary.json").exists() and compare_runs.continues(run)
+        assert len((run / "metrics.jsonl").read_text().splitlines()) < 3000
 
 
 def test_compare_jobs_must_be_a_positive_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,5 @@
-"""Preconditions of the chain task (``--task chain``) before any RL comparison on it.
+"""Preconditions of a task with pivotal tokens (``--task chain``, the default here, or
+``--task filler_addition``) before any RL comparison on it.
 
 Run:  python benches/lab/task_preconditions.py probe [--seeds 5] [--json FILE] [TrainConfig flags]
       python benches/lab/task_preconditions.py critic --out DIR [--seeds 5] [flags]   # (b)
@@ -9,8 +10,9 @@ Run:  python benches/lab/task_preconditions.py probe [--seeds 5] [--json FILE] [
     problems, and one rollout batch sampled as step 0 samples it (``prompts_per_step`` ×
     ``group_size`` at the config's temperature). The concentration probe (``rl.forward``,
     ``statistic`` as the config's) gives each response column its concentration; the
-    columns whose token is pivotal (``ChainTask.pivotal``: the recalled digit and the
-    chain) and those whose token is filler (the separator and EOS excluded) are compared
+    columns whose token is pivotal (the task's ``pivotal``: the chain task's recalled digit
+    and chain, filler_addition's worked addition) and those whose token is filler (the
+    separators and EOS excluded) are compared
     by the Mann–Whitney AUC ``P(c_pivotal > c_filler)`` (ties ½) over the whole batch, and
     within rows (the mean over rows of each row's AUC, the ranking a per-row z-score of
     the gates keeps). For reference, the AUC of the column's position in the response
@@ -26,7 +28,8 @@ Run:  python benches/lab/task_preconditions.py probe [--seeds 5] [--json FILE] [
     arm.
 
 The task's sizes are the TrainConfig defaults unless given (``--chain-digits``,
-``--chain-steps``, ``--chain-filler-min``, ``--chain-filler-max``); this script's own
+``--chain-steps``, ``--chain-filler-min``, ``--chain-filler-max``, ``--addition-filler-max``,
+...); this script's own
 defaults for the run (``--warmup-sft-steps`` etc., in ``RUN_DEFAULTS``) are the sizes
 docs/training.md reports. CPU: one process, one thread (``OMP_NUM_THREADS=1``).
 """
@@ -121,7 +124,7 @@ def probe_seed(config: Any) -> dict[str, Any]:
         sep = text.find("|")
         if sep >= 0:
             filler_lengths.append(sep)
-        kinds = ["pivotal" if f else ("filler" if k != sep else "sep") for k, f in enumerate(flags)]
+        kinds = ["pivotal" if f else ("filler" if text[k] != "|" else "sep") for k, f in enumerate(flags)]
         kinds += ["eos"] * (len(cols) - len(kinds))
         rp, rf = [], []
         for k, (col, kind) in enumerate(zip(cols, kinds)):

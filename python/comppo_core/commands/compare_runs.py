@@ -6,10 +6,15 @@ A run in ``OUT/<rel>/`` is **reused** when it finished with the same shared sett
 checkpoint (:func:`continues`) and made otherwise. With ``--jobs N`` every warm start and
 run goes to one of N spawned worker processes (a fresh interpreter, one torch thread per
 run: :func:`train_job`); the results are recorded (``timings.json``,
-``grid/nonfinite.json``) and printed as they arrive. Ctrl-C reaches the workers of a
-terminal's process group too: a running worker finishes its step and checkpoints, an idle
-one ignores it (:func:`_ignore_interrupts`), and the compare stops with the ``--resume``
-hint (:class:`Stopped`).
+``grid/nonfinite.json``) and printed as they arrive.
+
+**Stopping.** A stop reaches every worker however it was asked for: Ctrl-C in a terminal
+(which signals the whole process group), SIGTERM to the compare process alone, or a
+worker's own signal. The compare then sets a stop event that every worker reads at its
+run's step boundaries (:func:`_init_worker`); each running run finishes its step and
+checkpoints, the runs not started are cancelled (or skipped by a worker that already took
+them), and the compare stops with the ``--resume`` hint (:class:`Stopped`). An idle
+worker ignores Ctrl-C itself (the compare decides).
 """
 
 from __future__ import annotations
@@ -122,17 +127,28 @@ def continues(run_out: Path) -> bool:
     return run_dir.saved_checkpoint(run_out) is not None and saved_config(run_out) is not None
 
 
+#: In a worker process: the compare's stop event (:func:`_init_worker`); None in the compare itself.
+_STOP_EVENT: Any = None
+
+
 def train_job(config: TrainConfig, resume: bool) -> tuple[str, Any, float]:
     """One run in a worker process (``compare --jobs``): ``("done", summary, seconds)``,
-    ``("nonfinite", the NonFiniteError, seconds)`` or ``("stopped", next step, seconds)``
-    after Ctrl-C / SIGTERM (which reach the workers of a terminal's process group too: each
-    finishes its step and checkpoints); ``seconds`` is the run's own time, not its wait in
-    the queue."""
+    ``("nonfinite", the NonFiniteError, seconds)``, ``("stopped", next step, seconds)``
+    after a stop (a signal to this worker, or the compare's stop event: the run finishes
+    its step and checkpoints), or ``("skipped", None, 0.0)`` for a run not started because
+    the compare is stopping; ``seconds`` is the run's own time, not its wait in the queue."""
     from ..rl.interrupts import GracefulStop, TrainingInterrupted
     from ..rl.trainer import Trainer
 
+    event = _STOP_EVENT
+    if event is not None and event.is_set():
+        return "skipped", None, 0.0
     t0 = time.perf_counter()
-    with GracefulStop() as stop:
+    with GracefulStop() as signalled:
+
+        def stop() -> bool:
+            return signalled() or (event is not None and event.is_set())
+
         trainer = Trainer(config.replace(resume=resume), overwrite=not resume)
         try:
             return "done", trainer.train(stop=stop), time.perf_counter() - t0
@@ -144,18 +160,33 @@ def train_job(config: TrainConfig, resume: bool) -> tuple[str, Any, float]:
             trainer.dist.close()
 
 
-def _ignore_interrupts() -> None:
-    """A worker between runs ignores Ctrl-C (the compare process decides); during a run,
-    :func:`train_job`'s ``GracefulStop`` handles it."""
+def _init_worker(event: Any) -> None:
+    """A worker's start: it ignores Ctrl-C between runs (the compare process decides; during
+    a run :func:`train_job`'s ``GracefulStop`` handles it) and keeps the compare's stop event."""
+    global _STOP_EVENT
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _STOP_EVENT = event
+
+
+class _Pool(concurrent.futures.ProcessPoolExecutor):
+    """The workers of a compare and the stop event they read (:func:`_init_worker`)."""
+
+    def __init__(self, jobs: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.stop_event = context.Event()
+        super().__init__(max_workers=jobs, mp_context=context, initializer=_init_worker, initargs=(self.stop_event,))
+
+    def stop_all(self, futures: Any) -> None:
+        """Ask every worker to stop at its next step boundary and cancel the runs not started."""
+        self.stop_event.set()
+        for future in futures:
+            future.cancel()
 
 
 @contextlib.contextmanager
 def _pool(jobs: int) -> Any:
     """``jobs`` worker processes (spawned: a fresh interpreter each, one torch thread per run)."""
-    pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_interrupts
-    )
+    pool = _Pool(jobs)
     try:
         yield pool
     finally:
@@ -293,37 +324,46 @@ class Runner:
                 self.reused += 1
                 results[rel] = summary
                 self._print(label, summary, "reused", "validation" if tuning else "held-out")
+            if self.stop():  # asked while the warm starts were made
+                raise Stopped("the warm starts")
             futures = {
                 pool.submit(train_job, config, go_on): (rel, config, label, go_on) for rel, config, label, go_on in todo
             }
             stopped: str | None = None
-            for future in concurrent.futures.as_completed(futures):
-                rel, config, label, go_on = futures[future]
-                try:
-                    kind, value, seconds = future.result()
-                except ParameterError as exc:  # a bad --init-from, --model or --task
-                    pool.shutdown(cancel_futures=True)
-                    usage_error(self.cmd, exc)
-                tuning = config.eval_split == "validation"
-                if kind == "stopped":
-                    stopped = stopped or f"{label}, stopped after step {value}"
-                    continue
-                if kind == "nonfinite":
-                    if not tuning:
+            pending = set(futures)
+            while pending:
+                done, pending = concurrent.futures.wait(pending, timeout=0.5, return_when="FIRST_COMPLETED")
+                if self.stop() and not pool.stop_event.is_set():  # a signal to the compare: every worker stops
+                    pool.stop_all(pending)
+                for future in done:
+                    if future.cancelled():
+                        continue
+                    rel, config, label, go_on = futures[future]
+                    try:
+                        kind, value, seconds = future.result()
+                    except ParameterError as exc:  # a bad --init-from, --model or --task
                         pool.shutdown(cancel_futures=True)
-                        raise value  # the worker's NonFiniteError, as one process raises it
-                    self._nonfinite(rel, str(value))
-                    value = None
-                self.done += 1
-                results[rel] = value
-                status = self._timed(rel, seconds, go_on)
-                self._print(label, value, status, "validation" if tuning else "held-out")
-                if self.stop() and stopped is None:
-                    stopped = label
-                    for f in futures:
-                        f.cancel()
-            if stopped is not None:
-                raise Stopped(stopped)
+                        usage_error(self.cmd, exc)
+                    tuning = config.eval_split == "validation"
+                    if kind in ("stopped", "skipped"):
+                        if kind == "stopped":
+                            stopped = stopped or f"{label}, stopped after step {value}"
+                        pool.stop_all(pending)  # a worker's own stop stops the compare too
+                        continue
+                    if kind == "nonfinite":
+                        if not tuning:
+                            pool.shutdown(cancel_futures=True)
+                            raise value  # the worker's NonFiniteError, as one process raises it
+                        self._nonfinite(rel, str(value))
+                        value = None
+                    self.done += 1
+                    results[rel] = value
+                    status = self._timed(rel, seconds, go_on)
+                    self._print(label, value, status, "validation" if tuning else "held-out")
+                    if self.stop() and stopped is None:
+                        stopped = label
+            if stopped is not None or pool.stop_event.is_set():
+                raise Stopped(stopped or "a stop request")
         return results
 
     def warm_starts(self, pool: concurrent.futures.Executor, seeds: list[int]) -> None:
