@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import ParameterError
 from ..rl import run_dir
-from ..rl.config import TASKS, TrainConfig
+from ..rl.config import TASK_SIZES, TASKS, TrainConfig
 from ..rl.evaluation import build_task, describe_task
 from ..rl.pretrained import check_model_directory
 from .train import require_rl_extra, usage_error
@@ -44,16 +44,7 @@ __all__ = ["add_parser", "run", "saved_task_settings"]
 _FROM_TASK_JSON = (
     "task",
     "digits",
-    "chain_digits",
-    "chain_steps",
-    "chain_filler_min",
-    "chain_filler_max",
-    "chain_tail_min",
-    "chain_tail_max",
-    "addition_filler_min",
-    "addition_filler_max",
-    "addition_tail_min",
-    "addition_tail_max",
+    *TASK_SIZES,
     "split_seed",
     "heldout_fraction",
     "chat_template",

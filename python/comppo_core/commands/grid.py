@@ -53,7 +53,7 @@ from typing import Any
 
 from ..errors import ParameterError
 from ..rl.arms import get_arm
-from ..rl.config import TrainConfig
+from ..rl.config import TASK_SIZES, TrainConfig
 
 __all__ = ["NOT_TUNABLE", "WARM_START_FIELDS", "Grid", "parse_grid"]
 
@@ -95,21 +95,7 @@ NOT_TUNABLE: dict[str, str] = {
         ),
         _WHY_SPLIT,
     ),
-    **dict.fromkeys(
-        (
-            "chain_digits",
-            "chain_steps",
-            "chain_filler_min",
-            "chain_filler_max",
-            "chain_tail_min",
-            "chain_tail_max",
-            "addition_filler_min",
-            "addition_filler_max",
-            "addition_tail_min",
-            "addition_tail_max",
-        ),
-        _WHY_TASK,
-    ),
+    **dict.fromkeys(TASK_SIZES, _WHY_TASK),
     **dict.fromkeys(WARM_START_FIELDS, _WHY_WARM),
     **dict.fromkeys(("progress", "num_threads", "device", "report_to", "save_every"), _WHY_HANDLING),
 }

@@ -51,6 +51,19 @@ __all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig"]
 #: The built-in tasks: ``addition`` (rl.tasks.AdditionTask), ``chain`` (rl.chain_task.ChainTask),
 #: ``filler_addition`` (rl.filler_addition.FillerAdditionTask).
 TASKS = ("addition", "chain", "filler_addition")
+#: The built-in tasks' size settings beyond ``digits`` (each task reads its own prefix).
+TASK_SIZES = (
+    "chain_digits",
+    "chain_steps",
+    "chain_filler_min",
+    "chain_filler_max",
+    "chain_tail_min",
+    "chain_tail_max",
+    "addition_filler_min",
+    "addition_filler_max",
+    "addition_tail_min",
+    "addition_tail_max",
+)
 #: Critic warm-up rounds of an arm with a critic when ``critic_warmup`` is None.
 DEFAULT_CRITIC_WARMUP = 10
 
