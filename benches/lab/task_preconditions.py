@@ -1,7 +1,7 @@
 """Preconditions of a task with pivotal tokens (``--task chain``, the default here, or
 ``--task filler_addition``) before any RL comparison on it.
 
-Run:  python benches/lab/task_preconditions.py probe [--seeds 5] [--json FILE] [TrainConfig flags]
+Run:  python benches/lab/task_preconditions.py probe [--seeds 5] [--json FILE] [--warm-starts DIR] [TrainConfig flags]
       python benches/lab/task_preconditions.py critic --out DIR [--seeds 5] [flags]   # (b)
       python benches/lab/task_preconditions.py oracle --out DIR [--seeds 5] [flags]   # (c)
 
@@ -172,6 +172,8 @@ def run_probe(args: argparse.Namespace, extra: list[str]) -> int:
     rows = []
     for seed in range(args.seeds):
         config = _config(extra, seed=seed, out=None, progress=False, critic_warmup=0)  # the policy alone
+        if args.warm_starts:  # a compare's own warm starts: the policies its runs started from
+            config = config.replace(init_from=f"{args.warm_starts}/warmstart/seed{seed}/warmstart")
         row = probe_seed(config)
         rows.append(row)
         print(
@@ -217,6 +219,12 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", default=None, help="critic, oracle: the compare's output directory")
     parser.add_argument("--json", default=None, help="probe: also write the per-seed figures here")
+    parser.add_argument(
+        "--warm-starts",
+        default=None,
+        metavar="DIR",
+        help="probe: start seed s from a compare's warm start DIR/warmstart/seed<s>/warmstart instead of making one",
+    )
     args, extra = parser.parse_known_args()
     if args.part == "probe":
         return run_probe(args, extra)
