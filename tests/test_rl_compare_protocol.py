@@ -520,6 +520,9 @@ def test_compare_grid_runs_a_repeat_once(tmp_path: Path) -> None:
         "grid/p1/ppo_fixed/seed1000",
     }
     assert "grid/p1/grpo/seed1000" not in json.loads((out / "timings.json").read_text())
+    text = (out / "results.md").read_text().split("## Tuning")[1]
+    assert md_row(text, "grpo")[2] == "(gate_low not read)" and md_row(text, "ppo_fixed")[2].startswith("gate_low=")
+    assert md_row(text, "p1")[2].endswith("(= p0)") and "(= p" not in md_row(text, "p1")[3]  # grpo's repeat
 
 
 @pytest.mark.usefixtures("one_torch_thread")

@@ -200,7 +200,12 @@ def tuning_tables(
     """The tuning's markdown (the chosen setting and "k/n stable" per arm, then every
     point's validation score per arm, ``*`` on the chosen) and its numbers.
 
-    ``outcomes[arm][point][k]`` is the run of tuning seed ``seeds[k]`` at that point."""
+    ``outcomes[arm][point][k]`` is the run of tuning seed ``seeds[k]`` at that point. An
+    arm's chosen setting leaves out the fields it does not read (named after it: "gate_low
+    not read"), and a repeat (:meth:`Grid.first_alike`) is marked with the point whose run
+    it is."""
+    from ..rl.arms import get_arm
+
     points = grid.points
     lines = [
         "| arm | chosen | setting | validation accuracy % | stable |",
@@ -210,7 +215,11 @@ def tuning_tables(
     for arm, by_point in outcomes.items():
         i = chosen[arm]
         k, n = stability(by_point)
-        lines.append(f"| {arm} | {grid.name(i)} | {grid.describe(points[i])} | {pct(score(by_point[i]))} | {k}/{n} |")
+        unread = [f for f in grid.fields if get_arm(arm).ignores(f)]
+        setting = grid.describe({f: v for f, v in points[i].items() if f not in unread})
+        if unread:
+            setting = (setting + " " if setting else "") + f"({', '.join(unread)} not read)"
+        lines.append(f"| {arm} | {grid.name(i)} | {setting} | {pct(score(by_point[i]))} | {k}/{n} |")
         numbers[arm] = {
             "chosen": grid.name(i),
             "setting": points[i],
@@ -228,12 +237,15 @@ def tuning_tables(
         "| point | setting | " + " | ".join(arms) + " |",
         "|---|---|" + "---|" * len(arms),
     ]
+    alike = {arm: grid.first_alike(arm) for arm in arms}
     for j, point in enumerate(points):
         cells = []
         for arm in arms:
             o = outcomes[arm][j]
             down = sum(collapsed(x) for x in o)
-            cells.append(pct(score(o)) + (f" ({down} collapsed)" if down else "") + (" *" if chosen[arm] == j else ""))
+            cell = pct(score(o)) + (f" ({down} collapsed)" if down else "")
+            cell += f" (= {grid.name(alike[arm][j])})" if alike[arm][j] != j else ""
+            cells.append(cell + (" *" if chosen[arm] == j else ""))
         lines.append(f"| {grid.name(j)} | {grid.describe(point)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n", numbers
 
