@@ -332,9 +332,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             grid.check(base, arms)
         except ParameterError as exc:
             usage_error(cmd, exc)
+        alike = {arm: grid.first_alike(arm) for arm in arms}
         for i, point in enumerate(grid.points):
             for arm in arms:
-                if grid.first_alike(arm)[i] != i:  # the same run as an earlier point's (grid.py, "Repeats")
+                if alike[arm][i] != i:  # the same run as an earlier point's (grid.py, "Repeats")
                     continue
                 for t in tseeds:
                     config = base.replace(arm=arm, seed=t, eval_split="validation", **point)
