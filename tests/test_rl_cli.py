@@ -286,6 +286,51 @@ def test_compare_from_init_from_starts_every_run_there_and_warms_up_nothing(tmp_
     assert list(table) == ["grpo", "tac_fixed"] and table["grpo"]["seeds"] == "2"
 
 
+def test_compare_copies_another_compares_warm_starts_made_under_other_rl_settings(
+    tmp_path: Path, signal: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--warm-starts DIR``: the seeds DIR has are copied (DIR untouched), bit for bit the
+    warm starts this compare would make itself; the others are made; a warm start made
+    with another SFT setting is refused naming it."""
+    from safetensors.torch import load_file
+
+    def weights(cmp: Path, s: int) -> dict[str, Any]:
+        return load_file(cmp / "warmstart" / f"seed{s}" / "warmstart" / "model.safetensors")
+
+    first = tmp_path / "first"
+    assert cli.main(["compare", "--arms", "grpo", "--seeds", "2", *TINY, "--out", str(first)]) == 0
+    before = {p: p.read_bytes() for p in sorted(first.rglob("*")) if p.is_file()}
+    rl = ["--actor-lr", "1e-3", "--kl-coef", "0", "--lam", "0.9", "--gate-low", "0.5", "--eval-size", "4"]
+    second = tmp_path / "second"
+    argv = ["compare", "--arms", "grpo,tac_fixed", "--seeds", "3", *TINY, *rl, "--out", str(second)]
+    capsys.readouterr()
+    assert cli.main([*argv, "--warm-starts", str(first)]) == 0
+    log = capsys.readouterr().out
+    assert log.count(f"(copied from {first})") == 2 and "[seed 2] warm start" in log and log.count("(made in") == 1
+    assert {p: p.read_bytes() for p in sorted(first.rglob("*")) if p.is_file()} == before
+    own = tmp_path / "own"  # the same compare making its own warm starts
+    assert cli.main([*argv[:-1], str(own)]) == 0
+    for s in (0, 1, 2):
+        mine, made = weights(second, s), weights(own, s)
+        assert mine.keys() == made.keys() and all(torch.equal(mine[k], made[k]) for k in made), s
+        for arm in ("grpo", "tac_fixed"):
+            runs = [json.loads((c / arm / f"seed{s}" / "summary.json").read_text()) for c in (second, own)]
+            assert [r["final_eval_accuracy"] for r in runs] == [runs[1]["final_eval_accuracy"]] * 2
+            steps = [rows(c / arm / f"seed{s}" / "metrics.jsonl") for c in (second, own)]
+            untimed = [[{k: v for k, v in r.items() if not k.startswith("time_")} for r in rs] for rs in steps]
+            assert untimed[0] == untimed[1], (arm, s)
+    assert cli.main([*argv, "--resume"]) == 0  # a copied warm start is this compare's own now
+    assert capsys.readouterr().out.count("(reused)") == 3 + 6
+
+    other = ["compare", "--arms", "grpo", *TINY, "--warmup-sft-steps", "4", "--warm-starts", str(first)]
+    assert cli.main([*other, "--out", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err
+    assert f"--warm-starts: the warm start in {str(first / 'warmstart' / 'seed0')!r} was made with" in err
+    assert "warmup_sft_steps=3" in err and "warmup_sft_steps=4" in err
+    assert cli.main(["compare", "--arms", "grpo", *TINY, "--warm-starts", str(tmp_path / "nowhere"), "--out", "X"]) == 2
+    assert "--warm-starts: expected the directory of a compare with warm starts" in capsys.readouterr().err
+
+
 def test_compare_refuses_a_setting_bad_for_one_arm_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -180,6 +180,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="runs at once, each in its own process of one torch thread (default 1: one after another, in this "
         "process); on a 2-core CPU, --jobs 2",
     )
+    cmd.add_argument(
+        "--warm-starts",
+        default=None,
+        metavar="DIR",
+        help="copy each seed's warm start from the compare in DIR (read only) where it was made with the same "
+        "seed, task, split, policy and SFT settings, whatever the RL settings; the seeds DIR lacks are made here",
+    )
     add_config_arguments(cmd)
     cmd.set_defaults(run=run, command_parser=cmd)
     return cmd
@@ -350,6 +357,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         check_paths(base.replace(out=None), overwrite=False)
     except ParameterError as exc:
         usage_error(cmd, exc)
+    source = None if args.warm_starts is None else Path(args.warm_starts)
+    if source is not None:
+        if base.init_from is not None or base.model is not None:
+            cmd.error("--warm-starts: only without --init-from and --model (those runs make no warm start)")
+        if not (source / "compare.json").is_file() or not (source / "warmstart").is_dir():
+            cmd.error(f"--warm-starts: expected the directory of a compare with warm starts, got {str(source)!r}")
+        if source.resolve() == out.resolve():
+            source = None  # its own warm starts: reused as they are
     require_rl_extra("compare")
     from ..rl.interrupts import GracefulStop, TrainingInterrupted, exit_status
 
@@ -373,7 +388,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     chosen: dict[str, int] = {}
     with GracefulStop() as stop:
         runner = compare_runs.Runner(
-            cmd, out, base, len(configs) + len(arms) * n_seeds * (grid is not None), stop, jobs
+            cmd, out, base, len(configs) + len(arms) * n_seeds * (grid is not None), stop, jobs, source
         )
         try:
             if grid is not None:

@@ -3,7 +3,10 @@ or ``--jobs`` at once in worker processes, each made, resumed or reused.
 
 A run in ``OUT/<rel>/`` is **reused** when it finished with the same shared settings
 (:func:`settings_of`, compared by :func:`differing`), **resumed** when it holds a
-checkpoint (:func:`continues`) and made otherwise. With ``--jobs N`` every warm start and
+checkpoint (:func:`continues`) and made otherwise. A seed's warm start is reused the same
+way, else copied from another compare's directory (``--warm-starts DIR``,
+:func:`copy_warm_start`) when that one was made with the same :data:`WARM_START_FIELDS`,
+else made. With ``--jobs N`` every warm start and
 run goes to one of N spawned worker processes (a fresh interpreter, one torch thread per
 run: :func:`train_job`); the results are recorded (``timings.json``,
 ``grid/nonfinite.json``) and printed as they arrive.
@@ -24,6 +27,8 @@ import concurrent.futures
 import contextlib
 import json
 import multiprocessing
+import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -31,7 +36,7 @@ from typing import Any
 
 from ..errors import NonFiniteError, ParameterError
 from ..rl import run_dir
-from ..rl.config import TrainConfig
+from ..rl.config import TASK_SIZES, TrainConfig
 from . import compare_report as report
 from .grid import Grid
 from .train import usage_error
@@ -91,9 +96,39 @@ def finished(out: Path, config: TrainConfig) -> dict[str, Any] | None:
         return None
 
 
-def warm_start(base: TrainConfig, seed: int, out: Path) -> tuple[str, bool]:
-    """Warm-start seed ``seed`` into ``out`` (reusing one made there with the same settings);
-    the path of the policy every arm of the seed starts from, and whether it was made now."""
+#: The settings a warm start reads: its seed, the task and its split, the built-in policy
+#: and its supervised warm-up (``rl.build.initial_policy``). Every other setting is the
+#: RL's, so two compares that agree on these make the same warm start, bit for bit, and
+#: ``compare --warm-starts DIR`` copies DIR's instead of making it again.
+WARM_START_FIELDS = (
+    "seed",
+    "task",
+    "digits",
+    *TASK_SIZES,
+    "split_seed",
+    "heldout_fraction",
+    "validation_fraction",
+    "init_from",
+    "model",
+    "chat_template",
+    "model_hidden",
+    "model_layers",
+    "model_heads",
+    "model_kv_heads",
+    "model_intermediate",
+    "warmup_sft_steps",
+    "sft_batch_size",
+    "sft_lr",
+    "sft_carry_noise",
+    "device",
+)
+
+
+def warm_start(base: TrainConfig, seed: int, out: Path, source: Path | None = None) -> tuple[str, str]:
+    """Warm-start seed ``seed`` into ``out``: the path of the policy every arm of the seed
+    starts from, and how it got there: ``"reused"`` (made there before with the same
+    settings), ``"copied"`` (from ``source``, another compare's directory, whose warm start
+    of the seed has the same :data:`WARM_START_FIELDS`) or ``"made"`` (now)."""
     from ..rl.trainer import Trainer
 
     # the policy alone: no critic warm-up (each run warms its own critic up)
@@ -101,9 +136,40 @@ def warm_start(base: TrainConfig, seed: int, out: Path) -> tuple[str, bool]:
     policy = out / "warmstart"
     saved = saved_config(out)
     if saved is not None and not differing(saved, config) and (policy / "task.json").is_file():
-        return str(policy), False  # task.json: written after the weights
+        return str(policy), "reused"  # task.json: written after the weights
+    if source is not None and (source / "warmstart" / f"seed{seed}" / "warmstart" / "task.json").is_file():
+        copy_warm_start(source / "warmstart" / f"seed{seed}", out, config)
+        return str(policy), "copied"
     Trainer(config, overwrite=True)  # this compare's own warm start, unfinished or absent
-    return str(policy), True
+    return str(policy), "made"
+
+
+def copy_warm_start(src: Path, out: Path, config: TrainConfig) -> None:
+    """Copy the warm start in ``src`` (another compare's ``warmstart/seedN``) into ``out``
+    as if made there with ``config``; a :class:`ParameterError` naming ``warm_starts`` and
+    the first setting the warm start would read differently. ``src`` is only read; what
+    ``out`` held (this compare's own unfinished warm start) is replaced, its
+    ``config.json`` last, so an interrupted copy is copied again on ``--resume``."""
+    saved = saved_config(src) or {}
+    want = config.to_dict()
+    for key in WARM_START_FIELDS:
+        if saved.get(key) != want[key]:
+            raise ParameterError(
+                f"--warm-starts: the warm start in {str(src)!r} was made with {key}={saved.get(key)!r}, this "
+                f"compare's would be made with {key}={want[key]!r}",
+                argument="warm_starts",
+            )
+    tmp = out.parent / f".{out.name}.copy"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(src, tmp, symlinks=True)
+    out.mkdir(parents=True, exist_ok=True)
+    run_dir.clear_run(out)
+    for entry in sorted(p.name for p in tmp.iterdir()):
+        if entry != "config.json":
+            os.replace(tmp / entry, out / entry)
+    run_dir.write_json_atomic(out / "config.json", {**saved, **want})
+    shutil.rmtree(tmp)
 
 
 # --------------------------------------------------------------------------- #
@@ -111,11 +177,11 @@ def warm_start(base: TrainConfig, seed: int, out: Path) -> tuple[str, bool]:
 # --------------------------------------------------------------------------- #
 
 
-def _timed_warm_start(base: TrainConfig, seed: int, out: Path) -> tuple[str, bool, float]:
+def _timed_warm_start(base: TrainConfig, seed: int, out: Path, source: Path | None) -> tuple[str, str, float]:
     """:func:`warm_start` in a worker, with its own seconds (not its wait in the queue)."""
     t0 = time.perf_counter()
-    init_from, made = warm_start(base, seed, out)
-    return init_from, made, time.perf_counter() - t0
+    init_from, how = warm_start(base, seed, out, source)
+    return init_from, how, time.perf_counter() - t0
 
 
 class Stopped(Exception):
@@ -198,9 +264,18 @@ class Runner:
     run stopped by a non-finite value is recorded in ``grid/nonfinite.json`` (a collapse)."""
 
     def __init__(
-        self, cmd: argparse.ArgumentParser, out: Path, base: TrainConfig, total: int, stop: Any, jobs: int = 1
+        self,
+        cmd: argparse.ArgumentParser,
+        out: Path,
+        base: TrainConfig,
+        total: int,
+        stop: Any,
+        jobs: int = 1,
+        source: Path | None = None,
     ) -> None:
         self.cmd, self.out, self.base, self.total, self.stop, self.jobs = cmd, out, base, total, stop, jobs
+        #: another compare whose warm starts this one copies (``--warm-starts``), or None
+        self.source = source
         self.timings_path = out / "timings.json"
         try:  # seconds each warm start and run took when it ran (kept for the runs a rerun reuses)
             self.timings: dict[str, float] = json.loads(self.timings_path.read_text())
@@ -224,21 +299,27 @@ class Runner:
         if self.warm_needed:
             t0 = time.perf_counter()
             try:  # a bad path (the task file, say) is found here: a usage error naming its flag
-                init_from, made = warm_start(self.base, seed, self.out / "warmstart" / f"seed{seed}")
+                init_from, how = warm_start(self.base, seed, self.out / "warmstart" / f"seed{seed}", self.source)
             except ParameterError as exc:
                 usage_error(self.cmd, exc)
-            self._warm_started(seed, init_from, made, time.perf_counter() - t0)
+            self._warm_started(seed, init_from, how, time.perf_counter() - t0)
         self._init_from[seed] = init_from
         return init_from
 
-    def _warm_started(self, seed: int, init_from: str, made: bool, seconds: float) -> None:
+    def _warm_started(self, seed: int, init_from: str, how: str, seconds: float) -> None:
         """Record (its time, when made now) and print seed ``seed``'s warm start."""
         key = f"warmstart/seed{seed}"
         self.keys.append(key)
-        if made:
+        if how == "made":
             self.timings[key] = seconds
+        elif how == "copied":  # the seconds it took where it was made, as for one reused
+            assert self.source is not None
+            self.timings.pop(key, None)
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                self.timings[key] = float(json.loads((self.source / "timings.json").read_text())[key])
+        if how != "reused":
             run_dir.write_json_atomic(self.timings_path, self.timings)
-        status = f"made in {self.timings[key]:.0f} s" if made else "reused"
+        status = {"made": f"made in {seconds:.0f} s", "copied": f"copied from {self.source}"}.get(how, how)
         print(f"[seed {seed}] warm start {init_from} ({status})", flush=True)
 
     def run(self, rel: str, config: TrainConfig, label: str) -> dict[str, Any] | None:
@@ -374,15 +455,15 @@ class Runner:
                 self._init_from[seed] = self.base.init_from
             return
         jobs = {
-            seed: pool.submit(_timed_warm_start, self.base, seed, self.out / "warmstart" / f"seed{seed}")
+            seed: pool.submit(_timed_warm_start, self.base, seed, self.out / "warmstart" / f"seed{seed}", self.source)
             for seed in missing
         }
         for seed, job in jobs.items():
             try:
-                init_from, made, seconds = job.result()
+                init_from, how, seconds = job.result()
             except ParameterError as exc:
                 usage_error(self.cmd, exc)
-            self._warm_started(seed, init_from, made, seconds)
+            self._warm_started(seed, init_from, how, seconds)
             self._init_from[seed] = init_from
 
     def _after(self, label: str, summary: dict[str, Any] | None) -> dict[str, Any] | None:
