@@ -325,8 +325,9 @@ def test_compare_copies_another_compares_warm_starts_made_under_other_rl_setting
     other = ["compare", "--arms", "grpo", *TINY, "--warmup-sft-steps", "4", "--warm-starts", str(first)]
     assert cli.main([*other, "--out", str(tmp_path / "other")]) == 2
     err = capsys.readouterr().err
-    assert f"--warm-starts: the warm start in {str(first / 'warmstart' / 'seed0')!r} was made with" in err
+    assert f"error: --warm-starts: the warm start in {str(first / 'warmstart' / 'seed0')!r} was made with" in err
     assert "warmup_sft_steps=3" in err and "warmup_sft_steps=4" in err
+    assert not (tmp_path / "other").exists()  # refused before anything is written: a rerun needs no --overwrite
     assert cli.main(["compare", "--arms", "grpo", *TINY, "--warm-starts", str(tmp_path / "nowhere"), "--out", "X"]) == 2
     assert "--warm-starts: expected the directory of a compare with warm starts" in capsys.readouterr().err
 

@@ -365,6 +365,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             cmd.error(f"--warm-starts: expected the directory of a compare with warm starts, got {str(source)!r}")
         if source.resolve() == out.resolve():
             source = None  # its own warm starts: reused as they are
+        else:
+            try:
+                compare_runs.check_warm_starts(source, base, [*range(n_seeds), *tseeds])
+            except ParameterError as exc:
+                usage_error(cmd, exc)
     require_rl_extra("compare")
     from ..rl.interrupts import GracefulStop, TrainingInterrupted, exit_status
 

@@ -31,6 +31,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -131,8 +132,7 @@ def warm_start(base: TrainConfig, seed: int, out: Path, source: Path | None = No
     of the seed has the same :data:`WARM_START_FIELDS`) or ``"made"`` (now)."""
     from ..rl.trainer import Trainer
 
-    # the policy alone: no critic warm-up (each run warms its own critic up)
-    config = base.replace(seed=seed, out=str(out), init_from=None, progress=False, critic_warmup=0)
+    config = warm_start_config(base, seed, out)
     policy = out / "warmstart"
     saved = saved_config(out)
     if saved is not None and not differing(saved, config) and (policy / "task.json").is_file():
@@ -144,21 +144,49 @@ def warm_start(base: TrainConfig, seed: int, out: Path, source: Path | None = No
     return str(policy), "made"
 
 
+def warm_start_config(base: TrainConfig, seed: int, out: Path) -> TrainConfig:
+    """The config of seed ``seed``'s warm start in ``out``: the policy alone, no critic
+    warm-up (each run warms its own critic up)."""
+    return base.replace(seed=seed, out=str(out), init_from=None, progress=False, critic_warmup=0)
+
+
+def warm_start_mismatch(src: Path, config: TrainConfig) -> str | None:
+    """Why the warm start in ``src`` is not the one ``config`` would make: a message naming
+    the first of :data:`WARM_START_FIELDS` it was made with differently, or None."""
+    saved = saved_config(src) or {}
+    want = config.to_dict()
+    for key in WARM_START_FIELDS:
+        if saved.get(key) != want[key]:
+            return (
+                f"warm_starts: the warm start in {str(src)!r} was made with {key}={saved.get(key)!r}, this "
+                f"compare's would be made with {key}={want[key]!r}"
+            )
+    return None
+
+
+def check_warm_starts(source: Path, base: TrainConfig, seeds: Iterable[int]) -> None:
+    """A :class:`ParameterError` naming ``warm_starts`` if a warm start of ``seeds`` that
+    ``source`` holds is not the one this compare would make (checked before anything is
+    written, so a refused ``--warm-starts`` leaves ``--out`` as it was)."""
+    for seed in seeds:
+        src = source / "warmstart" / f"seed{seed}"
+        if (src / "warmstart" / "task.json").is_file():
+            why = warm_start_mismatch(src, warm_start_config(base, seed, src))
+            if why is not None:
+                raise ParameterError(why, argument="warm_starts")
+
+
 def copy_warm_start(src: Path, out: Path, config: TrainConfig) -> None:
     """Copy the warm start in ``src`` (another compare's ``warmstart/seedN``) into ``out``
     as if made there with ``config``; a :class:`ParameterError` naming ``warm_starts`` and
     the first setting the warm start would read differently. ``src`` is only read; what
     ``out`` held (this compare's own unfinished warm start) is replaced, its
     ``config.json`` last, so an interrupted copy is copied again on ``--resume``."""
+    why = warm_start_mismatch(src, config)
+    if why is not None:
+        raise ParameterError(why, argument="warm_starts")
     saved = saved_config(src) or {}
     want = config.to_dict()
-    for key in WARM_START_FIELDS:
-        if saved.get(key) != want[key]:
-            raise ParameterError(
-                f"--warm-starts: the warm start in {str(src)!r} was made with {key}={saved.get(key)!r}, this "
-                f"compare's would be made with {key}={want[key]!r}",
-                argument="warm_starts",
-            )
     tmp = out.parent / f".{out.name}.copy"
     if tmp.exists():
         shutil.rmtree(tmp)
