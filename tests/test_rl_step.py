@@ -8,6 +8,7 @@ verl's terms from ``rl.losses``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -207,6 +208,70 @@ def test_critic_arm_advantages_are_gae_then_whitening(rollout: dict[str, Any]) -
         step.compute_advantages(
             ARMS["ppo"], rewards, resp, values=None, gates=None, groups=r["groups"], settings=settings
         )
+
+
+def _trace_only_gae(
+    r: np.ndarray, v: np.ndarray, g: np.ndarray, m: np.ndarray, gamma: float, lam: float, lam_c: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The definition, one row at a time over the valid positions (float64):
+    ``δ_i = r_i + γ·V_{i+1} − V_i``, ``A_i = δ_i + γ·λ·g_i·A_{i+1}``, ``R_i = A^c_i + V_i``."""
+    adv, ret = np.zeros(r.shape), np.zeros(r.shape)
+    for b in range(r.shape[0]):
+        idx = np.flatnonzero(m[b])
+        a = ac = 0.0
+        for k in range(len(idx) - 1, -1, -1):
+            i = idx[k]
+            v_next = float(v[b, idx[k + 1]]) if k + 1 < len(idx) else 0.0
+            delta = float(r[b, i]) + gamma * v_next - float(v[b, i])
+            a = delta + gamma * lam * float(g[b, i]) * a
+            ac = delta + gamma * lam_c * float(g[b, i]) * ac
+            adv[b, i], ret[b, i] = a, ac + float(v[b, i])
+    return adv, ret
+
+
+def test_gates_kept_out_of_the_bootstrap_shape_the_trace_alone(rollout: dict[str, Any]) -> None:
+    r = rollout
+    resp = r["resp"].clone()
+    resp[0, 7] = False  # a hole: the recursion passes straight through it (docs/design.md §3)
+    rewards = step.terminal_rewards(resp, r["scores"])
+    values = torch.randn(B, T - 1, generator=torch.Generator().manual_seed(2)) * resp
+    gates = torch.where(resp, torch.rand(B, T - 1, generator=torch.Generator().manual_seed(4)) * 0.5 + 0.5, 1.0)
+    m = resp.numpy()
+    for lam_c in (1.0, 0.8):
+        settings = step.AdvantageSettings(gamma=0.99, lam=0.9, lam_critic=lam_c, whiten=False, gate_in_bootstrap=False)
+        before = (rewards.clone(), values.clone(), gates.clone())
+        adv, ret, _ = step.compute_advantages(
+            ARMS["comppo"], rewards, resp, values=values, gates=gates, groups=r["groups"], settings=settings
+        )
+        assert all(torch.equal(x, y) for x, y in zip(before, (rewards, values, gates), strict=True))
+        a_ref, r_ref = _trace_only_gae(rewards.numpy(), values.numpy(), gates.numpy(), m, 0.99, 0.9, lam_c)
+        assert ret is not None and adv.dtype == ret.dtype == torch.float32
+        np.testing.assert_allclose(adv.numpy()[m], a_ref[m], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(ret.numpy()[m], r_ref[m], rtol=1e-6, atol=1e-7)
+        assert torch.all(adv[~resp] == 0) and torch.all(ret[~resp] == 0)
+        # the paper's gated bootstrap differs wherever a gate is below 1 and a value follows
+        gated, _, _ = step.compute_advantages(
+            ARMS["comppo"], rewards, resp, values=values, gates=gates, groups=r["groups"],
+            settings=dataclasses.replace(settings, gate_in_bootstrap=True),
+        )  # fmt: skip
+        assert float((gated - adv).abs().max()) > 1e-2
+    # unit gates: both are plain GAE
+    ones = torch.ones_like(gates)
+    plain = [
+        step.compute_advantages(
+            ARMS["comppo"], rewards, resp, values=values, gates=ones, groups=r["groups"],
+            settings=step.AdvantageSettings(gamma=0.99, lam=0.9, whiten=False, gate_in_bootstrap=flag),
+        )[0]
+        for flag in (True, False)
+    ]  # fmt: skip
+    torch.testing.assert_close(plain[0], plain[1], rtol=1e-6, atol=1e-7)
+
+
+def test_next_values_skip_masked_positions_and_end_at_zero() -> None:
+    values = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0], [6.0, 7.0, 8.0, 9.0, 10.0]])
+    mask = torch.tensor([[False, True, False, True, True], [True, False, False, False, False]])
+    want = torch.tensor([[2.0, 4.0, 4.0, 5.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    assert torch.equal(step.next_values(values, mask), want)
 
 
 def test_grpo_advantages_are_group_relative_outcomes(rollout: dict[str, Any]) -> None:

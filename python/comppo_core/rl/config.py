@@ -216,6 +216,11 @@ class TrainConfig:
         "Comp-GAE's gates from the row's running z-score of the concentration (tokens up to t) instead of "
         "the whole row's",
     )
+    gate_in_bootstrap: bool = _f(
+        True,
+        "the gates enter Comp-GAE's one-step bootstrap δ = r + γ·g·V' − V as well as its trace (the paper); "
+        "False: the trace only, δ = r + γ·V' − V (an ablation: a state-dependent λ)",
+    )
 
     # ---- the PPO update
     ppo_epochs: int = _f(2, "passes over each rollout batch")
@@ -365,7 +370,15 @@ class TrainConfig:
         if isinstance(self.task, str) and self.task.endswith(".jsonl"):
             self.task = absolute(self.task)
         check_choice("report_to", self.report_to, REPORT_TO)
-        for name in ("resume", "progress", "whiten_advantages", "gate_invert", "gate_causal", "log_kl"):
+        for name in (
+            "resume",
+            "progress",
+            "whiten_advantages",
+            "gate_invert",
+            "gate_causal",
+            "gate_in_bootstrap",
+            "log_kl",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ParameterError(f"{name}: expected a bool, got {getattr(self, name)!r}", argument=name)
         if self.model_hidden % self.model_heads or self.model_heads % self.model_kv_heads:

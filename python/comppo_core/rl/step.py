@@ -54,11 +54,13 @@ __all__ = [
     "loss_shares",
     "masked_mean",
     "minibatch_loss",
+    "next_values",
     "oracle_gates",
     "rewards_with_kl",
     "score",
     "step_gates",
     "terminal_rewards",
+    "trace_only_rewards",
 ]
 
 
@@ -128,8 +130,10 @@ class ScoringSettings:
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageSettings:
-    """Phase 3: γ, λ (actor) and λ_critic (returns), whitening, the outcome baseline, and
-    where the KL to the reference enters (``kl_mode="reward"``: ``r_t −= kl_coef·KL_t``)."""
+    """Phase 3: γ, λ (actor) and λ_critic (returns), whitening, the outcome baseline,
+    where the KL to the reference enters (``kl_mode="reward"``: ``r_t −= kl_coef·KL_t``), and
+    whether the gates enter the one-step bootstrap (``gate_in_bootstrap``, the paper: yes;
+    :func:`compute_advantages`)."""
 
     gamma: float = 1.0
     lam: float = 0.95
@@ -139,11 +143,22 @@ class AdvantageSettings:
     kl_coef: float = 0.0
     kl_kind: str = "k1"
     kl_mode: str = "loss"
+    gate_in_bootstrap: bool = True
 
     @classmethod
     def from_config(cls, config: Any) -> AdvantageSettings:
         c = config
-        return cls(c.gamma, c.lam, c.lam_critic, c.whiten_advantages, c.group_method, c.kl_coef, c.kl_kind, c.kl_mode)
+        return cls(
+            c.gamma,
+            c.lam,
+            c.lam_critic,
+            c.whiten_advantages,
+            c.group_method,
+            c.kl_coef,
+            c.kl_kind,
+            c.kl_mode,
+            c.gate_in_bootstrap,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,6 +379,29 @@ def rewards_with_kl(
     return rewards, kl
 
 
+def next_values(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]``: at each position, ``values`` at the row's next valid position (``mask``),
+    0 where no valid position follows (the terminal ``V_n = 0`` of docs/design.md §3)."""
+    m = mask.to(torch.bool)
+    t = m.shape[1]
+    index = torch.where(m, torch.arange(t, device=m.device), t)
+    # the first valid index strictly after each position: a suffix minimum, shifted by one
+    after = torch.cat([index[:, 1:], torch.full_like(index[:, :1], t)], dim=1)
+    following = after.flip(1).cummin(1).values.flip(1)
+    picked = values.gather(1, following.clamp(max=t - 1))
+    return torch.where(following < t, picked, torch.zeros_like(picked))
+
+
+def trace_only_rewards(
+    rewards: torch.Tensor, values: torch.Tensor, gates: torch.Tensor, mask: torch.Tensor, gamma: float
+) -> torch.Tensor:
+    """``r_i + γ·(1 − g_i)·V_{i+1}`` on valid positions (``V_{i+1}``: :func:`next_values`), so
+    that Comp-GAE's gated bootstrap ``r'_i + γ·g_i·V_{i+1} − V_i`` is the plain
+    ``r_i + γ·V_{i+1} − V_i`` while its trace keeps ``γ·λ·g_i``; ``[B, T]``, new tensor."""
+    shift = gamma * (1.0 - gates) * next_values(values, mask)
+    return rewards + torch.where(mask.to(torch.bool), shift, torch.zeros_like(shift))
+
+
 def compute_advantages(
     arm: Arm,
     rewards: torch.Tensor,
@@ -379,7 +417,18 @@ def compute_advantages(
 
     Critic arms (docs/design.md §3): ``A, R = cc.gae(rewards, values, gates, γ, λ, λ_critic)``
     per row (``gates`` None: plain GAE), then ``A`` whitened over the global batch
-    (``cc.masked_whiten``, verl) when ``settings.whiten``. ``grpo``: the outcome
+    (``cc.masked_whiten``, verl) when ``settings.whiten``.
+
+    ``settings.gate_in_bootstrap=False`` (an ablation) keeps the gates in the trace only::
+
+        δ_i = r_i + γ·V_{i+1} − V_i,   A_i = δ_i + γ·λ·g_i·A_{i+1}
+
+    a state-dependent λ (Sutton & Barto 2018, §12.8): the critic's expected target is the
+    undiscounted value whatever the gates, and the gates only decide how far back each
+    δ travels. It runs through the same kernel on shifted rewards
+    ``r_i + γ·(1 − g_i)·V_{i+1}`` (:func:`trace_only_rewards`), in float64.
+
+    ``grpo``: the outcome
     ``Σ_t r_t`` of each row, ``cc.group_advantages(outcome, groups, method)`` over the
     global batch, broadcast to the response tokens; ``returns`` is None."""
     all_m = rows.gather(response_mask)
@@ -387,6 +436,10 @@ def compute_advantages(
     if arm.uses_gae:
         if values is None:
             raise ParameterError(f"values: the {arm.name} arm's advantages need the critic's values", argument="values")
+        dtype = values.dtype
+        if gates is not None and not settings.gate_in_bootstrap:
+            values, gates = values.double(), gates.double()
+            rewards = trace_only_rewards(rewards.double(), values, gates, response_mask, settings.gamma)
         # GAE is a recursion along each row: this process's rows alone
         result = gae(
             rewards,
@@ -397,12 +450,13 @@ def compute_advantages(
             lam=settings.lam,
             lam_critic=settings.lam_critic,
         )
-        adv = torch.as_tensor(result.advantages)  # tensors in, tensors out (as_tensor: for the type checker)
+        # tensors in, tensors out (as_tensor: for the type checker)
+        adv = torch.as_tensor(result.advantages).to(dtype)
         all_adv = rows.gather(adv)
         if settings.whiten:
             all_adv = torch.as_tensor(masked_whiten(all_adv, mask=all_m))
             adv = all_adv[rows.local]
-        returns = torch.as_tensor(result.returns)
+        returns = torch.as_tensor(result.returns).to(dtype)
     else:
         outcome = rows.gather(rewards.double().sum(-1))
         seq = torch.as_tensor(group_advantages(outcome, rows.gather(groups), method=settings.group_method))

@@ -8,6 +8,9 @@ The fields added to ``GRPOConfig`` (each named as in :class:`comppo_core.rl.Trai
 ``gate_params``         the concentration → gate mapping, one :class:`~comppo_core.GateParams`
 ``fixed_gate``          ``tac_fixed``'s constant gate (None: the batch mean of the gates)
 ``statistic``           the probe's attention-concentration statistic
+``gate_causal``         Comp-GAE's gates from the running z-score of the row (tokens up to t)
+``gate_in_bootstrap``   the gates enter Comp-GAE's bootstrap as well as its trace (False: the
+                        trace only, an ablation)
 ``whiten_advantages``   whiten the advantages over the global batch (verl's GAE)
 ``tac_width, tac_temporal, critic_lr, trunk_grad``  the transport-aligned critic
 ``value_clip, vf_coef`` the value loss's clip ε and weight
@@ -73,6 +76,10 @@ class CompPOConfig(GRPOConfig):  # type: ignore[misc]  # trl ships no type hints
     gate_causal: bool = dataclasses.field(
         default=False,
         metadata={"help": "Comp-GAE's gates from the row's running z-score of the concentration (tokens up to t)"},
+    )
+    gate_in_bootstrap: bool = dataclasses.field(
+        default=True,
+        metadata={"help": "the gates enter Comp-GAE's bootstrap as well as its trace (False: the trace only)"},
     )
     statistic: str = dataclasses.field(
         default="entropy", metadata={"help": f"attention concentration statistic ({', '.join(STATISTICS)})"}

@@ -97,6 +97,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             kl_coef=args.beta,
             kl_kind="k3",
             kl_mode="loss",
+            gate_in_bootstrap=args.gate_in_bootstrap,
         )
         self.loss_settings = step.LossSettings(
             clip_low=args.epsilon,
