@@ -103,6 +103,15 @@ def test_the_config_writes_gate_params_as_a_dict() -> None:
     assert "0.5" in c.to_json_string()
 
 
+def test_the_advantage_settings_are_the_configs(tmp_path: Path) -> None:
+    """CompPOConfig's Comp-GAE fields reach the step module's AdvantageSettings."""
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    fields = {"gamma": 0.99, "lam": 0.8, "lam_critic": 0.9, "whiten_advantages": False, "gate_in_bootstrap": False}
+    trainer = make_trainer(tiny_llama(TOK.vocab_size), TOK.to_hf(), rows, scores, str(tmp_path), **fields)
+    s = trainer.advantage_settings
+    assert (s.gamma, s.lam, s.lam_critic, s.whiten, s.gate_in_bootstrap) == (0.99, 0.8, 0.9, False, False)
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [
