@@ -26,7 +26,7 @@ pytest.importorskip("matplotlib")
 
 from comppo_core import cli
 from comppo_core.commands import compare, compare_report, compare_runs, compare_stats, tuning
-from comppo_core.commands.grid import NOT_TUNABLE, WARM_START_FIELDS, Grid, parse_grid
+from comppo_core.commands.grid import NOT_TUNABLE, POLICY_FIELDS, Grid, parse_grid
 from comppo_core.commands.tuning import Outcome, choose, collapsed, score, stability
 from comppo_core.errors import ParameterError
 from comppo_core.rl.config import TrainConfig
@@ -235,7 +235,7 @@ def test_the_grids_exclusions_are_trainconfig_fields() -> None:
     import dataclasses
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
-    assert set(NOT_TUNABLE) <= names and set(WARM_START_FIELDS) <= set(NOT_TUNABLE)
+    assert set(NOT_TUNABLE) <= names and set(POLICY_FIELDS) <= set(NOT_TUNABLE)
 
 
 # ---------------------------------------------------------------------------------------------------------

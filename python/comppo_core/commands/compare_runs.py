@@ -39,7 +39,7 @@ from ..errors import NonFiniteError, ParameterError
 from ..rl import run_dir
 from ..rl.config import TASK_SIZES, TrainConfig
 from . import compare_report as report
-from .grid import Grid
+from .grid import POLICY_FIELDS, Grid
 from .train import usage_error
 from .tuning import Outcome
 
@@ -109,18 +109,8 @@ WARM_START_FIELDS = (
     "split_seed",
     "heldout_fraction",
     "validation_fraction",
-    "init_from",
-    "model",
     "chat_template",
-    "model_hidden",
-    "model_layers",
-    "model_heads",
-    "model_kv_heads",
-    "model_intermediate",
-    "warmup_sft_steps",
-    "sft_batch_size",
-    "sft_lr",
-    "sft_carry_noise",
+    *POLICY_FIELDS,
     "device",
 )
 

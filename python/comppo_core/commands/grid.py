@@ -55,10 +55,11 @@ from ..errors import ParameterError
 from ..rl.arms import get_arm
 from ..rl.config import TASK_SIZES, TrainConfig
 
-__all__ = ["NOT_TUNABLE", "WARM_START_FIELDS", "Grid", "parse_grid"]
+__all__ = ["NOT_TUNABLE", "POLICY_FIELDS", "Grid", "parse_grid"]
 
-#: The fields that shape a seed's warm start (the policy every arm of the seed starts from).
-WARM_START_FIELDS = (
+#: The fields that make a seed's starting policy (the model and its supervised warm-up),
+#: beyond the task and its split: the policy every arm of the seed starts from.
+POLICY_FIELDS = (
     "init_from",
     "model",
     "model_hidden",
@@ -96,7 +97,7 @@ NOT_TUNABLE: dict[str, str] = {
         _WHY_SPLIT,
     ),
     **dict.fromkeys(TASK_SIZES, _WHY_TASK),
-    **dict.fromkeys(WARM_START_FIELDS, _WHY_WARM),
+    **dict.fromkeys(POLICY_FIELDS, _WHY_WARM),
     **dict.fromkeys(("progress", "num_threads", "device", "report_to", "save_every"), _WHY_HANDLING),
 }
 
