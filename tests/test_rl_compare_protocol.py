@@ -642,6 +642,65 @@ def test_a_sigterm_to_compare_alone_stops_its_workers_at_a_step(tmp_path: Path) 
         assert len((run / "metrics.jsonl").read_text().splitlines()) < 3000
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux ``/proc``)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the process tree from Linux /proc")
+def test_workers_exit_when_the_compare_process_is_killed(tmp_path: Path) -> None:
+    """SIGKILL to the compare process (what a second signal amounts to): its workers do
+    not linger waiting for work (each held its memory forever); they exit within seconds,
+    and the runs they had started resume with ``--resume``."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "cmp"
+    many = as_flags({**TINY_SETTINGS, "steps": 3000, "eval_every": 3000, "eval_size": 8})
+    argv = ["compare", "--arms", "grpo", "--seeds", "2", "--jobs", "2", *many, "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "comppo_core.cli", *argv],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+            cwd=Path(__file__).parent,
+        )
+    try:
+        runs = [out / "grpo" / f"seed{s}" / "checkpoint" / "progress.json" for s in (0, 1)]
+        deadline = time.monotonic() + 240
+        while not all(run.is_file() for run in runs) and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.1)  # both workers past their first step
+        workers = [p for p in _children(proc.pid) if "multiprocessing-fork" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert len(workers) == 2
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{p}").exists() for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in workers if Path(f"/proc/{p}").exists()]
+    for p in left:  # do not leave them behind even when the check fails
+        os.kill(p, signal.SIGKILL)
+    assert not left, "workers outlived the compare process"
+    for s in (0, 1):
+        assert compare_runs.continues(out / "grpo" / f"seed{s}")
+
+
 def test_compare_jobs_must_be_a_positive_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["compare", "--jobs", "0", *TINY, "--out", str(tmp_path / "x")]) == 2
     assert "--jobs: expected a number of processes >= 1, got '0'" in capsys.readouterr().err

@@ -17,7 +17,9 @@ worker's own signal. The compare then sets a stop event that every worker reads 
 run's step boundaries (:func:`_init_worker`); each running run finishes its step and
 checkpoints, the runs not started are cancelled (or skipped by a worker that already took
 them), and the compare stops with the ``--resume`` hint (:class:`Stopped`). An idle
-worker ignores Ctrl-C itself (the compare decides).
+worker ignores Ctrl-C itself (the compare decides). A second signal stops the compare at
+once, and a worker whose compare process is gone (that, SIGKILL, a crash) exits within
+:data:`PARENT_POLL_S`, its run resumable from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -244,12 +247,28 @@ def train_job(config: TrainConfig, resume: bool) -> tuple[str, Any, float]:
             trainer.dist.close()
 
 
-def _init_worker(event: Any) -> None:
+#: How often a worker checks that the compare process is still alive (seconds).
+PARENT_POLL_S = 0.5
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Exit this worker at once when the compare process ``parent`` is gone (a second
+    signal, SIGKILL, a crash): else it would wait forever for work that never comes,
+    holding its memory. Its run keeps its last checkpoint (files are written atomically),
+    so ``--resume`` continues it."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
+def _init_worker(event: Any, parent: int) -> None:
     """A worker's start: it ignores Ctrl-C between runs (the compare process decides; during
-    a run :func:`train_job`'s ``GracefulStop`` handles it) and keeps the compare's stop event."""
+    a run :func:`train_job`'s ``GracefulStop`` handles it), keeps the compare's stop event
+    and exits when the compare process ``parent`` does (:func:`_exit_with_parent`)."""
     global _STOP_EVENT
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _STOP_EVENT = event
+    threading.Thread(target=_exit_with_parent, args=(parent,), name="exit-with-parent", daemon=True).start()
 
 
 class _Pool(concurrent.futures.ProcessPoolExecutor):
@@ -258,7 +277,9 @@ class _Pool(concurrent.futures.ProcessPoolExecutor):
     def __init__(self, jobs: int) -> None:
         context = multiprocessing.get_context("spawn")
         self.stop_event = context.Event()
-        super().__init__(max_workers=jobs, mp_context=context, initializer=_init_worker, initargs=(self.stop_event,))
+        super().__init__(
+            max_workers=jobs, mp_context=context, initializer=_init_worker, initargs=(self.stop_event, os.getpid())
+        )
 
     def stop_all(self, futures: Any) -> None:
         """Ask every worker to stop at its next step boundary and cancel the runs not started."""
