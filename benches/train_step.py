@@ -56,8 +56,9 @@ try:
 
     from comppo_core import rl
     from comppo_core.hf._memory import peak_memory
-    from comppo_core.rl import build, step
-    from comppo_core.rl.tasks import Problem
+    from comppo_core.rl.core import step
+    from comppo_core.rl.engine import build
+    from comppo_core.rl.tasks.addition import Problem
 except ImportError as exc:  # pragma: no cover
     sys.exit(f"benches/train_step.py needs the [rl] extra (torch, transformers, tqdm, matplotlib): {exc}")
 

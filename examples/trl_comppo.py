@@ -27,7 +27,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import comppo_core as cc  # noqa: E402
 from comppo_core.integrations.trl import CompPOConfig, CompPOTrainer  # noqa: E402
-from comppo_core.rl.tasks import CharTokenizer  # noqa: E402
+from comppo_core.rl.tasks.addition import CharTokenizer  # noqa: E402
 
 # ---- data: an HF dataset with a "prompt" column (and any columns the reward reads)
 pairs = [(a, b) for a in range(10) for b in range(10)]

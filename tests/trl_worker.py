@@ -11,7 +11,7 @@ import torch
 from transformers import TrainerCallback
 from trl_tiny import make_trainer, synthetic_rows, tiny_llama
 
-from comppo_core.rl.tasks import CharTokenizer
+from comppo_core.rl.tasks.addition import CharTokenizer
 
 
 def main(out: Path) -> None:

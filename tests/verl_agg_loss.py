@@ -32,7 +32,7 @@
 # arguments (clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c, global_batch_info); the
 # rollout-correction weights and the metric dictionary's detach() calls kept as in verl. Statements,
 # their order and their torch operations are unchanged.
-"""verl 0.9.1's loss code, transcribed as a test reference for :mod:`comppo_core.rl.losses`.
+"""verl 0.9.1's loss code, transcribed as a test reference for :mod:`comppo_core.rl.core.losses`.
 
 verl is not a dependency; the tests compare the package against these functions bit for bit. The
 single-process semantics are the default arguments (``dp_size=1``, no global counts); the

@@ -6,7 +6,8 @@ renaming, splitting files). Run it on the commit before and after, then compare:
     OMP_NUM_THREADS=1 python benches/lab/step_identity.py --save before.json      # old tree
     OMP_NUM_THREADS=1 python benches/lab/step_identity.py --check before.json     # new tree
 
-Each arm trains the built-in policy (1-digit addition, a short SFT warm start) for
+Each arm trains the built-in policy (1-digit addition, a short SFT warm start; the oracle
+arm, which needs pivotal marks, on ``filler_addition`` with short fillers) for
 three steps with a KL to the reference, two epochs of two minibatches, evaluation every
 step; the fingerprint is every metric of every step (timings dropped) and, after the
 last step, the float64 sum and sum of squares of every actor and critic parameter.
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from comppo_core.rl import ARMS, TrainConfig
-from comppo_core.rl.trainer import Trainer
+from comppo_core.rl.engine.trainer import Trainer
 
 SETTINGS: dict[str, Any] = {
     "digits": 1,
@@ -42,8 +43,13 @@ SETTINGS: dict[str, Any] = {
 }
 
 
+#: an arm whose gates are a task's pivotal marks runs on the smallest task that marks them
+MARKED_TASK: dict[str, Any] = {"task": "filler_addition", "addition_filler_max": 4, "addition_tail_max": 0}
+
+
 def fingerprint(arm: str) -> dict[str, Any]:
-    trainer = Trainer(TrainConfig(arm=arm, **SETTINGS))
+    task = MARKED_TASK if arm == "comppo_oracle" else {}
+    trainer = Trainer(TrainConfig(arm=arm, **SETTINGS, **task))
     try:
         rows = [trainer.step(s) for s in range(SETTINGS["steps"])]
     finally:

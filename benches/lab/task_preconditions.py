@@ -75,7 +75,7 @@ def auc(pos: np.ndarray, neg: np.ndarray) -> float:
 
 
 def mean_ci(values: list[float]) -> str:
-    from comppo_core.commands.compare import mean_ci as _mean_ci
+    from comppo_core.experiments.statistics import mean_ci as _mean_ci
 
     m, half = _mean_ci(values)
     return f"{m:.3f}" + ("" if half is None else f" ± {half:.3f}")

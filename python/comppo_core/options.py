@@ -34,7 +34,7 @@ The sets, by what they name:
 ``KL_MODES``                where the KL to the reference enters (``TrainConfig.kl_mode``):
                             a per-token reward penalty (TRL) or a loss term (verl)
 ``TEMPORAL_MIXERS``         the transport-aligned critic's causal mixer (``TrainConfig.tac_temporal``)
-``ARM_NAMES``               the paper's arms (:mod:`comppo_core.rl.arms`; ``TrainConfig.arm``)
+``ARM_NAMES``               the paper's arms (:mod:`comppo_core.rl.core.arms`; ``TrainConfig.arm``)
 ``EVAL_SPLITS``             the split a run's periodic evaluation reads (``TrainConfig.eval_split``)
 ==========================  ===============================================================
 """
@@ -107,7 +107,7 @@ TEMPORAL_MIXERS = ("none", "gru", "attention")
 #: Where a run's metrics go besides ``metrics.jsonl``: nowhere, TensorBoard event files
 #: (``OUT/tensorboard``), or Weights & Biases (its own settings; ``WANDB_MODE=offline`` works).
 REPORT_TO = ("none", "tensorboard", "wandb")
-#: The arms of :mod:`comppo_core.rl.arms`, in the order the docs and ``compare`` list them.
+#: The arms of :mod:`comppo_core.rl.core.arms`, in the order the docs and ``compare`` list them.
 ARM_NAMES = (
     "grpo",
     "ppo",

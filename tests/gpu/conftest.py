@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-TESTS = str(Path(__file__).resolve().parents[1])
-if TESTS not in sys.path:
-    sys.path.insert(0, TESTS)
+TESTS = Path(__file__).resolve().parents[1]
+for _folder in (TESTS, TESTS / "hf"):  # the shared helpers, and the CPU suites the GPU tests rerun
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 DEVICE_ENV = "COMPPO_GPU_TESTS_DEVICE"
 

@@ -28,7 +28,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import test_hf_probe as suite  # noqa: E402  (tests/, put on sys.path by tests/gpu/conftest.py)
+import test_hf_probe as suite  # noqa: E402  (tests/hf/, put on sys.path by tests/gpu/conftest.py)
 
 from comppo_core import hf  # noqa: E402
 

@@ -7,8 +7,8 @@ seed differ only in their critic and advantages: the same initial policy, the sa
 prompts, the same evaluation set (a paired comparison). With ``--model`` or
 ``--init-from`` there is no warm start: every run starts from that model.
 
-**A tuning protocol** (``--grid``; :mod:`comppo_core.commands.grid` for the syntax,
-:mod:`comppo_core.commands.tuning` for the rules). Every arm runs every point of the grid
+**A tuning protocol** (``--grid``; :mod:`comppo_core.experiments.grid` for the syntax,
+:mod:`comppo_core.experiments.tuning` for the rules). Every arm runs every point of the grid
 on the tuning seeds ``1000, 1001, …`` (``--tuning-seeds``, default 2), evaluated on the
 validation split (``validation_fraction``, default 0.1 with a grid); each arm's setting
 is the point with the best mean final validation accuracy (ties: more stable runs, then
@@ -38,8 +38,8 @@ sample standard deviation over the ``n`` seeds), and the same for the paired dif
 ``acc(arm, s) − acc(ref, s)`` to the warm start, to ``grpo`` and to ``comppo``; when the
 four cells of the 2×2 are compared, their interaction
 ``(comppo − tac_fixed) − (comp_gae − ppo_fixed)`` with its paired CI
-(:mod:`comppo_core.commands.compare_stats`); and per arm with a critic its explained
-variance over the first and the last 10 steps (:mod:`comppo_core.commands.compare_report`).
+(:mod:`comppo_core.experiments.statistics`); and per arm with a critic its explained
+variance over the first and the last 10 steps (:mod:`comppo_core.experiments.report`).
 
 **Never mixing runs.** An ``OUT`` that already holds a compare (or any run) is refused
 unless ``--resume`` or ``--overwrite``. ``--resume`` continues it with the same settings
@@ -67,25 +67,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ParameterError
-from ..options import ARM_NAMES
-from ..rl import run_dir
-from ..rl.arms import ARMS
-from ..rl.config import TrainConfig
-from . import compare_report as report
-from . import compare_runs
-from .compare_report import REFERENCES, plot_curves, results_table
-from .compare_stats import mean_ci, t_cdf, t_quantile
-from .grid import Grid, parse_grid
-from .train import (
-    _Default,
-    add_config_arguments,
-    check_paths,
-    config_from_args,
-    require_rl_extra,
-    show_log_lines,
-    usage_error,
-)
-from .tuning import (
+from ..experiments import report
+from ..experiments import runs as compare_runs
+from ..experiments.grid import Grid, parse_grid
+from ..experiments.report import REFERENCES, plot_curves, results_table
+from ..experiments.statistics import mean_ci, t_cdf, t_quantile
+from ..experiments.tuning import (
     DEFAULT_REPORTING_SEEDS,
     DEFAULT_TUNING_SEEDS,
     DEFAULT_VALIDATION_FRACTION,
@@ -94,6 +81,19 @@ from .tuning import (
     choose,
     stability,
     tuning_seeds,
+)
+from ..options import ARM_NAMES
+from ..rl.config import TrainConfig
+from ..rl.core.arms import ARMS
+from ..rl.runs import run_dir
+from .train import (
+    _Default,
+    add_config_arguments,
+    check_paths,
+    config_from_args,
+    require_rl_extra,
+    show_log_lines,
+    usage_error,
 )
 
 __all__ = ["REFERENCES", "add_parser", "mean_ci", "plot_curves", "results_table", "run", "t_cdf", "t_quantile"]
@@ -371,7 +371,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             except ParameterError as exc:
                 usage_error(cmd, exc)
     require_rl_extra("compare")
-    from ..rl.interrupts import GracefulStop, TrainingInterrupted, exit_status
+    from ..rl.runs.interrupts import GracefulStop, TrainingInterrupted, exit_status
 
     show_log_lines()
     if args.overwrite:

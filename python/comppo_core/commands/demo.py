@@ -2,7 +2,7 @@
 
 1. **Warm start.** :class:`comppo_core.rl.Trainer` builds the built-in policy (a tiny
    randomly initialised Llama) and trains it by SFT on the addition task's worked
-   solutions (:mod:`comppo_core.rl.tasks`: ``"27+45="`` → ``"7+5=12,2+4+1=7;72"``), half
+   solutions (:mod:`comppo_core.rl.tasks.addition`: ``"27+45="`` → ``"7+5=12,2+4+1=7;72"``), half
    of the carrying problems' demonstrations forgetting the carries (``"7+5=12,2+4=6;62"``):
    the policy learns the format but hesitates at the pivotal ``+1`` tokens.
 2. **CompPO.** ``--steps`` PPO steps of the ``comppo`` arm (Comp-GAE with gates from the
@@ -56,7 +56,7 @@ from ._argtypes import nonnegative_int, positive_int
 
 if TYPE_CHECKING:
     from ..rl import TrainConfig, Trainer
-    from ..rl.tasks import Problem
+    from ..rl.tasks.addition import Problem
 
 __all__ = ["Credit", "add_parser", "config_for", "credit", "plot_curve", "render_html", "run", "token_text"]
 
@@ -188,7 +188,7 @@ def credit(trainer: Trainer, problems: Sequence[Problem]) -> Credit:
 
     from .. import gae
     from ..rl import forward
-    from ..rl.trainer import terminal_rewards
+    from ..rl.engine.trainer import terminal_rewards
 
     cfg = trainer.config
     r = trainer.answer(problems)
@@ -363,7 +363,7 @@ def plot_curve(rows: Sequence[dict[str, Any]], evals: Sequence[Sequence[float]],
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``comppo-core demo``; returns the exit status."""
     from ..errors import ParameterError
-    from ..rl import run_dir
+    from ..rl.runs import run_dir
 
     if args.out is not None:  # before torch: never replace a run unasked
         try:

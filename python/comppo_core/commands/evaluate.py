@@ -1,12 +1,12 @@
 """``comppo-core evaluate``: the held-out greedy accuracy of a saved model, nothing else.
 
 ``comppo-core evaluate --model DIR`` loads the causal LM and the tokenizer saved in ``DIR``
-(:func:`comppo_core.rl.pretrained.load_policy`, :func:`~comppo_core.rl.pretrained.load_tokenizer`),
-builds the task as the trainer does (:func:`comppo_core.rl.evaluation.build_task`: the
+(:func:`comppo_core.rl.models.pretrained.load_policy`, :func:`~comppo_core.rl.models.pretrained.load_tokenizer`),
+builds the task as the trainer does (:func:`comppo_core.rl.engine.evaluation.build_task`: the
 built-in addition task, its split fixed by ``--digits``, ``--split-seed`` and
 ``--heldout-fraction``, or ``--task FILE.jsonl``), takes the same evaluation set
 (``task.heldout(--eval-size)``) and prints the accuracy of greedy decoding on it
-(:func:`comppo_core.rl.evaluation.heldout_scores`, the computation of
+(:func:`comppo_core.rl.engine.evaluation.heldout_scores`, the computation of
 :meth:`comppo_core.rl.Trainer.evaluate`)::
 
     comppo-core evaluate: runs/x/warmstart: held-out accuracy 53.9% (1091 of 2024 problems, 2-digit addition) in 12 s
@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ParameterError
-from ..rl import run_dir
 from ..rl.config import TASK_SIZES, TASKS, TrainConfig
-from ..rl.evaluation import build_task, describe_task
-from ..rl.pretrained import check_model_directory
+from ..rl.engine.evaluation import build_task, describe_task
+from ..rl.models.pretrained import check_model_directory
+from ..rl.runs import run_dir
 from .train import require_rl_extra, usage_error
 
 __all__ = ["add_parser", "run", "saved_task_settings"]
@@ -263,9 +263,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # ---- the model
     import torch
 
-    from ..rl.distributed import resolve_device
-    from ..rl.evaluation import heldout_scores
-    from ..rl.pretrained import load_policy, load_tokenizer
+    from ..rl.engine.distributed import resolve_device
+    from ..rl.engine.evaluation import heldout_scores
+    from ..rl.models.pretrained import load_policy, load_tokenizer
 
     try:
         device = resolve_device(config.device)

@@ -11,7 +11,7 @@ given change them (the trainer accepts changes to ``steps``, ``progress``, ``sav
 The command prints, first, what it chose (threads, response budget, evaluation set), then
 the held-out accuracy before and after and the files written under ``--out``:
 ``config.json``, ``metrics.jsonl`` (one row per step), ``summary.json``, ``warmstart/`` and
-``checkpoint/`` (:mod:`comppo_core.rl.trainer`). An ``--out`` that already holds a run is
+``checkpoint/`` (:mod:`comppo_core.rl.engine.trainer`). An ``--out`` that already holds a run is
 refused unless ``--resume`` (continue it) or ``--overwrite`` (replace it).
 
 Ctrl-C (or SIGTERM) finishes the current step, writes a checkpoint of the steps done,
@@ -22,7 +22,7 @@ Exit status: 0 on success, 2 on a bad flag, setting or path (one line naming the
 before torch is imported), 1 on a failure while training (a non-finite loss, an
 unreadable file), 130/143 when interrupted. Under ``torchrun`` a failure on one rank stops
 every rank at once; the others exit with 1 too, printing
-:class:`~comppo_core.rl.interrupts.RankFailed` (the failing rank, its step, its error),
+:class:`~comppo_core.rl.runs.interrupts.RankFailed` (the failing rank, its step, its error),
 and torchrun's closing summary shows the error.
 
 Neither the flags nor their help need torch: :class:`~comppo_core.rl.TrainConfig` imports
@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import ParameterError
-from ..rl import run_dir
 from ..rl.config import PRESETS, TrainConfig
+from ..rl.runs import run_dir
 
 __all__ = [
     "MISSING_EXTRA",
@@ -112,7 +112,7 @@ def check_paths(config: TrainConfig, *, overwrite: bool) -> None:
     a run there only with resume or overwrite), ``model`` and ``init_from`` (directories;
     ``model`` with a tokenizer, and a chat template for ``chat_template``), ``task`` (a
     file). A ParameterError naming the setting otherwise."""
-    from ..rl.pretrained import TOKENIZER_FILES
+    from ..rl.models.pretrained import TOKENIZER_FILES
 
     if config.out is not None:
         run_dir.check_out(config.out, resume=config.resume, overwrite=overwrite)
@@ -228,8 +228,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ParameterError as exc:
         usage_error(cmd, exc)
     require_rl_extra("train")
-    from ..rl.interrupts import GracefulStop, TrainingInterrupted, exit_status
-    from ..rl.trainer import Trainer
+    from ..rl.engine.trainer import Trainer
+    from ..rl.runs.interrupts import GracefulStop, TrainingInterrupted, exit_status
 
     if args.overwrite and config.out is not None and run_dir.holds_run(Path(config.out)):
         print(f"comppo-core train: --overwrite: replacing {run_dir.describe_run(Path(config.out))} in {config.out}")

@@ -17,46 +17,48 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..gate_params import GateParams
     from ..options import TEMPORAL_MIXERS
-    from . import arms, losses, step, tasks, trainer
-    from .arms import ARMS, Arm
+    from . import tasks
     from .config import TrainConfig
-    from .critic_inputs import CriticInputs
-    from .losses import aggregate, kl_penalty, policy_loss, value_loss
-    from .policy_forward import ForwardOutput, forward
-    from .standard_critic import StandardCritic
-    from .tac import TransportAlignedCritic, causal_gates, parameter_count, running_zscore
-    from .taps import TapRecorder, decoder_layers, default_taps
-    from .trainer import Trainer, train
+    from .core import arms, losses, step
+    from .core.arms import ARMS, Arm
+    from .core.losses import aggregate, kl_penalty, policy_loss, value_loss
+    from .core.policy_forward import ForwardOutput, forward
+    from .critics.inputs import CriticInputs
+    from .critics.standard import StandardCritic
+    from .critics.tac import TransportAlignedCritic, causal_gates, parameter_count, running_zscore
+    from .critics.taps import TapRecorder, decoder_layers, default_taps
+    from .engine import trainer
+    from .engine.trainer import Trainer, train
 
 #: public name -> the module (relative to this package) that defines it; a module maps to itself
 _WHERE = {
     "GateParams": "..gate_params",
-    "ARMS": ".arms",
-    "Arm": ".arms",
+    "ARMS": ".core.arms",
+    "Arm": ".core.arms",
     "TrainConfig": ".config",
-    "CriticInputs": ".critic_inputs",
-    "ForwardOutput": ".policy_forward",
-    "forward": ".policy_forward",
-    "aggregate": ".losses",
-    "kl_penalty": ".losses",
-    "policy_loss": ".losses",
-    "value_loss": ".losses",
-    "StandardCritic": ".standard_critic",
+    "CriticInputs": ".critics.inputs",
+    "ForwardOutput": ".core.policy_forward",
+    "forward": ".core.policy_forward",
+    "aggregate": ".core.losses",
+    "kl_penalty": ".core.losses",
+    "policy_loss": ".core.losses",
+    "value_loss": ".core.losses",
+    "StandardCritic": ".critics.standard",
     "TEMPORAL_MIXERS": "..options",
-    "TransportAlignedCritic": ".tac",
-    "causal_gates": ".tac",
-    "parameter_count": ".tac",
-    "running_zscore": ".tac",
-    "TapRecorder": ".taps",
-    "decoder_layers": ".taps",
-    "default_taps": ".taps",
-    "Trainer": ".trainer",
-    "train": ".trainer",
-    "arms": ".arms",
-    "losses": ".losses",
-    "step": ".step",
+    "TransportAlignedCritic": ".critics.tac",
+    "causal_gates": ".critics.tac",
+    "parameter_count": ".critics.tac",
+    "running_zscore": ".critics.tac",
+    "TapRecorder": ".critics.taps",
+    "decoder_layers": ".critics.taps",
+    "default_taps": ".critics.taps",
+    "Trainer": ".engine.trainer",
+    "train": ".engine.trainer",
+    "arms": ".core.arms",
+    "losses": ".core.losses",
+    "step": ".core.step",
     "tasks": ".tasks",
-    "trainer": ".trainer",
+    "trainer": ".engine.trainer",
 }
 
 __all__ = [
@@ -98,7 +100,7 @@ def __getattr__(name: str) -> Any:
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module = importlib.import_module(where, __name__)
-    value = module if where == f".{name}" else getattr(module, name)
+    value = module if where.rsplit(".", 1)[-1] == name else getattr(module, name)
     globals()[name] = value
     return value
 

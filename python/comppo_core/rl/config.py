@@ -40,7 +40,7 @@ from ..options import (
     TEMPORAL_MIXERS,
     check_choice,
 )
-from .run_dir import absolute
+from .runs.run_dir import absolute
 
 __all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig"]
 
@@ -96,7 +96,7 @@ class TrainConfig:
     # ---- the run
     arm: str = _f(
         "comppo",
-        f"which advantage estimator and critic (see comppo_core.rl.arms: {', '.join(ARM_NAMES)})",
+        f"which advantage estimator and critic (see comppo_core.rl.core.arms: {', '.join(ARM_NAMES)})",
     )
     seed: int = _f(0, "seeds the model initialisation, the warm start, the rollouts and the updates")
     out: str | None = _f(
@@ -134,9 +134,9 @@ class TrainConfig:
     # ---- the task
     task: str = _f(
         "addition",
-        "a built-in task (addition: comppo_core.rl.tasks; chain: recall a digit after a random filler, "
-        "comppo_core.rl.chain_task; filler_addition: worked addition between random fillers, "
-        'comppo_core.rl.filler_addition) or a .jsonl file of {"prompt", "answer"} rows (comppo_core.rl.jsonl_task; '
+        "a built-in task (addition: comppo_core.rl.tasks.addition; chain: recall a digit after a random filler, "
+        "comppo_core.rl.tasks.chain; filler_addition: worked addition between random fillers, "
+        'comppo_core.rl.tasks.filler_addition) or a .jsonl file of {"prompt", "answer"} rows (comppo_core.rl.tasks.jsonl; '
         "needs model)",
     )
     digits: int = _f(2, "addition's difficulty (and filler_addition's): operands below 10**digits")
@@ -418,7 +418,7 @@ class TrainConfig:
                 f"{self.init_from!r}",
                 argument="init_from",
             )
-        from .arms import ARMS  # torch-free; arms imports nothing from here (the modules stay one-way)
+        from .core.arms import ARMS  # torch-free; arms imports nothing from here (the modules stay one-way)
 
         if self.critic_warmup is not None:
             _integer("critic_warmup", self.critic_warmup, 0)
@@ -452,7 +452,7 @@ class TrainConfig:
         arm with a critic, 0 for one without."""
         if self.critic_warmup is not None:
             return self.critic_warmup
-        from .arms import ARMS
+        from .core.arms import ARMS
 
         return DEFAULT_CRITIC_WARMUP if ARMS[self.arm].critic is not None else 0
 

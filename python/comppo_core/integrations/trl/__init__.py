@@ -2,7 +2,7 @@
 
 * :class:`CompPOConfig`: ``trl.GRPOConfig`` plus the arm and the CompPO settings;
 * :class:`CompPOTrainer`: ``trl.GRPOTrainer`` whose scoring, advantages and losses are
-  :mod:`comppo_core.rl.step`'s, with the TAC outside the accelerate-wrapped model;
+  :mod:`comppo_core.rl.core.step`'s, with the TAC outside the accelerate-wrapped model;
 * :data:`PINNED_SIGNATURES`: the ``GRPOTrainer`` private methods it overrides or calls,
   as trl 1.16 defines them (a test compares them with the installed trl).
 

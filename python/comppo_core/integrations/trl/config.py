@@ -3,7 +3,7 @@
 The fields added to ``GRPOConfig`` (each named as in :class:`comppo_core.rl.TrainConfig`):
 
 ``arm``                 ``grpo`` (plain GRPO: the trainer is then exactly ``GRPOTrainer``) or
-                        any arm of :data:`comppo_core.rl.arms.ARMS` whose critic is the TAC
+                        any arm of :data:`comppo_core.rl.core.arms.ARMS` whose critic is the TAC
 ``gamma, lam, lam_critic``  Comp-GAE's γ, the actor's λ and the returns' λ (decoupled GAE)
 ``gate_params``         the concentration → gate mapping, one :class:`~comppo_core.GateParams`
 ``fixed_gate``          ``tac_fixed``'s constant gate (None: the batch mean of the gates)
@@ -36,13 +36,13 @@ from trl.trainer.grpo_config import GRPOConfig
 from ...errors import ParameterError
 from ...gate_params import GateParams
 from ...options import AGG_MODES, STATISTICS, TEMPORAL_MIXERS, check_choice
-from ...rl.arms import ARMS
+from ...rl.core.arms import ARMS
 
 __all__ = ["ARM_CHOICES", "CompPOConfig", "tac_arms", "unsupported"]
 
 
 def tac_arms() -> tuple[str, ...]:
-    """The arms of :data:`~comppo_core.rl.arms.ARMS` whose critic is the TAC, in registry order,
+    """The arms of :data:`~comppo_core.rl.core.arms.ARMS` whose critic is the TAC, in registry order,
     but the diagnostics (``comppo_oracle`` reads a task's pivotal tokens, which TRL has no
     way to say)."""
     return tuple(name for name, arm in ARMS.items() if arm.critic == "tac" and not arm.diagnostic)

@@ -8,7 +8,7 @@ Used as a ``GRPOTrainer`` is (docs/trl.md)::
 
 With ``arm="grpo"`` every method is ``GRPOTrainer``'s. A TAC arm keeps TRL's generation,
 reward functions, reference model, optimiser, accumulation and checkpoints, and takes the
-maths from :mod:`comppo_core.rl.step` (the functions :class:`comppo_core.rl.Trainer` runs)::
+maths from :mod:`comppo_core.rl.core.step` (the functions :class:`comppo_core.rl.Trainer` runs)::
 
     generation    GRPOTrainer._generate_and_score_completions (completions, rewards); then on
                   the generation batch, padded to the global batch's widths:
@@ -41,9 +41,9 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 from ...errors import ParameterError
 from ...hf.scoring import score as score_tokens
 from ...rl import step
-from ...rl.arms import ARMS, Arm
-from ...rl.distributed import Dist
-from ...rl.tac import TransportAlignedCritic
+from ...rl.core.arms import ARMS, Arm
+from ...rl.critics.tac import TransportAlignedCritic
+from ...rl.engine.distributed import Dist
 from .config import CompPOConfig, unsupported
 
 __all__ = ["CRITIC_FILE", "CompPOTrainer"]
@@ -280,7 +280,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
     def _set_shares(self, chunks: list[dict[str, Any]]) -> None:
         """``comppo_share`` / ``comppo_token_share`` of each buffered micro-batch: its part of
         the denominator of the optimiser step it belongs to (``gradient_accumulation_steps``
-        consecutive chunks on every process; :func:`comppo_core.rl.step.loss_shares`)."""
+        consecutive chunks on every process; :func:`comppo_core.rl.core.step.loss_shares`)."""
         accumulation = self._cfg.gradient_accumulation_steps
         tokens = torch.stack([c["comppo_response_mask"].sum(-1) for c in chunks])  # [S, b]
         every = self._gather(tokens.unsqueeze(0)).cpu()  # [P, S, b]

@@ -1,0 +1,155 @@
+"""The paper's arms: which critic a run trains and which gates its advantages use.
+
+Every arm runs the same step (:mod:`comppo_core.rl.core.step`); an arm is data, two fields:
+its ``critic`` (none, ``"standard"`` or ``"tac"``) and the source of its transport
+``gates`` (Comp-GAE's γ·λ·g_t); the step reads them through the properties of
+:class:`Arm` and decides a step's gates once (:func:`comppo_core.rl.core.step.step_gates`).
+This table is the one list of the arms; the docs link here.
+
+=====================  ==================  ===================================================
+arm                    critic              advantages
+=====================  ==================  ===================================================
+``grpo``               none                group-relative outcome (``cc.group_advantages``,
+                                           verl's GRPO) broadcast to the response tokens
+``ppo``                ``StandardCritic``  GAE (``cc.gae``, no gates), whitened
+``ppo_fixed``          ``StandardCritic``  GAE with a constant gate (as ``tac_fixed``)
+``comp_gae``           ``StandardCritic``  Comp-GAE, gates from the attention concentration
+``tac_fixed``          TAC                 GAE with a constant gate (``fixed_gate``, default
+                                           the batch mean of the concentration gates:
+                                           ``cc.controls.constant``)
+``comppo``             TAC                 Comp-GAE, gates from concentration (full CompPO)
+``comppo_shuffle``     TAC                 as ``comppo``, each row's gates permuted
+                                           (``cc.controls.shuffle``)
+``comppo_position``    TAC                 as ``comppo``, gates replaced by their batch mean
+                                           at each response position (``cc.controls.by_position``)
+``comppo_inverted``    TAC                 as ``comppo``, the gate mapping reversed: high
+                                           concentration gives a low gate (``low + high − g``)
+``comppo_oracle``      TAC                 diagnostic: gates ``high`` on the tokens the task
+                                           marks pivotal (``task.pivotal``), ``low`` elsewhere
+=====================  ==================  ===================================================
+
+The four cells ``ppo_fixed``, ``comp_gae``, ``tac_fixed``, ``comppo`` are the paper's 2×2
+{standard critic, TAC} × {constant gate, concentration gates}; ``ppo_fixed`` and
+``tac_fixed`` use the same constant gate, chosen the same way.
+
+**The critic is a baseline in every arm: it reads only the prefix.** An arm's gate
+source changes Comp-GAE's gates and nothing else. A TAC reads, in every arm, the causal
+gate features of the concentration (:func:`comppo_core.rl.critics.tac.causal_gates`: the gate
+mapping with the row's running z-score, so ``V_t`` depends on tokens ``≤ t`` only) and the
+actor's hidden states; a ``StandardCritic`` reads the tokens. A control, a constant or an
+oracle gate is a function of the whole batch or response, so it never reaches a critic.
+
+``gates`` names where Comp-GAE's gates come from (:data:`GATE_SOURCES`): ``"none"``
+(plain GAE, or no GAE at all), ``"concentration"`` (the gate mapping of the scoring
+pass's concentration), a control of those gates (:data:`CONTROLS`: ``"constant"``,
+``"shuffle"``, ``"by_position"``), ``"inverted"`` (the mapping reversed), or ``"oracle"``
+(the task's pivotal tokens; only for a task with a ``pivotal`` method).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...options import ARM_NAMES, GATE_CONTROLS, check_choice
+
+__all__ = ["ARMS", "CONTROLS", "CRITICS", "FROM_CONCENTRATION", "GATE_SETTINGS", "GATE_SOURCES", "Arm", "get_arm"]
+
+#: The gate sources that are controls of the concentration gates (``cc.controls``).
+CONTROLS = GATE_CONTROLS
+#: The gate sources that replace the concentration gates, computed from them: the controls
+#: and the reversed mapping.
+FROM_CONCENTRATION = (*CONTROLS, "inverted")
+
+
+#: The TrainConfig fields of the concentration and its gates: read only by an arm that
+#: reads routing (:attr:`Arm.reads_routing`); ``grpo`` and ``ppo`` never do.
+GATE_SETTINGS = (
+    "statistic",
+    "gate_low",
+    "gate_high",
+    "gate_sharpness",
+    "gate_normalize",
+    "gate_invert",
+    "gate_causal",
+    "fixed_gate",
+)
+
+#: The critics an arm may train (None: no critic).
+CRITICS = ("standard", "tac")
+#: Where an arm's transport gates come from.
+GATE_SOURCES = ("none", "concentration", *FROM_CONCENTRATION, "oracle")
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One arm: its critic (``None``, ``"standard"`` or ``"tac"``) and its gate source
+    (:data:`GATE_SOURCES`)."""
+
+    name: str
+    critic: str | None
+    gates: str
+    description: str
+
+    @property
+    def uses_gae(self) -> bool:
+        """Token-level advantages from a critic (else group-relative outcomes)."""
+        return self.critic is not None
+
+    @property
+    def reads_routing(self) -> bool:
+        """Whether the scoring pass needs the probe: concentration gates or a TAC's routing features."""
+        return self.gates != "none" or self.critic == "tac"
+
+    def ignores(self, field: str) -> bool:
+        """Whether a run of this arm never reads the TrainConfig ``field`` (a gate setting
+        of an arm that reads no routing), so that two settings differing only there are the
+        same run."""
+        return field in GATE_SETTINGS and not self.reads_routing
+
+    @property
+    def critic_reads_routing(self) -> bool:
+        """Whether the critic reads the actor's taps and routing (TAC), so that the update's
+        forward needs the probe too."""
+        return self.critic == "tac"
+
+    @property
+    def control(self) -> bool:
+        """Whether the gates are a control computed from the concentration gates."""
+        return self.gates in CONTROLS
+
+    @property
+    def replaces_gates(self) -> bool:
+        """Whether Comp-GAE's gates replace the concentration gates (a control, the
+        reversed mapping, the oracle)."""
+        return self.gates in (*FROM_CONCENTRATION, "oracle")
+
+    @property
+    def diagnostic(self) -> bool:
+        """A diagnostic arm, not a method (its gates read what a policy cannot know)."""
+        return self.gates == "oracle"
+
+
+#: Every arm by name (the ``arm`` setting of :class:`~comppo_core.rl.TrainConfig`).
+ARMS: dict[str, Arm] = {
+    a.name: a
+    for a in (
+        Arm("grpo", None, "none", "GRPO: group-relative outcome advantages, no critic"),
+        Arm("ppo", "standard", "none", "PPO: GAE with a standard critic"),
+        Arm("ppo_fixed", "standard", "constant", "PPO with a constant gate"),
+        Arm("comp_gae", "standard", "concentration", "Comp-GAE with a standard critic"),
+        Arm("tac_fixed", "tac", "constant", "TAC with a constant gate"),
+        Arm("comppo", "tac", "concentration", "CompPO: Comp-GAE with TAC"),
+        Arm("comppo_shuffle", "tac", "shuffle", "CompPO with each row's gates shuffled"),
+        Arm("comppo_position", "tac", "by_position", "CompPO with gates replaced by their per-position batch mean"),
+        Arm("comppo_inverted", "tac", "inverted", "CompPO with the gate mapping reversed"),
+        Arm("comppo_oracle", "tac", "oracle", "diagnostic: gates high on the task's pivotal tokens"),
+    )
+}
+
+
+assert tuple(ARMS) == ARM_NAMES  # the registry and the vocabulary name the same arms, in order
+
+
+def get_arm(name: str) -> Arm:
+    """The arm called ``name``, or a :class:`~comppo_core.errors.ParameterError` naming ``arm``."""
+    return ARMS[check_choice("arm", name, ARM_NAMES)]

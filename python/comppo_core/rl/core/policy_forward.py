@@ -1,0 +1,229 @@
+"""One actor forward for PPO: log-probs, concentration, gates and the critic's values.
+
+::
+
+    logprobs[b, j]       = log π_τ(ids[b, j+1] | ids[b, :j+1])        (carries grad iff grad=True)
+    concentration[b, j]  = probe statistic at query position j          (detached)
+    per_layer[b, j, l]   = the same, layer l alone                      (detached)
+    gates[b, j]          = gates_from_concentration(concentration, mask=response_mask, **gate_params)
+    values[b, j]         = critic(prefix ids[b, :j+1])                  (grad into the critic iff grad=True)
+
+``π_τ = softmax(logits / τ)`` is the policy at the sampling temperature ``τ``, the
+distribution the rollout drew from (verl and TRL score with the same division).
+All ``[B, T−1]`` (``per_layer`` ``[B, T−1, L]``), in the column convention of
+:func:`comppo_core.hf.logprobs_and_concentration` (docs/design.md §7, §10). The actor
+runs once: the probe reads every layer's attention, forward hooks record the residual
+stream at the critic's taps (no ``output_hidden_states=True``), and a
+:class:`~comppo_core.rl.TransportAlignedCritic` turns them into values with no second
+transformer. A :class:`~comppo_core.rl.StandardCritic` runs its own forward.
+
+Gates for Comp-GAE are the caller's ``gates`` when given (constant gates, controls, an
+oracle), else the gate mapping of the concentration over the response columns: with the
+row's z-score (``GateParams.normalize``), or with ``causal=True`` its running z-score
+(:func:`~comppo_core.rl.critics.tac.causal_gates`, so g_t reads tokens ≤ t only). ``gates`` may
+also be a function of this forward's own concentration gates (a control:
+``gates(concentration_gates, concentration, response_mask) -> [B, T−1]``), called after
+the actor's forward, so a control costs no second actor forward.
+
+The critic is a baseline and reads only the prefix, whatever the gates of Comp-GAE: a
+TAC's gate features are always :func:`~comppo_core.rl.critics.tac.causal_gates` of this forward's
+concentration (the mapping with running statistics: a whole-row z-score, a control or a
+constant would let V_j see later tokens), never the caller's ``gates``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from ... import gating
+from ...errors import OutOfRangeError, ParameterError, ShapeError
+from ...gate_params import GateParams, as_gate_params
+from ...hf.lm import check_ids, default_position_ids, scored_columns
+from ...hf.scoring import score
+from ...hf.statistics import DEFAULT_QUERY_CHUNK
+from ..critics.inputs import CriticInputs
+from ..critics.tac import causal_gates
+from ..critics.taps import TapRecorder
+
+__all__ = ["ForwardOutput", "GatesFromConcentration", "forward"]
+
+#: ``gates(concentration_gates, concentration, response_mask) -> gates``, all ``[B, T−1]``.
+GatesFromConcentration = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class ForwardOutput(NamedTuple):
+    """What :func:`forward` returns; every per-token field ``[B, T−1]``, float32."""
+
+    logprobs: torch.Tensor
+    #: None with ``routing=False`` (no probe ran), as ``per_layer`` and ``gates``
+    concentration: torch.Tensor | None
+    per_layer: torch.Tensor | None
+    gates: torch.Tensor | None
+    values: torch.Tensor | None
+    #: the causal gate features the critic read (1 without a probe); None without a critic
+    critic_gates: torch.Tensor | None
+    #: ``[B, T−1]`` bool: the response columns used (``response_mask``, or every scored column)
+    response_mask: torch.Tensor
+
+
+def _column_mask(name: str, x: Any, shape: tuple[int, int], columns: torch.Tensor) -> torch.Tensor:
+    """``x`` as a ``[B, T−1]`` bool tensor inside the scored columns, or a clear error."""
+    if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ShapeError(
+            f"{name}: expected a tensor [B, T−1] = {list(shape)} (column j scores token j+1), got {got}", argument=name
+        )
+    m = x.to(device=columns.device) != 0
+    outside = m & ~columns
+    if bool(outside.any()):
+        row, pos = (int(i) for i in torch.nonzero(outside)[0])
+        raise ShapeError(
+            f"{name}: expected only columns whose query and target tokens are real, got a padded column at "
+            f"(row {row}, position {pos})",
+            argument=name,
+            row=row,
+            position=pos,
+        )
+    return m
+
+
+def _given_gates(gates: Any, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+    if not isinstance(gates, torch.Tensor) or tuple(gates.shape) != shape:
+        got = tuple(gates.shape) if isinstance(gates, torch.Tensor) else type(gates).__name__
+        raise ShapeError(f"gates: expected a tensor [B, T−1] = {list(shape)}, got {got}", argument="gates")
+    g = gates.detach().to(device=device, dtype=torch.float32)
+    bad = ~((g >= 0) & (g <= 1))
+    if bool(bad.any()):
+        row, pos = (int(i) for i in torch.nonzero(bad)[0])
+        raise OutOfRangeError(
+            f"gates: expected values in [0, 1], got {float(g[row, pos])} at (row {row}, position {pos})",
+            argument="gates",
+            row=row,
+            position=pos,
+        )
+    return g
+
+
+def forward(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    critic: nn.Module | None = None,
+    response_mask: torch.Tensor | None = None,
+    statistic: str = "entropy",
+    layers: None | int | slice | Iterable[int] = None,
+    gates: torch.Tensor | GatesFromConcentration | None = None,
+    gate_params: GateParams | None = None,
+    grad: bool = False,
+    temperature: float = 1.0,
+    position_ids: torch.Tensor | None = None,
+    method: str = "auto",
+    query_chunk: int = DEFAULT_QUERY_CHUNK,
+    routing: bool = True,
+    causal: bool = False,
+) -> ForwardOutput:
+    """Run the actor once; return log-probs, concentration, gates and values (module docstring).
+
+    Args:
+      model: a causal LM supported by :class:`~comppo_core.hf.ConcentrationProbe`.
+      input_ids: ``[B, T]`` token ids (prompt + response), ``T >= 2``.
+      attention_mask: ``[B, T]`` (nonzero = real token) or None; any padding side.
+      critic: a :class:`~comppo_core.rl.TransportAlignedCritic`, a
+        :class:`~comppo_core.rl.StandardCritic`, or None (no values).
+      response_mask: ``[B, T−1]`` response columns (column j = token j+1); default every
+        scored column. Gates are computed over these columns and are 1 elsewhere.
+      statistic, layers, method, query_chunk: the probe's (the per-layer features are the
+        selected layers; a TAC expects as many as it was built for).
+      gates: ``[B, T−1]`` gates in ``[0, 1]`` that replace Comp-GAE's concentration gates
+        (constant gates, controls, an oracle); or a function
+        ``gates(concentration_gates, concentration, response_mask)`` returning them, given
+        this forward's ``[B, T−1]`` concentration gates (1 outside the response), its
+        concentration and the response columns. The critic never reads them.
+      gate_params: the concentration → gate mapping (default :class:`GateParams`).
+      grad: run with gradients: log-probs carry them (the PPO update), values carry them
+        into the critic (and into the trunk only under the TAC's ``trunk_grad``); the probe
+        statistics and gates never do.
+      temperature: ``τ`` of the log-probs (the rollout's sampling temperature; the
+        concentration reads attention, which ``τ`` does not touch).
+      position_ids: optional ``[B, T]``; default ``cumsum(attention_mask) − 1`` clamped at 0.
+      routing: run the probe (concentration, per-layer statistics, gates). ``False``
+        scores without it, for a step that needs none (no gates and a critic that reads
+        no routing: a :class:`~comppo_core.rl.StandardCritic` or none); ``gates`` is then
+        ignored, and a critic reads gates of 1 and no per-layer features.
+      causal: Comp-GAE's own gates with the row's running z-score instead of the whole
+        row's (:func:`~comppo_core.rl.critics.tac.causal_gates`; a ``"batch"`` normalisation is then
+        per row too).
+
+    Returns:
+      :class:`ForwardOutput`; values outside the scored columns are 0.
+    """
+    ids, mask = check_ids(input_ids, attention_mask)
+    if mask is None:
+        mask = torch.ones_like(ids, dtype=torch.bool)
+    pos = default_position_ids(mask) if position_ids is None else position_ids
+    columns = scored_columns(mask)
+    shape = (ids.shape[0], ids.shape[1] - 1)
+    resp = columns if response_mask is None else _column_mask("response_mask", response_mask, shape, columns)
+    given = None if gates is None or callable(gates) else _given_gates(gates, shape, ids.device)
+    params = as_gate_params(gate_params, "gate_params")
+    taps: tuple[int, ...] = tuple(getattr(critic, "taps", ())) if critic is not None else ()
+    if taps and not routing:
+        raise ParameterError(
+            f"routing: expected True for a critic that reads the actor's routing ({type(critic).__name__}), got False",
+            argument="routing",
+        )
+
+    recorder = TapRecorder(model, taps)
+    with recorder if taps else contextlib.nullcontext():
+        scored = score(
+            model,
+            ids,
+            mask,
+            temperature=temperature,
+            per_layer=routing,
+            statistic=statistic,
+            layers=layers,
+            method=method,
+            query_chunk=query_chunk,
+            grad=grad,
+            position_ids=pos,
+        )
+    lp, conc, per = scored.logprobs, scored.concentration, scored.per_layer
+
+    comp_gates: torch.Tensor | None = None
+    critic_gates: torch.Tensor | None = None
+    if conc is None:  # no probe: no routing features; a critic reads gates of 1
+        critic_gates = torch.ones_like(lp)
+    else:
+        causal_features = causal_gates(conc, resp, params) if critic is not None or causal else None
+        if causal:
+            assert causal_features is not None
+            own = causal_features
+        else:
+            own = torch.as_tensor(gating.gates_from_concentration(conc, mask=resp, params=params), dtype=torch.float32)
+        if callable(gates):
+            given = _given_gates(gates(own, conc, resp), shape, ids.device)
+        comp_gates = own if given is None else torch.where(resp, given, 1.0)
+        critic_gates = causal_features
+    values = None
+    if critic is not None:
+        assert critic_gates is not None
+        inputs = CriticInputs(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            columns=columns,
+            response_mask=resp,
+            taps=dict(recorder.hidden) if taps else {},
+            per_layer=per,
+            gates=critic_gates,
+        )
+        with torch.enable_grad() if grad else torch.no_grad():
+            values = critic(inputs)
+    return ForwardOutput(lp, conc, per, comp_gates, values, critic_gates if critic is not None else None, resp)

@@ -1,0 +1,258 @@
+"""A user's task: a JSONL file of ``{"prompt": ..., "answer": ...}`` rows and a verifier.
+
+**File.** One JSON object per line with a string ``"prompt"`` and an ``"answer"`` (a
+string or a number; other keys are ignored); blank lines are skipped. A line that is
+not JSON, not an object, or lacks a key is a :class:`~comppo_core.errors.ParameterError`
+naming the file and the line (1-based), with ``argument="task"`` and ``row`` the line.
+
+**Split.** A row is held out when ``blake2b(f"{split_seed}:{prompt}")`` falls in the first
+``heldout_fraction`` of its range (a fixed function of the prompt, so duplicates of a
+prompt land on the same side); both sides must be non-empty. Training prompts are drawn
+uniformly with replacement (:meth:`JsonlTask.sample`); the evaluation set is the held-out
+rows in a fixed order (:meth:`JsonlTask.heldout`). With ``validation_fraction`` ``v > 0``
+the rows whose hash falls in ``[heldout_fraction, heldout_fraction + v)`` of the range are
+a **validation** split (:meth:`JsonlTask.validation`), disjoint from the held-out rows and
+never sampled for training; ``v = 0`` (the default) has none and leaves the training rows
+exactly as without it.
+
+**Verifier** (:func:`verify`): 0 unless the response stopped at EOS; then the response's
+final answer (:func:`extract_answer`) is compared with the row's answer
+(:func:`answers_match`):
+
+1. *extract*: the text after the last ``"####"`` or ``"answer:"`` (case-insensitive),
+   whichever occurs last; without either marker, the last number in the response; without
+   a number, the whole response;
+2. *normalise* both sides: strip, runs of whitespace to one space, one trailing ``.``
+   dropped;
+3. *compare*: when both parse as numbers (an integer, a decimal, an exponent or ``a/b``,
+   with ``,`` thousands separators and a leading ``$`` allowed), their exact rational
+   values are compared (``"72" == "72.0" == "$72" == "144/2"``); otherwise the normalised
+   texts must be equal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import ParameterError
+from .addition import Problem
+
+__all__ = ["JsonlTask", "answers_match", "extract_answer", "normalize", "parse_number", "verify"]
+
+#: Response budget when the config gives none (a JSONL file states no response length).
+DEFAULT_MAX_NEW_TOKENS = 256
+
+_MARKER = re.compile(r"####|answer:", re.IGNORECASE)
+_NUMBER_IN_TEXT = re.compile(r"[-+]?\$?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:/\d+)?|[-+]?\.\d+")
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?:/\d+)?")
+
+
+def normalize(text: str) -> str:
+    """Strip, collapse whitespace runs to one space, drop one trailing ``.``."""
+    out = " ".join(str(text).split())
+    return out[:-1].rstrip() if out.endswith(".") else out
+
+
+def parse_number(text: str) -> Fraction | None:
+    """The exact value of a number written as ``text`` (after :func:`normalize`), or None.
+
+    Integers, decimals, exponents and ``a/b``; ``,`` separators and one leading ``$`` (after
+    the sign) are allowed: ``"-$1,234.50"`` is −1234.5."""
+    s = normalize(text).replace(",", "")
+    sign = ""
+    if s and s[0] in "+-":
+        sign, s = s[0], s[1:]
+    s = s[1:] if s.startswith("$") else s
+    s = sign + s
+    if not _NUMBER.fullmatch(s):
+        return None
+    try:
+        if "/" in s:
+            num, den = s.split("/")
+            return Fraction(num) / Fraction(den) if Fraction(den) != 0 else None
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def extract_answer(response: str) -> str:
+    """The final answer of ``response`` (module docstring, step 1), not yet normalised."""
+    markers = list(_MARKER.finditer(response))
+    if markers:
+        return response[markers[-1].end() :]
+    numbers = _NUMBER_IN_TEXT.findall(response)
+    return numbers[-1] if numbers else response
+
+
+def answers_match(predicted: str, reference: str) -> bool:
+    """Steps 2 and 3 of the module docstring: numeric when both parse, else exact text."""
+    p, r = parse_number(predicted), parse_number(reference)
+    if p is not None and r is not None:
+        return p == r
+    return normalize(predicted) == normalize(reference)
+
+
+def verify(response: str, answer: str, finished: bool) -> float:
+    """1.0 when the response stopped at EOS and its final answer matches ``answer``, else 0.0."""
+    if not finished:
+        return 0.0
+    return 1.0 if answers_match(extract_answer(response), answer) else 0.0
+
+
+class JsonlTask:
+    """The rows of a JSONL file (module docstring) as a task of the trainer.
+
+    Args:
+      path: the ``.jsonl`` file.
+      split_seed, heldout_fraction: the held-out split.
+      max_new_tokens: the response budget (:data:`DEFAULT_MAX_NEW_TOKENS` when None).
+      validation_fraction: share of the hash range in the validation split (0: none).
+    """
+
+    name = "jsonl"
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        split_seed: int = 0,
+        heldout_fraction: float = 0.2,
+        max_new_tokens: int | None = None,
+        validation_fraction: float = 0.0,
+    ) -> None:
+        self.path = Path(path)
+        self.split_seed = int(split_seed)
+        self.heldout_fraction = float(heldout_fraction)
+        vf = validation_fraction
+        if isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0.0 <= float(vf) < 1.0 - heldout_fraction:
+            raise ParameterError(
+                f"validation_fraction: expected a number in [0, 1 − heldout_fraction) = [0, {1.0 - heldout_fraction!r}), "
+                f"got {vf!r}",
+                argument="validation_fraction",
+            )
+        self.validation_fraction = float(vf)
+        self.max_new_tokens = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else int(max_new_tokens)
+        self.rows = read_rows(self.path)
+        threshold = int(self.heldout_fraction * 2**64)
+        end = int((self.heldout_fraction + self.validation_fraction) * 2**64) if self.validation_fraction else threshold
+        hashes = [self._hash(p.prompt) for p in self.rows]
+        held = [h < threshold for h in hashes]
+        valid = [threshold <= h < end for h in hashes]
+        self.train_rows = [p for p, h, v in zip(self.rows, held, valid) if not h and not v]
+        self.heldout_rows = [p for p, h in zip(self.rows, held) if h]
+        self.validation_rows = [p for p, v in zip(self.rows, valid) if v]
+        if self.validation_fraction and not self.validation_rows:
+            raise ParameterError(
+                f"validation_fraction: {str(self.path)!r}: expected rows in the validation split (validation_fraction="
+                f"{self.validation_fraction}), got none of {len(self.rows)} rows",
+                argument="validation_fraction",
+            )
+        if not self.train_rows or not self.heldout_rows:
+            raise ParameterError(
+                f"task: {str(self.path)!r}: expected rows on both sides of the held-out split (heldout_fraction="
+                f"{self.heldout_fraction}), got {len(self.train_rows)} training and {len(self.heldout_rows)} held-out "
+                f"of {len(self.rows)} rows",
+                argument="task",
+            )
+        order = np.random.default_rng([self.split_seed, 7]).permutation(len(self.heldout_rows))
+        self.heldout_rows = [self.heldout_rows[i] for i in order]
+
+    def _hash(self, prompt: str) -> int:
+        h = hashlib.blake2b(f"{self.split_seed}:{prompt}".encode(), digest_size=8).digest()
+        return int.from_bytes(h, "little")
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
+        """``n`` training rows drawn uniformly with replacement with ``rng``."""
+        return [self.train_rows[int(i)] for i in rng.integers(0, len(self.train_rows), size=n)]
+
+    def heldout(self, n: int) -> list[Problem]:
+        """The first ``n`` held-out rows of the fixed order (all of them if fewer)."""
+        return self.heldout_rows[:n]
+
+    def validation(self, n: int, seed: int = 0) -> list[Problem]:
+        """The first ``n`` validation rows in a fixed order (a function of ``split_seed`` and
+        ``seed``; all of them if fewer): disjoint from :meth:`heldout` and never drawn by
+        :meth:`sample`. A :class:`~comppo_core.errors.ParameterError` naming
+        ``validation_fraction`` when the task has no validation split."""
+        if not self.validation_fraction:
+            raise ParameterError(
+                "validation_fraction: expected a validation split (validation_fraction > 0), got 0.0",
+                argument="validation_fraction",
+            )
+        order = np.random.default_rng([self.split_seed, seed, 8]).permutation(len(self.validation_rows))
+        return [self.validation_rows[i] for i in order[:n]]
+
+    def score(self, problem: Problem, response: str, finished: bool) -> float:
+        """:func:`verify` against the row's answer."""
+        return verify(response, problem.answer, finished)
+
+    def scores(self, problems: Sequence[Problem], responses: Sequence[str], finished: Sequence[bool]) -> list[float]:
+        return [self.score(p, r, f) for p, r, f in zip(problems, responses, finished)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "rows": len(self.rows),
+            "split_seed": self.split_seed,
+            "heldout_fraction": self.heldout_fraction,
+            **({"validation_fraction": self.validation_fraction} if self.validation_fraction else {}),
+        }
+
+
+def read_rows(path: Path) -> list[Problem]:
+    """The file's rows as problems (``solution`` empty); clear errors naming the line."""
+    where = str(path)
+    if not path.is_file():
+        raise ParameterError(f"task: expected a JSONL file, got {where!r}, which is not a file", argument="task")
+    out: list[Problem] = []
+    with open(path, encoding="utf-8") as fh:
+        for k, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:  # without the newline, an error at the end of the line is at its last column, not line 2
+                row = json.loads(line.rstrip("\r\n"))
+            except json.JSONDecodeError as exc:
+                raise ParameterError(
+                    f"task: {where!r} line {k}: expected a JSON object, got a parse error at column {exc.colno}: {exc.msg}",
+                    argument="task",
+                    row=k,
+                ) from None
+            if not isinstance(row, dict):
+                raise ParameterError(
+                    f"task: {where!r} line {k}: expected a JSON object with prompt and answer, got {type(row).__name__}",
+                    argument="task",
+                    row=k,
+                )
+            missing = [key for key in ("prompt", "answer") if key not in row]
+            if missing:
+                raise ParameterError(
+                    f"task: {where!r} line {k}: expected the keys prompt and answer, missing {missing[0]!r}",
+                    argument="task",
+                    row=k,
+                )
+            prompt, answer = row["prompt"], row["answer"]
+            if not isinstance(prompt, str) or not prompt:
+                raise ParameterError(
+                    f"task: {where!r} line {k}: expected prompt to be a non-empty string, got {prompt!r}",
+                    argument="task",
+                    row=k,
+                )
+            if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+                raise ParameterError(
+                    f"task: {where!r} line {k}: expected answer to be a string or a number, got {answer!r}",
+                    argument="task",
+                    row=k,
+                )
+            out.append(Problem(prompt, str(answer), ""))
+    if not out:
+        raise ParameterError(f"task: {where!r}: expected at least one row, got an empty file", argument="task")
+    return out

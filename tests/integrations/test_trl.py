@@ -1,0 +1,381 @@
+"""CompPO inside TRL (comppo_core.integrations.trl): one CompPOTrainer step is one step of
+comppo_core.rl.Trainer on the same rollout; accumulation, epochs, checkpoints, LoRA, KL,
+gradient checkpointing, bf16 and two processes under torchrun; what is refused."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("trl")
+pytest.importorskip("datasets")
+
+from rl_tiny import TINY_SETTINGS  # noqa: E402
+from trl_tiny import make_trainer, synthetic_rows, tiny_llama  # noqa: E402
+
+from comppo_core.errors import ParameterError  # noqa: E402
+from comppo_core.integrations import trl as cctrl  # noqa: E402
+from comppo_core.rl import Trainer  # noqa: E402
+from comppo_core.rl.config import TrainConfig  # noqa: E402
+from comppo_core.rl.core.arms import ARMS  # noqa: E402
+from comppo_core.rl.tasks.addition import CharTokenizer  # noqa: E402
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::FutureWarning"),  # transformers 5 renames inside TRL 1.16
+    pytest.mark.filterwarnings("ignore:You are using 'rollout_func':UserWarning"),
+    pytest.mark.usefixtures("one_torch_thread"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+TOK = CharTokenizer()
+
+
+def params(module: Any) -> list[Any]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def max_diff(a: list[Any], b: list[Any]) -> float:
+    assert len(a) == len(b)
+    return max(float((x.detach().float() - y.detach().float()).abs().max()) for x, y in zip(a, b))
+
+
+def run_fixed(out: Path, rows: Any, scores: Any, *, seed: int = 0, **config: Any) -> Any:
+    """A CompPOTrainer on the synthetic rows, trained; returns the trainer."""
+    settings = {"per_device_train_batch_size": 8, "num_generations": 2, "max_steps": 1, "learning_rate": 1e-3}
+    settings.update(tac_width=16, max_completion_length=8, critic_lr=1e-3)
+    settings.update(config)
+    trainer = make_trainer(tiny_llama(TOK.vocab_size, seed), TOK.to_hf(), rows, scores, str(out), **settings)
+    trainer.train()
+    return trainer
+
+
+# ---- the pinned TRL internals and the configuration
+
+
+def test_the_overridden_private_methods_have_trl_1_16_signatures() -> None:
+    from trl import GRPOTrainer
+
+    for name, recorded in cctrl.PINNED_SIGNATURES.items():
+        assert str(inspect.signature(getattr(GRPOTrainer, name))) == recorded, name
+    overridden = {n for n, v in vars(cctrl.CompPOTrainer).items() if callable(v) and n.startswith("_")}
+    overridden -= {
+        "__init__",
+        "_base_model",
+        "_reduce_actor_gradients",
+        "_reference_logprobs",
+        "_gather",
+        "_pad_to_global_widths",
+    }
+    overridden -= {"_score", "_set_shares", "_log_entries", "_step_critic"}
+    assert overridden <= set(cctrl.PINNED_SIGNATURES), overridden - set(cctrl.PINNED_SIGNATURES)
+
+
+def test_the_arms_are_grpo_and_every_tac_arm_of_the_registry() -> None:
+    assert cctrl.ARM_CHOICES == ("grpo", *(n for n, a in ARMS.items() if a.critic == "tac" and not a.diagnostic))
+    assert "comppo" in cctrl.ARM_CHOICES and "comppo_inverted" in cctrl.ARM_CHOICES
+    assert "ppo" not in cctrl.ARM_CHOICES and "comppo_oracle" not in cctrl.ARM_CHOICES
+    with pytest.raises(ParameterError, match="arm") as e:
+        cctrl.CompPOConfig(output_dir="unused", arm="ppo", use_cpu=True)
+    assert e.value.argument == "arm"
+
+
+def test_import_comppo_core_imports_no_trl() -> None:
+    code = "import sys, comppo_core, comppo_core.integrations; print('trl' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "False"
+
+
+def test_the_config_writes_gate_params_as_a_dict() -> None:
+    import comppo_core as cc
+
+    c = cctrl.CompPOConfig(output_dir="unused", gate_params=cc.GateParams(low=0.5), report_to=[], use_cpu=True)
+    assert c.to_dict()["gate_params"]["low"] == 0.5
+    assert "0.5" in c.to_json_string()
+
+
+def test_the_advantage_settings_are_the_configs(tmp_path: Path) -> None:
+    """CompPOConfig's Comp-GAE fields reach the step module's AdvantageSettings."""
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    fields = {"gamma": 0.99, "lam": 0.8, "lam_critic": 0.9, "whiten_advantages": False, "gate_in_bootstrap": False}
+    trainer = make_trainer(tiny_llama(TOK.vocab_size), TOK.to_hf(), rows, scores, str(tmp_path), **fields)
+    s = trainer.advantage_settings
+    assert (s.gamma, s.lam, s.lam_critic, s.whiten, s.gate_in_bootstrap) == (0.99, 0.8, 0.9, False, False)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("importance_sampling_level", "sequence"),
+        ("loss_type", "cispo"),
+        ("top_entropy_quantile", 0.5),
+        ("entropy_coef", 0.01),
+        ("delta", 2.0),
+        ("off_policy_mask_threshold", 0.5),
+        ("steps_per_generation", 3),
+    ],
+)
+def test_what_a_tac_arm_cannot_honour_is_refused_by_name(tmp_path: Path, option: str, value: Any) -> None:
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    extra = {"gradient_accumulation_steps": 2} if option == "steps_per_generation" else {}
+    with pytest.raises(ParameterError, match=option) as e:
+        make_trainer(tiny_llama(TOK.vocab_size), TOK.to_hf(), rows, scores, str(tmp_path), **{option: value}, **extra)
+    assert e.value.argument == option
+
+
+def test_tools_are_refused(tmp_path: Path) -> None:
+    from trl import GRPOTrainer
+
+    args = cctrl.CompPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+
+    def add(a: int, b: int) -> int:
+        """Add.
+
+        Args:
+            a: a number.
+            b: a number.
+        """
+        return a + b
+
+    with pytest.raises(ParameterError, match="tools"):
+        cctrl.CompPOTrainer(model=tiny_llama(TOK.vocab_size), reward_funcs=[], args=args, tools=[add])
+    with pytest.raises(ParameterError, match="CompPOConfig"):
+        cctrl.CompPOTrainer(model=tiny_llama(TOK.vocab_size), args=GRPOTrainer and None)
+
+
+# ---- one step equals comppo_core.rl.Trainer's
+
+
+def package_step(arm: str, beta: float) -> tuple[Any, ...]:
+    cfg = TrainConfig(
+        **{**TINY_SETTINGS, "eval_size": 8, "eval_every": 0, "device": "cpu", "arm": arm, "seed": 1},
+        ppo_epochs=1,
+        num_minibatches=1,
+        kl_coef=beta,
+        kl_kind="k3",
+        kl_mode="loss",
+        log_kl=beta > 0,
+        dual_clip=None,
+        temperature=0.7,
+        actor_lr=1e-3,
+        critic_lr=1e-3,
+        loss_agg="token-mean",
+    )
+    tr = Trainer(cfg)
+    actor0, critic0 = copy.deepcopy(tr.actor), copy.deepcopy(tr.critic.state_dict())
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(tr.torch_rng)
+        r = tr.rollout(0)
+        # the warm start of 3 SFT steps answers nothing right: fixed mixed scores give a signal
+        r.scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+        batch = tr.score(r, 0)
+        tr.compute_advantages(r, batch)
+        update = tr.update(batch, 0)
+    return tr, cfg, actor0, critic0, r, batch, update
+
+
+@pytest.mark.parametrize(("arm", "beta"), [("comppo", 0.0), ("comppo_shuffle", 0.0), ("comppo", 0.05)])
+def test_one_step_equals_the_package_trainer_step(tmp_path: Path, arm: str, beta: float) -> None:
+    tr, cfg, actor0, critic0, r, batch, update = package_step(arm, beta)
+    p = int(r.response_mask[0].nonzero()[0]) + 1  # every row's first response column is P − 1
+    rows = []
+    for ids, m in zip(r.input_ids, r.attention_mask):
+        rows.append((ids[:p][m[:p]].tolist(), ids[p:][m[p:]].tolist()))
+    start = params(actor0)
+    model: Any = actor0
+    if beta:
+        actor0.save_pretrained(tmp_path / "init")  # TRL loads its reference from the policy's path
+        model = str(tmp_path / "init")
+    trainer = make_trainer(
+        model,
+        tr.tokenizer.to_hf(),
+        rows,
+        r.scores.tolist(),
+        str(tmp_path / "trl"),
+        arm=arm,
+        seed=cfg.seed,
+        per_device_train_batch_size=len(rows),
+        num_generations=cfg.group_size,
+        max_steps=1,
+        learning_rate=cfg.actor_lr,
+        critic_lr=cfg.critic_lr,
+        max_grad_norm=cfg.max_grad_norm,
+        epsilon=cfg.clip_low,
+        beta=beta,
+        temperature=cfg.temperature,
+        tac_width=cfg.tac_width,
+        gamma=cfg.gamma,
+        lam=cfg.lam,
+        lam_critic=cfg.lam_critic,
+        gate_params=cfg.gate_params,
+        value_clip=cfg.value_clip,
+        vf_coef=cfg.vf_coef,
+        loss_agg=cfg.loss_agg,
+        max_completion_length=tr.max_new_tokens,
+    )
+    trainer.critic.load_state_dict(critic0)
+    seen: list[Any] = []
+    score = trainer._score
+    trainer._score = lambda *a, **k: seen.append(score(*a, **k)) or seen[-1]
+    trainer.train()
+    got, _ = seen[0]
+    assert got.input_ids.shape == batch.input_ids.shape
+    assert torch.equal(got.response_mask, batch.response_mask)
+    figures = {
+        "old_logprobs": float((got.old_logprobs - batch.old_logprobs).abs().max()),
+        "old_values": float((got.old_values - batch.old_values).abs().max()),
+        "advantages": float((got.advantages - batch.advantages).abs().max()),
+        "returns": float((got.returns - batch.returns).abs().max()),
+        "actor": max_diff(params(trainer.model), params(tr.actor)),
+        "critic": max_diff(params(trainer.critic), params(tr.critic)),
+    }
+    logged = trainer.state.log_history[0]
+    for key in ("pg_loss", "value_loss") + (("kl_loss",) if beta else ()):
+        figures[key] = abs(logged["comppo/" + key] - update[key])
+    print(arm, beta, figures)
+    assert max(figures.values()) < 1e-6, figures
+    assert max_diff(params(tr.actor), start) > 1e-4  # the step moved the weights
+
+
+# ---- what TRL users turn on
+
+
+def test_the_grpo_arm_is_grpo_trainer(tmp_path: Path) -> None:
+    from trl import GRPOConfig, GRPOTrainer
+    from trl_tiny import EXACT
+
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    ours = run_fixed(tmp_path / "a", rows, scores, arm="grpo")
+    assert ours.critic is None
+    settings = {k: v for k, v in EXACT.items() if k != "dual_clip"}
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "b"), per_device_train_batch_size=8, num_generations=2, max_steps=1,
+        learning_rate=1e-3, max_completion_length=8, **settings,
+    )  # fmt: skip
+    plain = make_trainer.__wrapped__ if hasattr(make_trainer, "__wrapped__") else None
+    del plain
+    from datasets import Dataset
+
+    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        return {"prompt_ids": [p for p, _ in rows], "completion_ids": [c for _, c in rows], "logprobs": None,
+                "fixed_score": scores}  # fmt: skip
+
+    theirs = GRPOTrainer(
+        model=tiny_llama(TOK.vocab_size), reward_funcs=lambda completions, fixed_score, **k: list(fixed_score),
+        args=args, train_dataset=Dataset.from_dict({"prompt": [f"{i}+{i}=" for i in range(64)]}),
+        processing_class=TOK.to_hf(), rollout_func=rollout_func,
+    )  # fmt: skip
+    theirs.train()
+    assert max_diff(params(ours.model), params(theirs.model)) == 0.0
+
+
+def test_gradient_accumulation_does_not_change_the_update(tmp_path: Path) -> None:
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        one = run_fixed(tmp_path / f"one{agg}", rows, scores, loss_agg=agg)
+        two = run_fixed(
+            tmp_path / f"two{agg}", rows, scores, loss_agg=agg, per_device_train_batch_size=4,
+            gradient_accumulation_steps=2, steps_per_generation=2,
+        )  # fmt: skip
+        assert max_diff(params(one.model), params(two.model)) < 1e-6
+        assert max_diff(params(one.critic), params(two.critic)) < 1e-6
+        assert abs(one.state.log_history[0]["comppo/value_loss"] - two.state.log_history[0]["comppo/value_loss"]) < 1e-6
+
+
+def test_gradient_checkpointing_does_not_change_the_update(tmp_path: Path) -> None:
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    on = run_fixed(tmp_path / "on", rows, scores, gradient_checkpointing=True, trunk_grad=0.5)
+    off = run_fixed(tmp_path / "off", rows, scores, gradient_checkpointing=False, trunk_grad=0.5)
+    assert max_diff(params(on.model), params(off.model)) < 1e-6
+    assert max_diff(params(on.critic), params(off.critic)) < 1e-6
+
+
+def test_epochs_checkpoints_and_resume_continue_the_critic(tmp_path: Path) -> None:
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    config = {"num_iterations": 2, "max_steps": 3, "save_strategy": "steps", "save_steps": 2}
+    full = run_fixed(tmp_path / "full", rows, scores, **config)
+    ckpt = tmp_path / "full" / "checkpoint-2"
+    assert (ckpt / cctrl.CRITIC_FILE).exists()
+    settings = {"per_device_train_batch_size": 8, "num_generations": 2, "learning_rate": 1e-3}
+    settings.update(tac_width=16, max_completion_length=8, critic_lr=1e-3, **config)
+    resumed = make_trainer(tiny_llama(TOK.vocab_size, 5), TOK.to_hf(), rows, scores, str(tmp_path / "r"), **settings)
+    resumed.train(resume_from_checkpoint=str(ckpt))
+    assert max_diff(params(resumed.critic), params(full.critic)) < 1e-6
+    assert max_diff(params(resumed.model), params(full.model)) < 1e-6
+    assert resumed.critic_optimizer.state_dict()["state"][0]["step"] == 3
+
+
+def test_lora_trains_the_adapter_and_the_critic(tmp_path: Path) -> None:
+    from peft import LoraConfig
+
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    actor = tiny_llama(TOK.vocab_size)
+    base = params(actor)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    settings = {"per_device_train_batch_size": 8, "num_generations": 2, "max_steps": 1, "learning_rate": 1e-2}
+    settings.update(tac_width=16, max_completion_length=8, beta=0.05)
+    trainer = make_trainer(actor, TOK.to_hf(), rows, scores, str(tmp_path), peft_config=lora, **settings)
+    critic0 = params(trainer.critic)
+    adapter0 = [p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n]
+    trainer.train()
+    adapter = [p for n, p in trainer.model.named_parameters() if "lora_B" in n]
+    assert max_diff(adapter, adapter0) > 1e-4
+    assert max_diff(params(trainer.critic), critic0) > 1e-6
+    frozen = [p for n, p in trainer.model.named_parameters() if "lora" not in n]
+    assert max_diff(frozen, base) == 0.0
+    assert trainer.state.log_history[0]["comppo/kl_loss"] >= 0.0
+
+
+def test_bf16_autocast_runs(tmp_path: Path) -> None:
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    trainer = run_fixed(tmp_path, rows, scores, bf16=True)
+    assert all(torch.isfinite(p).all() for p in trainer.critic.parameters())
+    assert abs(trainer.state.log_history[0]["comppo/value_loss"]) < 1e3
+
+
+# ---- two processes under torchrun
+
+
+def test_two_processes_equal_one_on_the_same_global_batch(tmp_path: Path) -> None:
+    worker = Path(__file__).parents[1] / "trl_worker.py"
+    # the installed comppo_core (a checkout's python/ has no compiled extension); tests/ for trl_tiny
+    paths = [str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths),
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
+           "PYTHONWARNINGS": "ignore"}  # fmt: skip
+    for n in (1, 2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port", str(29500 + n),
+               str(worker), str(tmp_path / f"n{n}")]  # fmt: skip
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+    one = torch.load(tmp_path / "n1" / "rank0.pt")
+    for rank in (0, 1):
+        two = torch.load(tmp_path / "n2" / f"rank{rank}.pt")
+        for step_index, (a, b) in enumerate(zip(one["critic"], two["critic"])):
+            assert max_diff(a, b) < 2e-5, (rank, step_index)
+        assert max_diff(one["actor"], two["actor"]) < 2e-5
+    r0, r1 = (torch.load(tmp_path / "n2" / f"rank{r}.pt") for r in (0, 1))
+    for a, b in zip(r0["critic"], r1["critic"]):
+        assert max_diff(a, b) == 0.0  # every process holds the same critic after each step
+    print("2 processes vs 1:", max(max_diff(a, b) for a, b in zip(one["critic"], r0["critic"])),
+          max_diff(one["actor"], r0["actor"]))  # fmt: skip
+
+
+# ---- the accelerate configs (tests/test_examples.py runs examples/trl_comppo.py)
+
+
+def test_the_accelerate_configs_are_valid_yaml() -> None:
+    yaml = pytest.importorskip("yaml")
+    kinds = {}
+    for path in sorted((ROOT / "examples" / "accelerate").glob("*.yaml")):
+        kinds[path.stem] = yaml.safe_load(path.read_text())["distributed_type"]
+    assert kinds == {"ddp": "MULTI_GPU", "fsdp2": "FSDP", "zero3": "DEEPSPEED"}
