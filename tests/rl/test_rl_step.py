@@ -21,7 +21,8 @@ import comppo_core as cc  # noqa: E402
 from comppo_core import controls, hf, reference  # noqa: E402
 from comppo_core.errors import ParameterError  # noqa: E402
 from comppo_core.rl import losses, step  # noqa: E402
-from comppo_core.rl.core.arms import ARMS, CRITICS, GATE_SOURCES  # noqa: E402
+from comppo_core.rl.core.arms import ARMS, CRITICS, GATE_SOURCES, Arm  # noqa: E402
+from comppo_core.rl.core.gate_sources import get_gate_source  # noqa: E402
 from comppo_core.rl.critics.standard import StandardCritic  # noqa: E402
 from comppo_core.rl.critics.tac import TransportAlignedCritic, causal_gates  # noqa: E402
 
@@ -68,6 +69,8 @@ def test_every_arm_is_a_critic_and_a_gate_source() -> None:
         assert arm.critic in (None, *CRITICS) and arm.gates in GATE_SOURCES, arm
         assert arm.uses_gae == (arm.critic is not None)
         assert arm.reads_routing == (arm.gates != "none" or arm.critic == "tac")
+        assert arm.replaces_gates == (arm.gates not in ("none", "concentration"))
+        assert arm.diagnostic == (arm.gates == "oracle")
         assert arm.critic_reads_routing == (arm.critic == "tac")
         assert arm.control == (arm.gates in ("constant", "shuffle", "by_position"))
     # the 2x2 of the paper plus the controls
@@ -79,29 +82,80 @@ def test_every_arm_is_a_critic_and_a_gate_source() -> None:
     }
 
 
-def test_step_gates_are_decided_from_the_arm(rollout: dict[str, Any]) -> None:
+def _expected_gates(name: str, own: torch.Tensor, resp: torch.Tensor, low: float, high: float) -> Any:
+    """What each gate source's replacing gates must be, written from its definition."""
+    return {
+        "none": None,
+        "concentration": None,
+        "constant": torch.as_tensor(controls.constant(own, mask=resp)),
+        "shuffle": torch.as_tensor(controls.shuffle(own, mask=resp, seed=5 * 1_000_003 + 3)),
+        "by_position": torch.as_tensor(controls.by_position(own, mask=resp)),
+        "inverted": torch.where(resp, (low + high) - own, 1.0).clamp(0.0, 1.0),
+        "oracle": "pivotal",
+    }[name]
+
+
+def test_every_gate_source_has_a_definition_here() -> None:
+    # a source added to the registry must say here what it computes
+    names = ("none", "concentration", "constant", "shuffle", "by_position", "inverted", "oracle")
+    assert tuple(GATE_SOURCES) == names
+
+
+@pytest.mark.parametrize("name", list(GATE_SOURCES))
+def test_step_gates_follow_the_gate_source_registry(name: str, rollout: dict[str, Any]) -> None:
+    shape = tuple(rollout["resp"].shape)
+    kw: dict[str, Any] = dict(step=3, seed=5, shape=shape, device=torch.device("cpu"))
+    arm = Arm(f"test_{name}", "tac", name, "a test arm")
+    own = torch.rand(shape, generator=torch.Generator().manual_seed(0)) * 0.5 + 0.5
+    resp, conc = rollout["resp"], torch.rand(shape)
+    params = SCORING.gate_params
+    want = _expected_gates(name, own, resp, params.low, params.high)
+    if want is None:
+        assert step.step_gates(arm, SCORING, **kw) is None
+        return
+    if want == "pivotal":
+        with pytest.raises(ParameterError, match="pivotal"):
+            step.step_gates(arm, SCORING, **kw)
+        pivotal = torch.zeros(shape, dtype=torch.bool)
+        pivotal[:, -1] = True
+        g = step.step_gates(arm, SCORING, **kw, pivotal=pivotal)
+        assert isinstance(g, torch.Tensor)
+        assert torch.equal(g, torch.where(pivotal, params.high, params.low).to(torch.float32))
+        return
+    f = step.step_gates(arm, SCORING, **kw)
+    assert callable(f) and not isinstance(f, torch.Tensor)
+    assert torch.equal(f(own, conc, resp), want)
+    if name == "shuffle":  # a shuffle is keyed by the step: another step permutes differently
+        other = step.step_gates(arm, SCORING, **{**kw, "step": 4})
+        assert callable(other) and not torch.equal(other(own, conc, resp), want)
+    fixed = step.ScoringSettings(gate_params=params, fixed_gate=0.93)
+    g = step.step_gates(arm, fixed, **kw)
+    if GATE_SOURCES[name].takes_fixed_gate:  # a given fixed_gate is the constant itself
+        assert isinstance(g, torch.Tensor) and g.shape == shape and torch.all(g == 0.93)
+    else:
+        assert callable(g)
+
+
+def test_an_unknown_gate_source_is_an_error() -> None:
+    with pytest.raises(ParameterError, match="gates: expected one of 'none', 'concentration'"):
+        Arm("mine", "tac", "entropy_of_my_choice", "an arm whose source nobody registered")
+    with pytest.raises(ParameterError, match="critic"):
+        Arm("mine", "value_net", "none", "an unknown critic")
+    with pytest.raises(ParameterError, match="gates"):
+        get_gate_source("inverse")
+
+
+def test_the_arms_step_gates_are_their_sources(rollout: dict[str, Any]) -> None:
     shape = tuple(rollout["resp"].shape)
     kw: dict[str, Any] = dict(step=3, seed=5, shape=shape, device=torch.device("cpu"))
     for name in ("grpo", "ppo", "comp_gae", "comppo"):
         assert step.step_gates(ARMS[name], SCORING, **kw) is None, name
-    fixed = step.ScoringSettings(gate_params=SCORING.gate_params, fixed_gate=0.93)
-    g = step.step_gates(ARMS["tac_fixed"], fixed, **kw)
-    assert isinstance(g, torch.Tensor) and g.shape == shape and torch.all(g == 0.93)
     own = torch.rand(shape, generator=torch.Generator().manual_seed(0)) * 0.5 + 0.5
-    resp = rollout["resp"]
-    conc = torch.rand(shape)
-    want = {
-        "tac_fixed": controls.constant(own, mask=resp),
-        "comppo_shuffle": controls.shuffle(own, mask=resp, seed=5 * 1_000_003 + 3),
-        "comppo_position": controls.by_position(own, mask=resp),
-    }
-    for name, expected in want.items():
+    resp, conc = rollout["resp"], torch.rand(shape)
+    for name in ("tac_fixed", "ppo_fixed", "comppo_shuffle", "comppo_position", "comppo_inverted"):
         f = step.step_gates(ARMS[name], SCORING, **kw)
-        assert callable(f) and not isinstance(f, torch.Tensor)
-        assert torch.equal(f(own, conc, resp), torch.as_tensor(expected)), name
-    # a shuffle is keyed by the step: another step permutes differently
-    other = step.step_gates(ARMS["comppo_shuffle"], SCORING, **{**kw, "step": 4})
-    assert callable(other) and not torch.equal(other(own, conc, resp), torch.as_tensor(want["comppo_shuffle"]))
+        want = _expected_gates(ARMS[name].gates, own, resp, SCORING.gate_params.low, SCORING.gate_params.high)
+        assert callable(f) and torch.equal(f(own, conc, resp), want), name
 
 
 def test_plain_arms_score_with_hf_score(actor: Any, rollout: dict[str, Any]) -> None:

@@ -39,26 +39,19 @@ mapping with the row's running z-score, so ``V_t`` depends on tokens ``≤ t`` o
 actor's hidden states; a ``StandardCritic`` reads the tokens. A control, a constant or an
 oracle gate is a function of the whole batch or response, so it never reaches a critic.
 
-``gates`` names where Comp-GAE's gates come from (:data:`GATE_SOURCES`): ``"none"``
-(plain GAE, or no GAE at all), ``"concentration"`` (the gate mapping of the scoring
-pass's concentration), a control of those gates (:data:`CONTROLS`: ``"constant"``,
-``"shuffle"``, ``"by_position"``), ``"inverted"`` (the mapping reversed), or ``"oracle"``
-(the task's pivotal tokens; only for a task with a ``pivotal`` method).
+``gates`` names where Comp-GAE's gates come from: an entry of the gate-source registry
+(:data:`comppo_core.rl.core.gate_sources.GATE_SOURCES`, which says what each one computes);
+an arm with a name the registry lacks is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ...options import ARM_NAMES, GATE_CONTROLS, check_choice
+from ...options import ARM_NAMES, check_choice
+from .gate_sources import GATE_SOURCES, GateSource, get_gate_source
 
-__all__ = ["ARMS", "CONTROLS", "CRITICS", "FROM_CONCENTRATION", "GATE_SETTINGS", "GATE_SOURCES", "Arm", "get_arm"]
-
-#: The gate sources that are controls of the concentration gates (``cc.controls``).
-CONTROLS = GATE_CONTROLS
-#: The gate sources that replace the concentration gates, computed from them: the controls
-#: and the reversed mapping.
-FROM_CONCENTRATION = (*CONTROLS, "inverted")
+__all__ = ["ARMS", "CRITICS", "GATE_SETTINGS", "GATE_SOURCES", "Arm", "get_arm"]
 
 
 #: The TrainConfig fields of the concentration and its gates: read only by an arm that
@@ -76,8 +69,6 @@ GATE_SETTINGS = (
 
 #: The critics an arm may train (None: no critic).
 CRITICS = ("standard", "tac")
-#: Where an arm's transport gates come from.
-GATE_SOURCES = ("none", "concentration", *FROM_CONCENTRATION, "oracle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +81,16 @@ class Arm:
     gates: str
     description: str
 
+    def __post_init__(self) -> None:
+        if self.critic is not None:
+            check_choice("critic", self.critic, CRITICS)
+        get_gate_source(self.gates)  # an unknown source is an error, never a silent default
+
+    @property
+    def gate_source(self) -> GateSource:
+        """The registry entry of :attr:`gates`."""
+        return GATE_SOURCES[self.gates]
+
     @property
     def uses_gae(self) -> bool:
         """Token-level advantages from a critic (else group-relative outcomes)."""
@@ -98,7 +99,7 @@ class Arm:
     @property
     def reads_routing(self) -> bool:
         """Whether the scoring pass needs the probe: concentration gates or a TAC's routing features."""
-        return self.gates != "none" or self.critic == "tac"
+        return self.gate_source.gated or self.critic == "tac"
 
     def ignores(self, field: str) -> bool:
         """Whether a run of this arm never reads the TrainConfig ``field`` (a gate setting
@@ -115,18 +116,18 @@ class Arm:
     @property
     def control(self) -> bool:
         """Whether the gates are a control computed from the concentration gates."""
-        return self.gates in CONTROLS
+        return self.gate_source.control
 
     @property
     def replaces_gates(self) -> bool:
         """Whether Comp-GAE's gates replace the concentration gates (a control, the
         reversed mapping, the oracle)."""
-        return self.gates in (*FROM_CONCENTRATION, "oracle")
+        return self.gate_source.replaces
 
     @property
     def diagnostic(self) -> bool:
         """A diagnostic arm, not a method (its gates read what a policy cannot know)."""
-        return self.gates == "oracle"
+        return self.gate_source.pivotal
 
 
 #: Every arm by name (the ``arm`` setting of :class:`~comppo_core.rl.TrainConfig`).

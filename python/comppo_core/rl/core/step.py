@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ... import controls, gating
+from ... import gating
 from ...advantages import gae
 from ...diagnostics import credit_stats
 from ...errors import ParameterError
@@ -40,6 +40,7 @@ from ...outcomes import broadcast, group_advantages
 from ...whitening import masked_whiten
 from . import losses
 from .arms import Arm
+from .gate_sources import GateContext
 from .policy_forward import GatesFromConcentration, forward
 
 __all__ = [
@@ -263,32 +264,28 @@ def step_gates(
       mapping ``low + high − g`` for ``inverted`` (the sigmoid's mirror image: high
       concentration gives a low gate).
 
-    A replacing gate is what Comp-GAE reads; no critic reads it (the critic is causal)."""
-    if not arm.replaces_gates:
+    Each source's computation is its entry in
+    :data:`~comppo_core.rl.core.gate_sources.GATE_SOURCES`. A replacing gate is what
+    Comp-GAE reads; no critic reads it (the critic is causal)."""
+    source = arm.gate_source
+    if not source.replaces:
         return None
     params = settings.gate_params
-    if arm.gates == "oracle":
+    if source.pivotal:
         if pivotal is None:
             raise ParameterError(
                 f"pivotal: the {arm.name} arm's gates need the task's pivotal response columns", argument="pivotal"
             )
         return oracle_gates(pivotal.to(device), params)
-    if arm.gates == "constant" and settings.fixed_gate is not None:
+    if source.takes_fixed_gate and settings.fixed_gate is not None:
         return torch.full(shape, float(settings.fixed_gate), device=device)
+    mapping = source.mapping
+    assert mapping is not None  # a replacing source that is not the oracle maps the gates
+    context = GateContext(low=params.low, high=params.high, seed=seed, step=step)
 
     def replace(own: torch.Tensor, concentration: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
         g = rows.gather(_batch_gates(own, concentration, response_mask, settings, rows))
-        m = rows.gather(response_mask)
-        # the array kernels return tensors for tensors (as_tensor only tells the type checker)
-        if arm.gates == "constant":
-            c = torch.as_tensor(controls.constant(g, mask=m))
-        elif arm.gates == "shuffle":
-            c = torch.as_tensor(controls.shuffle(g, mask=m, seed=seed * 1_000_003 + step))
-        elif arm.gates == "by_position":
-            c = torch.as_tensor(controls.by_position(g, mask=m))
-        else:  # inverted: the mirror image of the sigmoid within [low, high]
-            c = torch.where(m, (params.low + params.high) - g, 1.0).clamp(0.0, 1.0)
-        return c[rows.local]
+        return mapping(g, rows.gather(response_mask), context)[rows.local]
 
     return replace
 
@@ -343,7 +340,7 @@ def score(
     comp_gates = out.gates
     if not grad and gates is None and comp_gates is not None and out.concentration is not None:
         comp_gates = _batch_gates(comp_gates, out.concentration, response_mask, settings, rows)
-    return Scored(logprobs=out.logprobs, values=out.values, gates=comp_gates if arm.gates != "none" else None)
+    return Scored(logprobs=out.logprobs, values=out.values, gates=comp_gates if arm.gate_source.gated else None)
 
 
 # ---------------------------------------------------------------------------------------------------------
