@@ -243,7 +243,17 @@ def test_gamma_lam_outside_unit_interval(name: str, value: Any) -> None:
 @pytest.mark.parametrize("name", ["gamma", "lam", "lam_critic"])
 @pytest.mark.parametrize("value", [0, 1, 0.0, 1.0, np.float32(0.5), np.float64(1.0)])
 def test_gamma_lam_endpoints_allowed(name: str, value: Any) -> None:
-    cc.gae(Z, Z, **{name: value})
+    # the endpoints are taken, and they mean what the plain reference makes of them
+    rewards = np.array([[0.0, 0.5, 1.0], [1.0, -1.0, 0.25]])
+    values = np.array([[0.2, -0.1, 0.3], [0.0, 0.4, -0.6]])
+    got = cc.gae(rewards, values, **{name: value})
+    want = reference.gae(rewards, values, **{name: float(value)})
+    for g, w in zip(got, want):  # advantages, returns
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+    if name == "gamma":
+        np.testing.assert_allclose(
+            cc.td_targets(rewards, values, gamma=value), reference.td_targets(rewards, values, gamma=float(value))
+        )
 
 
 @pytest.mark.parametrize(
