@@ -4,29 +4,10 @@ Every arm runs the same step (:mod:`comppo_core.rl.core.step`); an arm is data, 
 its ``critic`` (none, ``"standard"`` or ``"tac"``) and the source of its transport
 ``gates`` (Comp-GAE's γ·λ·g_t); the step reads them through the properties of
 :class:`Arm` and decides a step's gates once (:func:`comppo_core.rl.core.step.step_gates`).
-This table is the one list of the arms; the docs link here.
-
-=====================  ==================  ===================================================
-arm                    critic              advantages
-=====================  ==================  ===================================================
-``grpo``               none                group-relative outcome (``cc.group_advantages``,
-                                           verl's GRPO) broadcast to the response tokens
-``ppo``                ``StandardCritic``  GAE (``cc.gae``, no gates), whitened
-``ppo_fixed``          ``StandardCritic``  GAE with a constant gate (as ``tac_fixed``)
-``comp_gae``           ``StandardCritic``  Comp-GAE, gates from the attention concentration
-``tac_fixed``          TAC                 GAE with a constant gate (``fixed_gate``, default
-                                           the batch mean of the concentration gates:
-                                           ``cc.controls.constant``)
-``comppo``             TAC                 Comp-GAE, gates from concentration (full CompPO)
-``comppo_shuffle``     TAC                 as ``comppo``, each row's gates permuted
-                                           (``cc.controls.shuffle``)
-``comppo_position``    TAC                 as ``comppo``, gates replaced by their batch mean
-                                           at each response position (``cc.controls.by_position``)
-``comppo_inverted``    TAC                 as ``comppo``, the gate mapping reversed: high
-                                           concentration gives a low gate (``low + high − g``)
-``comppo_oracle``      TAC                 diagnostic: gates ``high`` on the tokens the task
-                                           marks pivotal (``task.pivotal``), ``low`` elsewhere
-=====================  ==================  ===================================================
+The table of the arms, with what each one's critic and advantages are, is in
+docs/training.md ("Arms"); it is the one list, and this docstring does not repeat it. The
+names are :data:`comppo_core.options.ARM_NAMES`; :data:`ARMS` maps each to its
+:class:`Arm`.
 
 The four cells ``ppo_fixed``, ``comp_gae``, ``tac_fixed``, ``comppo`` are the paper's 2×2
 {standard critic, TAC} × {constant gate, concentration gates}; ``ppo_fixed`` and

@@ -4,8 +4,10 @@
 :class:`CriticInputs`; a critic maps it to ``values`` ``[B, T−1]`` float32, where
 ``values[:, j]`` is the value of the prefix ``input_ids[:, :j+1]`` (docs/design.md §10).
 :class:`~comppo_core.rl.TransportAlignedCritic` reads the actor's taps and routing
-features; :class:`~comppo_core.rl.StandardCritic` runs its own transformer on the ids.
-Swapping one for the other is one argument.
+features (its gate features are always the causal gates of the forward's own
+concentration, whatever gates the caller gave Comp-GAE);
+:class:`~comppo_core.rl.StandardCritic` runs its own transformer on the ids. Swapping one
+for the other is one argument.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ class CriticInputs:
       taps: decoder layer → its output ``[B, T, d]`` as recorded during the actor's
         forward (not detached: the critic decides how much gradient reaches the trunk).
       per_layer: ``[B, T−1, L]`` float32 per-layer concentration, detached, or None.
-      gates: ``[B, T−1]`` float32 gates the critic reads (1 outside the response),
-        detached; causal unless the caller overrode them.
+      gates: ``[B, T−1]`` float32 gate features the critic reads (1 outside the
+        response), detached and causal: :func:`comppo_core.rl.forward` fills them with
+        :func:`~comppo_core.rl.critics.tac.causal_gates` of its own concentration (gates of
+        1 when no probe ran), never with its ``gates=`` override, which changes Comp-GAE's
+        gates only.
     """
 
     input_ids: torch.Tensor

@@ -14,11 +14,13 @@ package's reading of it (docs/rl.md). For column j (the prefix ``ids[:, :j+1]``)
     V_j  = w_v · u_j + b_v                                          float32 head, w_v = 0 at init
 
 ``h^{(k)}`` is the residual stream after tap layer k, ``c^{(l)}`` the per-layer
-attention concentration at query position j, ``g̃`` the gates the critic reads: the
-caller's gates when it overrides them (constant gates, controls), otherwise
+attention concentration at query position j, ``g̃`` the gates the critic reads: always
 :func:`causal_gates`, the gate mapping with the row's *running* statistics up to j in
-place of the whole-row z-score. Everything V_j reads is a function of tokens ≤ j, so V
-stays a baseline: a critic that saw later tokens would bias the policy gradient.
+place of the whole-row z-score, computed from the forward's own concentration.
+:func:`comppo_core.rl.forward`'s ``gates=`` (constant gates, controls, an oracle) changes
+Comp-GAE's gates only and never reaches the critic: with or without it the values are
+the same, bit for bit. Everything V_j reads is a function of tokens ≤ j, so V stays a
+baseline: a critic that saw later tokens would bias the policy gradient.
 
 The actor's hidden states enter detached unless ``trunk_grad > 0``, which lets that
 fraction of the value gradient into the trunk (``sg(h) + α·(h − sg(h))``: the same value,
