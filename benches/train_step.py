@@ -145,11 +145,11 @@ class SyntheticTask:
     def heldout(self, n: int, seed: int = 0) -> list[Problem]:
         return self.sample(np.random.default_rng([seed, 7]), n)
 
-    def score(self, problem: Problem, response: str, finished: bool) -> float:
+    def reward(self, problem: Problem, response: str, finished: bool) -> float:
         return float(hashlib.blake2b(response.encode(), digest_size=8).digest()[0] % 2)
 
-    def scores(self, problems: Sequence[Problem], responses: Sequence[str], finished: Sequence[bool]) -> list[float]:
-        return [self.score(p, r, f) for p, r, f in zip(problems, responses, finished)]
+    def rewards(self, problems: Sequence[Problem], responses: Sequence[str], finished: Sequence[bool]) -> list[float]:
+        return [self.reward(p, r, f) for p, r, f in zip(problems, responses, finished)]
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "prompt_tokens": self.prompt_tokens, "response_tokens": self.max_new_tokens}

@@ -1,29 +1,26 @@
-"""The chain task (``rl.chain_task.ChainTask``, ``--task chain``): verifier, splits, pivotal
-tokens, demonstrations, registration, and a tiny end-to-end run.
+"""The chain task (``comppo_core.rl.tasks.chain.ChainTask``, ``--task chain``): verifier, splits,
+pivotal tokens, demonstrations, registration.
 
-What is pinned: the verifier scores exactly the responses in format whose last chain digit
-is right; training, validation and held-out problems never meet; every list is a function
-of its seed; ``pivotal`` marks the recalled digit and the chain and nothing else; the SFT
-demonstrations vary their fillers; ``train`` runs the task and saves a ``task.json`` that
-``comppo-core evaluate`` reads back into the same task.
+What is pinned: the verifier rewards exactly the responses in format whose last chain digit
+is right; training, validation and held-out problems never meet, and the shares are the
+fractions; every list is a function of its seed; ``pivotal`` marks the recalled digit and
+the chain and nothing else; the SFT demonstrations vary their fillers. What every task
+keeps, a tiny training run included, is tests/rl/test_task_contract.py.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from rl_tiny import TINY_SETTINGS
 
 from comppo_core.errors import ParameterError
-from comppo_core.rl.config import TASKS, TrainConfig
+from comppo_core.rl.config import TrainConfig
 from comppo_core.rl.engine.build import demonstrations
-from comppo_core.rl.engine.evaluation import build_task, describe_task
+from comppo_core.rl.tasks import TASKS, build_task
 from comppo_core.rl.tasks.addition import Problem
 from comppo_core.rl.tasks.chain import CHAIN_ALPHABET, ChainTask
 
@@ -33,12 +30,12 @@ def test_problem_and_verifier() -> None:
     p = task.problem("38472915", 3)
     assert p.prompt == "38472915?3=" and p.answer == "789012345"
     ok = "abca|789012345|dd"
-    assert task.score(p, ok, True) == 1.0
-    assert task.score(p, "ab|789012345|", True) == 1.0  # empty tail allowed (tail_min 0)
-    assert task.score(p, "ab|799999995|", True) == 1.0  # middle digits are not checked
-    assert task.score(p, "abca|789012344|dd", True) == 0.0  # wrong last digit
-    assert task.score(p, "abca|689012345|dd", True) == 1.0  # a wrong recall that ends right still scores
-    assert task.score(p, ok, False) == 0.0  # unfinished
+    assert task.reward(p, ok, True) == 1.0
+    assert task.reward(p, "ab|789012345|", True) == 1.0  # empty tail allowed (tail_min 0)
+    assert task.reward(p, "ab|799999995|", True) == 1.0  # middle digits are not checked
+    assert task.reward(p, "abca|789012344|dd", True) == 0.0  # wrong last digit
+    assert task.reward(p, "abca|689012345|dd", True) == 1.0  # a wrong recall that ends right still scores
+    assert task.reward(p, ok, False) == 0.0  # unfinished
     for broken in (
         "a|789012345|dd",  # filler too short
         "abcdabc|789012345|dd",  # filler too long
@@ -50,14 +47,14 @@ def test_problem_and_verifier() -> None:
         "abca789012345",
         "",
     ):
-        assert task.score(p, broken, True) == 0.0, broken
-    assert task.scores([p, p], [ok, "x"], [True, True]) == [1.0, 0.0]
+        assert task.reward(p, broken, True) == 0.0, broken
+    assert task.rewards([p, p], [ok, "x"], [True, True]) == [1.0, 0.0]
     # without a tail the response ends with the chain
     plain = ChainTask(4, 2, filler_min=1, filler_max=3, tail_max=0)
     q = plain.problem("0919", 2)
     assert q.answer == "123"
-    assert plain.score(q, "cc|123", True) == 1.0 and plain.score(q, "cc|123|", True) == 0.0
-    assert plain.score(q, "cc|124", True) == 0.0
+    assert plain.reward(q, "cc|123", True) == 1.0 and plain.reward(q, "cc|123|", True) == 0.0
+    assert plain.reward(q, "cc|124", True) == 0.0
     assert plain.max_new_tokens == 3 + 1 + 3 + 1 and task.max_new_tokens == 6 + 1 + 9 + 1 + 3 + 1
     assert task.max_prompt_tokens == len(task.tokenizer.encode_prompt(p.prompt)) == 12
 
@@ -69,7 +66,7 @@ def test_solutions_and_demonstrations_are_correct_and_varied() -> None:
     demos = demonstrations(task, problems, rng)
     for p, demo in zip(problems, demos):
         for response in (p.solution, demo):
-            assert task.score(p, response, True) == 1.0
+            assert task.reward(p, response, True) == 1.0
             assert len(task.tokenizer.encode(response)) + 1 <= task.max_new_tokens
     heads = [d.split("|")[0] for d in demos]
     tails = [d.split("|")[2] for d in demos]
@@ -210,7 +207,7 @@ def test_registered_in_the_config() -> None:
         "heldout_fraction": 0.2,
         "validation_fraction": 0.1,
     }
-    assert describe_task(task) == "chain recall (6 digits, filler 1-9, 4 steps)"
+    assert task.describe() == "chain recall (6 digits, filler 1-9, 4 steps)"
     assert task.tokenizer.alphabet == CHAIN_ALPHABET
     for changes, argument in (
         ({"chain_digits": 11}, "chain_digits"),
@@ -220,41 +217,3 @@ def test_registered_in_the_config() -> None:
     ):
         with pytest.raises(ParameterError, match=f"^{argument}: "):
             TrainConfig(task="chain", **changes)
-
-
-TINY_CHAIN = {
-    **TINY_SETTINGS,
-    "task": "chain",
-    "chain_digits": 4,
-    "chain_steps": 2,
-    "chain_filler_min": 0,
-    "chain_filler_max": 4,
-    "chain_tail_min": 0,
-    "chain_tail_max": 3,
-    "eval_size": 8,
-    "eval_every": 2,
-    "device": "cpu",
-}
-
-
-@pytest.mark.usefixtures("one_torch_thread")
-def test_tiny_train_run_on_the_chain_task(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from comppo_core.commands.evaluate import saved_task_settings
-    from comppo_core.rl import train
-
-    summary = train(TrainConfig(**TINY_CHAIN, arm="comppo", out=str(tmp_path / "run")))
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if r.get("step") is not None and r.get("reward_mean") is not None]
-    assert len(steps) == 2
-    task = build_task(TrainConfig(**TINY_CHAIN))
-    for r in steps:  # responses are within the task's budget
-        assert 0 < r["response_length"] <= task.max_new_tokens
-    assert summary is not None
-    saved, path = saved_task_settings(tmp_path / "run" / "warmstart")
-    assert path is not None
-    assert saved["task"] == "chain" and saved["chain_digits"] == 4 and saved["chain_tail_max"] == 3
-    assert "digits" not in saved  # the chain task's digits are chain_digits, not addition's
-    again = build_task(TrainConfig(**{**TINY_CHAIN, **saved}))
-    assert again.to_dict() == task.to_dict()

@@ -54,7 +54,7 @@ from comppo_core.rl.tasks.addition import AdditionTask
 from comppo_core.rl.engine.trainer import Trainer, train
 
 torch.set_num_threads(1)
-AdditionTask.score = lambda self, problem, response, finished: float(len(response) % 2 == 0)  # the tests' signal
+AdditionTask.reward = lambda self, problem, response, finished: float(len(response) % 2 == 0)  # the tests' signal
 td.init_process_group("gloo")  # train() joins the group it finds
 for text in json.loads(open(sys.argv[1]).read()):
     train(TrainConfig.from_json(text))
@@ -143,7 +143,7 @@ def test_two_gloo_processes_equal_one_process(tmp_path: Path, monkeypatch: Any) 
         {k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "resumed-2")
     ]
 
-    monkeypatch.setattr(AdditionTask, "score", parity_reward)
+    monkeypatch.setattr(AdditionTask, "reward", parity_reward)
     torch.set_num_threads(1)
     for name, cfg in configs.items():
         one = tmp_path / f"{name}-1"
@@ -212,7 +212,7 @@ def minibatch_loss(*args, **kwargs):
     return (loss * float("nan") if loss is not None and failing("nan_loss") else loss), stats
 
 
-Trainer.rollout, AdditionTask.score, steps.minibatch_loss = rollout, score, minibatch_loss
+Trainer.rollout, AdditionTask.reward, steps.minibatch_loss = rollout, score, minibatch_loss
 """
 
 #: ``comppo-core train`` under torchrun.
@@ -321,7 +321,7 @@ def test_a_failing_rank_stops_the_command_on_every_rank(tmp_path: Path, monkeypa
     # both ranks are done with the run within seconds of the failure (a hang: 30 minutes)
     assert max(ended for ended, _ in returned.values()) - failed_at < 60, (returned, elapsed)
     kept_checkpoint(out, 2)
-    monkeypatch.setattr(AdditionTask, "score", parity_reward)
+    monkeypatch.setattr(AdditionTask, "reward", parity_reward)
     torch.set_num_threads(1)
     cfg = TrainConfig(**{**settings, "out": str(out), "resume": True})
     Trainer(cfg).train()

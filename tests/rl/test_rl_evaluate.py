@@ -32,11 +32,12 @@ pytest.importorskip("tqdm")
 from comppo_core import cli
 from comppo_core.errors import ParameterError
 from comppo_core.rl.config import TrainConfig
-from comppo_core.rl.engine.evaluation import build_task, heldout_accuracy, heldout_scores
+from comppo_core.rl.engine.evaluation import heldout_accuracy, heldout_rewards
 from comppo_core.rl.engine.rollout import generate
 from comppo_core.rl.engine.trainer import Trainer, train
 from comppo_core.rl.models import pretrained
 from comppo_core.rl.models.pretrained import HFTokenizer, load_policy, load_tokenizer, save_tokenizer
+from comppo_core.rl.tasks import build_task
 from comppo_core.rl.tasks.addition import ALPHABET, AdditionTask, CharTokenizer
 
 CHAR = CharTokenizer()
@@ -59,7 +60,7 @@ def signal(monkeypatch: pytest.MonkeyPatch) -> None:
     def parity(self: AdditionTask, problem: Any, response: str, finished: bool) -> float:
         return float(sum(map(ord, response)) % 2 == 0)
 
-    monkeypatch.setattr(AdditionTask, "score", parity)
+    monkeypatch.setattr(AdditionTask, "reward", parity)
 
 
 def char_lm(tiny_lm: Any, seed: int = 0) -> Any:
@@ -236,9 +237,26 @@ def test_evaluate_prints_and_writes_the_trainers_accuracy(
     assert (data["correct"], data["problems"]) == (round(expected * n), n)
     assert data["model"] == str(saved_dir.resolve())
     assert data["task"] == {**AdditionTask(1).to_dict(), "description": "1-digit addition"}
-    assert data["settings"]["eval_size"] == 16 and data["settings"]["max_new_tokens"] == AdditionTask(1).max_new_tokens
+    assert data["settings"]["eval_size_requested"] == 16 and "eval_size" not in data["settings"]
+    assert data["settings"]["max_new_tokens"] == AdditionTask(1).max_new_tokens
     assert data["settings"]["device"] == "cpu" and data["settings"]["task_json"] is None
     assert [p.name for p in tmp_path.iterdir()] == ["eval.json"]  # the temporary file was renamed
+
+
+def test_the_json_reports_the_problems_evaluated_beside_the_size_asked_for(
+    saved_dir: Path, tmp_path: Path, signal: None
+) -> None:
+    """A split smaller than --eval-size is evaluated whole: ``problems`` is what was evaluated
+    (2024 for 2-digit addition at the default 2048; here 1-digit addition, 17 of its 100 pairs held out),
+    and the size asked for is named as such, not as the size evaluated."""
+    report = tmp_path / "eval.json"
+    argv = ["evaluate", "--model", str(saved_dir), "--digits", "1", "--eval-size", "2048", "--device", "cpu"]
+    assert cli.main([*argv, "--json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    held = AdditionTask(1).heldout(2048)
+    assert data["problems"] == len(held) < 2048
+    assert data["settings"]["eval_size_requested"] == 2048 and "eval_size" not in data["settings"]
+    assert data["accuracy"] == pytest.approx(data["correct"] / data["problems"], abs=1e-12)
 
 
 def test_the_shared_function_is_the_trainers_evaluation(saved_dir: Path, signal: None) -> None:
@@ -253,9 +271,9 @@ def test_the_shared_function_is_the_trainers_evaluation(saved_dir: Path, signal:
     acc = heldout_accuracy(actor, tok, task, problems, max_new_tokens=task.max_new_tokens, device=torch.device("cpu"))
     assert acc == trainer_accuracy(saved_dir, digits=2, eval_size=24, split_seed=5)
     # a rank's share scored at the whole set's width gives the same scores
-    whole = heldout_scores(actor, tok, task, problems, max_new_tokens=task.max_new_tokens, device=torch.device("cpu"))
+    whole = heldout_rewards(actor, tok, task, problems, max_new_tokens=task.max_new_tokens, device=torch.device("cpu"))
     width = max(len(tok.encode_prompt(p.prompt)) for p in problems)
-    part = heldout_scores(
+    part = heldout_rewards(
         actor, tok, task, problems[:9], max_new_tokens=task.max_new_tokens, device=torch.device("cpu"), width=width
     )
     assert part == whole[:9]

@@ -1,27 +1,25 @@
-"""Addition between random fillers (``rl.filler_addition.FillerAdditionTask``, ``--task
-filler_addition``) and the filler layout it shares with the chain task (``rl.fillers``).
+"""Addition between random fillers (``comppo_core.rl.tasks.filler_addition.FillerAdditionTask``,
+``--task filler_addition``) and the filler layout it shares with the chain task
+(``comppo_core.rl.tasks.fillers``).
 
-What is pinned: the verifier scores exactly the finished responses in format whose body's
+What is pinned: the verifier rewards exactly the finished responses in format whose body's
 answer is right; the splits are the addition task's, pair for pair; ``pivotal`` marks the
 worked addition and nothing else; demonstrations vary their fillers and are correct; the
-config builds the task, refuses bad ranges by name, and ``train`` runs it and saves a
-``task.json`` that ``comppo-core evaluate`` reads back into the same task.
+config builds the task and refuses bad ranges by name. What every task keeps, a tiny
+training run with the oracle arm included, is tests/rl/test_task_contract.py.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from rl_tiny import TINY_SETTINGS
 
 from comppo_core.errors import ParameterError
-from comppo_core.rl.config import TASKS, TrainConfig
+from comppo_core.rl.config import TrainConfig
 from comppo_core.rl.engine.build import demonstrations
-from comppo_core.rl.engine.evaluation import build_task, describe_task
+from comppo_core.rl.tasks import TASKS, build_task
 from comppo_core.rl.tasks.addition import AdditionTask, worked_solution
 from comppo_core.rl.tasks.filler_addition import FILLER_ADDITION_ALPHABET, FillerAdditionTask
 from comppo_core.rl.tasks.fillers import FillerRange, pivotal_body, wrap
@@ -32,10 +30,10 @@ def test_problem_and_verifier() -> None:
     p = task.problem(27, 45)
     assert p.prompt == "27+45=" and p.answer == "72"
     ok = "abca|7+5=12,2+4+1=7;72|dd"
-    assert task.score(p, ok, True) == 1.0
-    assert task.score(p, "ab|7+5=12,2+4+1=7;72|", True) == 1.0  # an empty tail (tail_min 0)
-    assert task.score(p, "ab|;72|c", True) == 1.0  # worked steps are not checked, as in addition
-    assert task.score(p, ok, False) == 0.0  # unfinished
+    assert task.reward(p, ok, True) == 1.0
+    assert task.reward(p, "ab|7+5=12,2+4+1=7;72|", True) == 1.0  # an empty tail (tail_min 0)
+    assert task.reward(p, "ab|;72|c", True) == 1.0  # worked steps are not checked, as in addition
+    assert task.reward(p, ok, False) == 0.0  # unfinished
     for broken in (
         "abca|7+5=12,2+4+1=7;73|dd",  # wrong answer
         "a|7+5=12,2+4+1=7;72|dd",  # filler too short
@@ -47,10 +45,10 @@ def test_problem_and_verifier() -> None:
         "7+5=12,2+4+1=7;72",  # the plain addition response
         "",
     ):
-        assert task.score(p, broken, True) == 0.0, broken
+        assert task.reward(p, broken, True) == 0.0, broken
     plain = FillerAdditionTask(filler_min=0, filler_max=3, tail_max=0)  # no tail: the body ends the response
-    assert plain.score(p, "c|7+5=12,2+4+1=7;72", True) == 1.0
-    assert plain.score(p, "c|7+5=12,2+4+1=7;72|", True) == 0.0
+    assert plain.reward(p, "c|7+5=12,2+4+1=7;72", True) == 1.0
+    assert plain.reward(p, "c|7+5=12,2+4+1=7;72|", True) == 0.0
 
 
 def test_solutions_demonstrations_and_budget() -> None:
@@ -59,7 +57,7 @@ def test_solutions_demonstrations_and_budget() -> None:
     assert p.solution == task.problem(99, 99).solution  # the problem's own fillers are fixed
     rng = np.random.default_rng(0)
     demos = demonstrations(task, [p] * 64, rng)
-    assert all(task.score(p, d, True) == 1.0 for d in demos)
+    assert all(task.reward(p, d, True) == 1.0 for d in demos)
     assert all(d.split("|")[1] == worked_solution(99, 99) for d in demos)
     assert len({d.split("|")[0] for d in demos}) > 20  # fresh fillers each time
     assert {len(d.split("|")[0]) for d in demos} == set(range(1, 10))
@@ -142,7 +140,7 @@ def test_registered_in_the_config() -> None:
         "tail_min": 1,
         "tail_max": 16,
     }
-    assert describe_task(task) == "3-digit addition between fillers (0-9, tail 1-16)"
+    assert task.describe() == "3-digit addition between fillers (0-9, tail 1-16)"
     for changes, argument in (
         ({"addition_filler_min": 9, "addition_filler_max": 8}, "addition_filler_max"),
         ({"addition_tail_min": 2, "addition_tail_max": 1}, "addition_tail_max"),
@@ -150,36 +148,3 @@ def test_registered_in_the_config() -> None:
     ):
         with pytest.raises(ParameterError, match=f"^{argument}: "):
             TrainConfig(task="filler_addition", **changes)
-
-
-TINY_FILLER_ADDITION = {
-    **TINY_SETTINGS,
-    "task": "filler_addition",
-    "digits": 1,
-    "addition_filler_max": 4,
-    "addition_tail_max": 3,
-    "eval_size": 8,
-    "eval_every": 2,
-    "device": "cpu",
-}
-
-
-@pytest.mark.usefixtures("one_torch_thread")
-def test_tiny_train_run_with_the_oracle(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from comppo_core.commands.evaluate import saved_task_settings
-    from comppo_core.rl import train
-
-    summary = train(TrainConfig(**TINY_FILLER_ADDITION, arm="comppo_oracle", out=str(tmp_path / "run")))
-    assert summary is not None
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if r.get("step") is not None and r.get("reward_mean") is not None]
-    assert len(steps) == 2
-    task = build_task(TrainConfig(**TINY_FILLER_ADDITION))
-    assert all(0 < r["response_length"] <= task.max_new_tokens for r in steps)
-    saved, path = saved_task_settings(tmp_path / "run" / "warmstart")
-    assert path is not None
-    assert saved["task"] == "filler_addition" and saved["digits"] == 1 and saved["addition_tail_max"] == 3
-    again = build_task(TrainConfig(**{**TINY_FILLER_ADDITION, **saved}))
-    assert again.to_dict() == task.to_dict()

@@ -264,13 +264,13 @@ def test_jsonl_rewards_come_from_the_verifier(model_dir: Path, tmp_path: Path, m
     task = write_task(tmp_path / "t.jsonl")
     trainer = Trainer(tiny(model_dir, task, arm="grpo"))
     seen: list[tuple[str, str, bool]] = []
-    real = JsonlTask.score
+    real = JsonlTask.reward
 
     def spy(self: JsonlTask, problem: Any, response: str, finished: bool) -> float:
         seen.append((response, problem.answer, finished))
         return real(self, problem, response, finished)
 
-    monkeypatch.setattr(JsonlTask, "score", spy)
+    monkeypatch.setattr(JsonlTask, "reward", spy)
     r = trainer.rollout(0)
     assert len(seen) == 8
     assert r.scores.tolist() == [verify(*s) for s in seen]

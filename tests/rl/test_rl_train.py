@@ -78,12 +78,12 @@ def test_worked_solution_and_verifier() -> None:
     assert worked_solution(99, 99) == "9+9=18,9+9+1=19;198"
     task = AdditionTask(2)
     p = task.problem(27, 45)
-    assert task.score(p, p.solution, True) == 1.0
-    assert task.score(p, p.solution, False) == 0.0  # no EOS: truncated
-    assert task.score(p, "7+5=12;72", True) == 1.0  # the answer is what is verified
-    assert task.score(p, "7+5=12,2+4+1=7;71", True) == 0.0
-    assert task.score(p, "72", True) == 0.0
-    assert task.score(p, "1;72;72", True) == 0.0
+    assert task.reward(p, p.solution, True) == 1.0
+    assert task.reward(p, p.solution, False) == 0.0  # no EOS: truncated
+    assert task.reward(p, "7+5=12;72", True) == 1.0  # the answer is what is verified
+    assert task.reward(p, "7+5=12,2+4+1=7;71", True) == 0.0
+    assert task.reward(p, "72", True) == 0.0
+    assert task.reward(p, "1;72;72", True) == 0.0
 
 
 def test_responses_have_at_least_eight_tokens_and_fit_the_budget() -> None:
@@ -256,7 +256,7 @@ def parity_reward(self: AdditionTask, problem: Any, response: str, finished: boo
 def signal(monkeypatch: Any) -> None:
     """The untrained tiny policy never solves a problem, and with no reward PPO has nothing to
     do; tests that check what an update does score responses by :func:`parity_reward`."""
-    monkeypatch.setattr(AdditionTask, "score", parity_reward)
+    monkeypatch.setattr(AdditionTask, "reward", parity_reward)
 
 
 def answer_is_pivotal(self: AdditionTask, problem: Any, response: str) -> list[bool]:
@@ -472,7 +472,7 @@ def test_every_logprob_is_of_the_sampling_distribution(arm: str) -> None:
     expected = tempered(trainer.actor)
     assert (batch.old_logprobs.double() - expected)[m].abs().max() <= 1e-5
     assert (batch.ref_logprobs.double() - tempered(trainer.reference))[m].abs().max() <= 1e-5
-    new = trainer._score(batch, grad=True, gates=None).logprobs  # the update's forward
+    new = trainer._forward(batch, grad=True, gates=None).logprobs  # the update's forward
     assert new.requires_grad
     assert (new.detach().double() - expected)[m].abs().max() <= 1e-5
 

@@ -2,21 +2,24 @@
 
 ``comppo-core evaluate --model DIR`` loads the causal LM and the tokenizer saved in ``DIR``
 (:func:`comppo_core.rl.models.pretrained.load_policy`, :func:`~comppo_core.rl.models.pretrained.load_tokenizer`),
-builds the task as the trainer does (:func:`comppo_core.rl.engine.evaluation.build_task`: the
-built-in addition task, its split fixed by ``--digits``, ``--split-seed`` and
+builds the task as the trainer does (:func:`comppo_core.rl.tasks.build_task`: a registered
+task, e.g. the built-in addition task, its split fixed by ``--digits``, ``--split-seed`` and
 ``--heldout-fraction``, or ``--task FILE.jsonl``), takes the same evaluation set
 (``task.heldout(--eval-size)``) and prints the accuracy of greedy decoding on it
-(:func:`comppo_core.rl.engine.evaluation.heldout_scores`, the computation of
+(:func:`comppo_core.rl.engine.evaluation.heldout_rewards`, the computation of
 :meth:`comppo_core.rl.Trainer.evaluate`)::
 
     comppo-core evaluate: runs/x/warmstart: held-out accuracy 53.9% (1091 of 2024 problems, 2-digit addition) in 12 s
 
 A directory the trainer saved (``OUT/warmstart``) holds ``task.json``, the run's task:
 its task, digits, split seed, held-out fraction and chat-template setting are then the
-defaults, so ``comppo-core evaluate --model runs/x/warmstart`` scores the run's own
+defaults, so ``comppo-core evaluate --model runs/x/warmstart`` evaluates the run's own
 held-out set. The flags given override them; without ``task.json`` the defaults are
 :class:`~comppo_core.rl.TrainConfig`'s. ``--json FILE`` also writes the numbers, the task
-and the settings as JSON (atomically: a temporary file renamed into place).
+and the settings as JSON (atomically: a temporary file renamed into place). Its
+``problems`` is the number of held-out problems evaluated: ``--eval-size`` is an upper
+bound (a split with fewer problems is evaluated whole: 2024 for 2-digit addition), so
+the JSON gives the requested size as ``settings.eval_size_requested``.
 
 Exit status: 0 on success; 2 on a bad flag, a ``--model`` that is not a directory or holds
 no tokenizer, a bad task file or split (one line naming the flag), all checked before
@@ -32,44 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ParameterError
-from ..rl.config import TASK_SIZES, TASKS, TrainConfig
-from ..rl.engine.evaluation import build_task, describe_task
+from ..rl.config import TrainConfig
 from ..rl.models.pretrained import check_model_directory
 from ..rl.runs import run_dir
+from ..rl.tasks import TASKS, build_task
 from .train import require_rl_extra, usage_error
 
 __all__ = ["add_parser", "run", "saved_task_settings"]
-
-#: The TrainConfig fields ``DIR/task.json`` can give defaults for.
-_FROM_TASK_JSON = (
-    "task",
-    "digits",
-    *TASK_SIZES,
-    "split_seed",
-    "heldout_fraction",
-    "chat_template",
-    "eval_size",
-    "max_new_tokens",
-)
-
-#: The chain task's ``to_dict`` keys → the TrainConfig fields they set.
-_CHAIN_FIELDS = {
-    "digits": "chain_digits",
-    "steps": "chain_steps",
-    "filler_min": "chain_filler_min",
-    "filler_max": "chain_filler_max",
-    "tail_min": "chain_tail_min",
-    "tail_max": "chain_tail_max",
-}
-
-#: The addition-between-fillers task's ``to_dict`` keys → the TrainConfig fields they set.
-_FILLER_ADDITION_FIELDS = {
-    "digits": "digits",
-    "filler_min": "addition_filler_min",
-    "filler_max": "addition_filler_max",
-    "tail_min": "addition_tail_min",
-    "tail_max": "addition_tail_max",
-}
 
 
 def _integer(text: str) -> int:
@@ -108,15 +80,18 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--task",
         default=None,
         metavar="TASK",
-        help="addition, chain or filler_addition (the built-in tasks) or a .jsonl file of {prompt, answer} rows (default: "
-        "DIR/task.json's, else addition)",
+        help=", ".join(e.name for e in TASKS.values() if e.file_suffix is None)
+        + " (the registered tasks) or "
+        + " or ".join(f"a {e.file_suffix} file" for e in TASKS.values() if e.file_suffix is not None)
+        + " (default: DIR/task.json's, else addition)",
     )
     cmd.add_argument(
         "--eval-size",
         type=_integer,
         default=None,
         metavar="N",
-        help="held-out problems to score (fewer if the split has fewer), as the trainer's eval_size (default: 2048)",
+        help="held-out problems to evaluate at most (all of them if the split has fewer), as the trainer's "
+        "eval_size (default: 2048)",
     )
     cmd.add_argument(
         "--digits",
@@ -197,13 +172,15 @@ def saved_task_settings(model_dir: Path) -> tuple[dict[str, Any], Path | None]:
             argument="model",
         )
     out: dict[str, Any] = {}
-    if saved.get("name") in TASKS:
-        out["task"] = saved["name"]
-    elif saved.get("name") == "jsonl" and "path" in saved:
+    name = saved.get("name")
+    entry = TASKS.get(name) if isinstance(name, str) else None  # the registry's: a name, or a file task's path
+    if entry is not None and entry.file_suffix is None:
+        out["task"] = entry.name
+    elif entry is not None and "path" in saved:
         out["task"] = saved["path"]
-    fields = {"split_seed": "split_seed", "heldout_fraction": "heldout_fraction"}
-    by_task = {"chain": _CHAIN_FIELDS, "filler_addition": _FILLER_ADDITION_FIELDS}
-    fields.update(by_task.get(out.get("task", ""), {"digits": "digits"}))
+    else:  # a task.json without a registered task: its sizes read as the default task's
+        entry = TASKS[TrainConfig.task]
+    fields = {"split_seed": "split_seed", "heldout_fraction": "heldout_fraction", **entry.sizes}
     out.update({field: saved[key] for key, field in fields.items() if key in saved})
     tokenizer = saved.get("tokenizer")
     if isinstance(tokenizer, dict) and "chat_template" in tokenizer:
@@ -264,7 +241,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import torch
 
     from ..rl.engine.distributed import resolve_device
-    from ..rl.engine.evaluation import heldout_scores
+    from ..rl.engine.evaluation import heldout_rewards
     from ..rl.models.pretrained import load_policy, load_tokenizer
 
     try:
@@ -275,14 +252,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         usage_error(cmd, exc)
     torch.set_num_threads(1 if config.num_threads is None else config.num_threads)  # the trainer's rule on CPU
     max_new_tokens = config.max_new_tokens or task.max_new_tokens
-    scores = heldout_scores(actor, tokenizer, task, problems, max_new_tokens=max_new_tokens, device=device)
-    correct = sum(scores)
-    accuracy = correct / len(scores)
+    rewards = heldout_rewards(actor, tokenizer, task, problems, max_new_tokens=max_new_tokens, device=device)
+    correct = sum(rewards)
+    accuracy = correct / len(rewards)
     seconds = time.perf_counter() - t0
-    description = describe_task(task)
+    description = task.describe()
     print(
         f"comppo-core evaluate: {args.model}: held-out accuracy {100 * accuracy:.1f}% ({_count(correct)} of "
-        f"{len(scores)} problems, {description}) in {seconds:.0f} s"
+        f"{len(rewards)} problems, {description}) in {seconds:.0f} s"
     )
     if json_path is not None:
         run_dir.write_json_atomic(
@@ -291,11 +268,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 "model": str(model_dir.resolve()),
                 "accuracy": accuracy,
                 "correct": int(correct) if float(correct).is_integer() else correct,
-                "problems": len(scores),
+                "problems": len(rewards),
                 "task": {**task.to_dict(), "description": description},
                 "tokenizer": tokenizer.to_dict(),
                 "settings": {
-                    "eval_size": config.eval_size,
+                    "eval_size_requested": config.eval_size,
                     "max_new_tokens": max_new_tokens,
                     "chat_template": tokenizer.chat_template,
                     "device": str(device),

@@ -41,6 +41,7 @@ from ..options import (
     check_choice,
 )
 from .runs.run_dir import absolute
+from .tasks import TASKS, size_fields, task_entry
 
 __all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig"]
 
@@ -48,22 +49,9 @@ __all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig"]
 # against comes from comppo_core.options (KL_MODES is re-exported from there), so that
 # reading, validating and parsing a TrainConfig (``comppo-core train --help``) stays light.
 
-#: The built-in tasks: ``addition`` (rl.tasks.AdditionTask), ``chain`` (rl.chain_task.ChainTask),
-#: ``filler_addition`` (rl.filler_addition.FillerAdditionTask).
-TASKS = ("addition", "chain", "filler_addition")
-#: The built-in tasks' size settings beyond ``digits`` (each task reads its own prefix).
-TASK_SIZES = (
-    "chain_digits",
-    "chain_steps",
-    "chain_filler_min",
-    "chain_filler_max",
-    "chain_tail_min",
-    "chain_tail_max",
-    "addition_filler_min",
-    "addition_filler_max",
-    "addition_tail_min",
-    "addition_tail_max",
-)
+#: The registered tasks' size settings (:data:`comppo_core.rl.tasks.TASKS`) beyond ``digits``,
+#: the one several tasks share, which the users of this tuple list on its own.
+TASK_SIZES = tuple(field for field in size_fields() if field != "digits")
 #: Critic warm-up rounds of an arm with a critic when ``critic_warmup`` is None.
 DEFAULT_CRITIC_WARMUP = 10
 
@@ -134,10 +122,8 @@ class TrainConfig:
     # ---- the task
     task: str = _f(
         "addition",
-        "a built-in task (addition: comppo_core.rl.tasks.addition; chain: recall a digit after a random filler, "
-        "comppo_core.rl.tasks.chain; filler_addition: worked addition between random fillers, "
-        'comppo_core.rl.tasks.filler_addition) or a .jsonl file of {"prompt", "answer"} rows (comppo_core.rl.tasks.jsonl; '
-        "needs model)",
+        "a registered task (comppo_core.rl.tasks): "
+        + "; ".join(f"{e.name if e.file_suffix is None else '*' + e.file_suffix}: {e.about}" for e in TASKS.values()),
     )
     digits: int = _f(2, "addition's difficulty (and filler_addition's): operands below 10**digits")
     addition_filler_min: int = _f(0, "filler_addition: shortest filler before the worked addition (symbols of abcd)")
@@ -261,7 +247,7 @@ class TrainConfig:
     tac_temporal: str = _f("none", f"TAC's causal mixer: {', '.join(TEMPORAL_MIXERS)}")
     trunk_grad: float = _f(0.0, "fraction of the value gradient TAC lets into the actor's hidden states")
 
-    # ---- devices, a user's model and data, LoRA (rl.distributed, rl.pretrained, rl.jsonl_task, rl.lora)
+    # ---- devices, a user's model and data, LoRA (rl.engine.distributed, rl.models, rl.tasks.jsonl)
     device: str = _f(
         "auto",
         "where each process computes: auto (cuda:LOCAL_RANK when CUDA is available, else cpu), "
@@ -289,10 +275,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_choice("arm", self.arm, ARM_NAMES)
-        if not (self.task in TASKS or isinstance(self.task, str) and self.task.endswith(".jsonl")):
-            raise ParameterError(
-                f"task: expected {', '.join(TASKS)} or a path to a .jsonl file, got {self.task!r}", argument="task"
-            )
+        task = task_entry(self.task)  # the registry's entry, or a ParameterError naming task
         check_choice("group_method", self.group_method, GROUP_METHODS)
         check_choice("statistic", self.statistic, STATISTICS)
         check_choice("loss_agg", self.loss_agg, AGG_MODES)
@@ -329,7 +312,7 @@ class TrainConfig:
         _integer("addition_filler_max", self.addition_filler_max, self.addition_filler_min, 256)
         _integer("addition_tail_min", self.addition_tail_min, 0, 256)
         _integer("addition_tail_max", self.addition_tail_max, self.addition_tail_min, 256)
-        if self.task == "chain" and self.sft_carry_noise:
+        if self.sft_carry_noise and not task.carries and not task.needs_model:
             raise ParameterError(
                 f"sft_carry_noise: expected 0 for the task {self.task!r} (carries are addition's), "
                 f"got {self.sft_carry_noise!r}",
@@ -367,7 +350,7 @@ class TrainConfig:
                 raise ParameterError(f"{name}: expected a path string or None, got {v!r}", argument=name)
             if v is not None:  # stored absolute: a run resumes from any directory, with any spelling
                 setattr(self, name, absolute(v))
-        if isinstance(self.task, str) and self.task.endswith(".jsonl"):
+        if task.file_suffix is not None:
             self.task = absolute(self.task)
         check_choice("report_to", self.report_to, REPORT_TO)
         for name in (
@@ -406,7 +389,7 @@ class TrainConfig:
             raise ParameterError(
                 f"chat_template: expected a bool, got {self.chat_template!r}", argument="chat_template"
             )
-        if self.task not in TASKS and self.model is None:
+        if task.needs_model and self.model is None:
             raise ParameterError(
                 f"model: expected a local model directory for the task {self.task!r} (its tokenizer "
                 "encodes the prompts), got None",

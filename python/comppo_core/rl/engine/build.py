@@ -23,8 +23,9 @@ from ..core.arms import Arm
 from ..critics.standard import StandardCritic
 from ..critics.tac import TransportAlignedCritic
 from ..models.pretrained import load_policy, load_tokenizer
+from ..tasks import build_task
 from ..tasks.addition import AdditionTask, worked_solution
-from .evaluation import build_task
+from ..tasks.base import Problem, Task, Tokenizer
 
 __all__ = [
     "build_policy",
@@ -37,14 +38,25 @@ __all__ = [
 ]
 
 
-def make_task(config: TrainConfig) -> tuple[Any, Any]:
-    """The run's task and tokenizer: a built-in task (addition, chain) with its character tokenizer,
-    or (with ``config.model``) the model's tokenizer; a JSONL file with the model's tokenizer
-    (the task: :func:`comppo_core.rl.engine.evaluation.build_task`)."""
+def make_task(config: TrainConfig) -> tuple[Task, Tokenizer]:
+    """The run's task (:func:`comppo_core.rl.tasks.build_task`) and tokenizer: the model's
+    with ``config.model``, else the task's own (a built-in task's character tokenizer)."""
     task = build_task(config)
     if config.model is not None:
         return task, load_tokenizer(config.model, chat_template=config.chat_template)
-    return task, task.tokenizer
+    return task, _own_tokenizer(task)
+
+
+def _own_tokenizer(task: Task) -> Tokenizer:
+    """``task.tokenizer``, or a :class:`~comppo_core.errors.ParameterError` naming ``model``
+    for a task without one (which the config refuses without a model)."""
+    if task.tokenizer is None:
+        raise ParameterError(
+            f"model: expected a local model directory for the task {task.name!r} (it has no tokenizer of its own), "
+            "got None",
+            argument="model",
+        )
+    return task.tokenizer
 
 
 def build_policy(config: TrainConfig, vocab_size: int) -> Any:
@@ -66,7 +78,9 @@ def build_policy(config: TrainConfig, vocab_size: int) -> Any:
     return LlamaForCausalLM(cfg)
 
 
-def demonstrations(task: Any, problems: list[Any], rng: np.random.Generator, carry_noise: float = 0.0) -> list[str]:
+def demonstrations(
+    task: Task, problems: list[Problem], rng: np.random.Generator, carry_noise: float = 0.0
+) -> list[str]:
     """The SFT targets of ``problems``, without EOS.
 
     A task with a ``demonstration(problem, rng)`` method gives one per problem, drawn with
@@ -78,8 +92,7 @@ def demonstrations(task: Any, problems: list[Any], rng: np.random.Generator, car
     fillers); 0 draws nothing."""
     if carry_noise > 0.0 and not isinstance(task, AdditionTask):
         raise ParameterError(
-            f"carry_noise: expected 0 for the task {getattr(task, 'name', type(task).__name__)!r} "
-            f"(carries are addition's), got {carry_noise!r}",
+            f"carry_noise: expected 0 for the task {task.name!r} (carries are addition's), got {carry_noise!r}",
             argument="carry_noise",
         )
     demo = getattr(task, "demonstration", None)
@@ -100,7 +113,7 @@ def demonstrations(task: Any, problems: list[Any], rng: np.random.Generator, car
 
 def sft_warm_start(
     model: nn.Module,
-    task: Any,
+    task: Task,
     *,
     steps: int,
     batch_size: int,
@@ -120,7 +133,7 @@ def sft_warm_start(
     warm-started policy then hesitates at the pivotal carry tokens, which the verifier's
     reward can teach (the demo's setting). 0 draws nothing: the stream of problems is the
     same as without the option."""
-    tok = task.tokenizer
+    tok = _own_tokenizer(task)
     device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * max(0.0, 1.0 - s / max(steps, 1)))
@@ -155,7 +168,9 @@ def sft_warm_start(
     return out
 
 
-def initial_policy(config: TrainConfig, task: Any, vocab_size: int, device: torch.device) -> tuple[Any, dict[str, Any]]:
+def initial_policy(
+    config: TrainConfig, task: Task, vocab_size: int, device: torch.device
+) -> tuple[Any, dict[str, Any]]:
     """The policy a fresh run starts from, in eval mode, and its ``warm_start`` record: the
     user's ``model``, the run ``init_from`` points at, or the built-in Llama (torch's
     global RNG) after :func:`sft_warm_start` (``default_rng([seed, 1])``)."""

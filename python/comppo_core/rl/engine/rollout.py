@@ -1,4 +1,4 @@
-"""Phase 1 of a step: sample responses to prompts with ``model.generate`` and score them
+"""Phase 1 of a step: sample responses to prompts with ``model.generate`` and reward them
 with the task's verifier.
 
 Layout (the one the step reads, docs/design.md §10): prompts left-padded to a common
@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from ...errors import ParameterError
-from ..tasks.addition import Problem
+from ..tasks.base import Problem, Task
 from .sampling import sampling_processors
 
-__all__ = ["Generated", "Rollout", "decode", "generate", "left_pad", "pad_right", "prompt_width", "scored"]
+__all__ = ["Generated", "Rollout", "decode", "generate", "left_pad", "pad_right", "prompt_width", "rewarded"]
 
 #: ``generate``'s output: ``(ids [B, T], attention_mask [B, T], prompt width P, in_response [B, T−P])``.
 Generated = tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]
@@ -31,14 +31,15 @@ Generated = tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]
 
 @dataclasses.dataclass
 class Rollout:
-    """Sampled responses and their scores.
+    """Sampled responses and their rewards.
 
     Attributes:
       input_ids: ``[B, T]`` left-padded prompt then response (right-padded after EOS).
       attention_mask: ``[B, T]`` bool, the real tokens.
       response_mask: ``[B, T−1]`` bool, the response columns (each token up to the first EOS).
       groups: ``[B]`` int64, the prompt each sample answers.
-      scores: ``[B]`` float32, the verifier's score.
+      scores: ``[B]`` float32, the verifier's reward of each response (the outcome the
+        advantages are computed from).
       finished: ``[B]`` bool, whether the response stopped at EOS.
       problems, responses: the problems and the decoded responses (text before EOS).
     """
@@ -143,11 +144,13 @@ def decode(tokenizer: Any, ids: torch.Tensor, width: int, in_response: torch.Ten
     return texts, finished
 
 
-def scored(task: Any, tokenizer: Any, problems: list[Problem], generated: Generated, groups: torch.Tensor) -> Rollout:
-    """The :class:`Rollout` of :func:`generate`'s output: decoded, response columns, verifier scores."""
+def rewarded(
+    task: Task, tokenizer: Any, problems: list[Problem], generated: Generated, groups: torch.Tensor
+) -> Rollout:
+    """The :class:`Rollout` of :func:`generate`'s output: decoded, its response columns, the verifier's rewards."""
     ids, mask, width, in_response = generated
     texts, finished = decode(tokenizer, ids, width, in_response)
     response_mask = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=ids.device)
     response_mask[:, width - 1 :] = in_response
-    scores = torch.tensor(task.scores(problems, texts, finished.tolist()), dtype=torch.float32, device=ids.device)
-    return Rollout(ids, mask, response_mask, groups, scores, finished, problems, texts)
+    rewards = torch.tensor(task.rewards(problems, texts, finished.tolist()), dtype=torch.float32, device=ids.device)
+    return Rollout(ids, mask, response_mask, groups, rewards, finished, problems, texts)

@@ -54,11 +54,11 @@ from ..models.pretrained import load_policy
 from ..runs import checkpoint, metrics, run_dir
 from ..runs.interrupts import TrainingInterrupted
 from ..runs.metrics import METRIC_KEYS, Timer
-from ..tasks.addition import Problem
+from ..tasks.base import Problem, Task, Tokenizer
 from . import rollout as rollouts
 from .build import build_policy, initial_policy, make_critic, make_reference, make_task, sft_warm_start
 from .distributed import Dist, shard_bounds
-from .evaluation import heldout_scores
+from .evaluation import heldout_rewards
 from .optimize import Optimizers
 from .rollout import Rollout
 from .sampling import row_keys
@@ -95,6 +95,9 @@ class Trainer:
     critic: nn.Module | None
     #: the ``peft.PeftModel`` around ``actor`` when ``lora_rank > 0``, else None
     lora_model: Any
+    #: the run's task (:func:`comppo_core.rl.tasks.build_task`) and the tokenizer of its prompts and responses
+    task: Task
+    tokenizer: Tokenizer
 
     def __init__(self, config: TrainConfig, *, overwrite: bool = False) -> None:
         if not isinstance(config, TrainConfig):
@@ -129,7 +132,8 @@ class Trainer:
         if self.arm.gates == "oracle":
             oracle.check_task(self.task, self.arm.name)
         self.max_new_tokens = config.max_new_tokens or self.task.max_new_tokens
-        self.eval_problems = getattr(self.task, config.eval_split)(config.eval_size)  # heldout or validation
+        split = self.task.validation if config.eval_split == "validation" else self.task.heldout
+        self.eval_problems = split(config.eval_size)
         self.out = None if config.out is None else Path(config.out)
         self.warm_start: dict[str, Any] = {}
         self.start_step = 0
@@ -137,10 +141,12 @@ class Trainer:
         self.lora_model = None
         self.uses_reference = config.kl_coef != 0.0 or config.log_kl
         local = config.batch_size // self.dist.world_size
-        #: this rank's rows of the global batch
-        self.rows = slice(self.dist.rank * local, (self.dist.rank + 1) * local)
-        #: the same, with how to gather every rank's rows (the step's batch-wide statistics)
-        self.batch_rows = step.Rows(self.dist.gather_rows, self.rows, self.dist.distributed)
+        #: this rank's share of the global rollout batch: its sequences (``local``, a slice of
+        #: the global batch's) and how to gather every rank's (``gather``), which the step's
+        #: batch-wide statistics read
+        self.batch_shard = step.Rows(
+            self.dist.gather_rows, slice(self.dist.rank * local, (self.dist.rank + 1) * local), self.dist.distributed
+        )
         self.scoring = step.ScoringSettings.from_config(config)
         self.advantage_settings = step.AdvantageSettings.from_config(config)
         self.loss_settings = step.LossSettings.from_config(config, self.max_new_tokens)
@@ -313,14 +319,14 @@ class Trainer:
         # right-pad to the longest response of the global batch: the one-process layout
         generated = rollouts.pad_right(generated, self.dist.max_int(generated[0].shape[1]), self.tokenizer.pad_token_id)
         groups = torch.arange(lo, hi, device=self.device).repeat_interleave(cfg.group_size)
-        return rollouts.scored(self.task, self.tokenizer, problems, generated, groups)
+        return rollouts.rewarded(self.task, self.tokenizer, problems, generated, groups)
 
     def answer(self, problems: Sequence[Problem]) -> Rollout:
-        """Greedy responses to ``problems`` (one each, this process alone), scored by the
+        """Greedy responses to ``problems`` (one each, this process alone), rewarded by the
         task's verifier, as a :class:`Rollout` whose ``groups`` are the row indices."""
         problems = list(problems)
         groups = torch.arange(len(problems), device=self.device)
-        return rollouts.scored(self.task, self.tokenizer, problems, self.generate(problems, sample=False), groups)
+        return rollouts.rewarded(self.task, self.tokenizer, problems, self.generate(problems, sample=False), groups)
 
     # ---- phases 2 and 3: scoring and advantages (the maths: comppo_core.rl.core.step)
 
@@ -337,13 +343,16 @@ class Trainer:
         with context:
             return score_tokens(model, ids, mask, temperature=self.config.temperature).logprobs
 
-    def _score(self, b: Rollout | Batch, *, grad: bool, gates: Any) -> step.Scored:
-        """:func:`comppo_core.rl.core.step.score` of this run's actor and critic on ``b``'s rows."""
+    def _forward(self, b: Rollout | Batch, *, grad: bool, gates: Any) -> step.Scored:
+        """One forward pass of this run's actor and critic over ``b``'s sequences
+        (:func:`comppo_core.rl.core.step.score`): phase 2's without gradients, each
+        minibatch's of the update with them."""
         args = (self.actor, self.critic, b.input_ids, b.attention_mask, b.response_mask)
-        return step.score(*args, arm=self.arm, settings=self.scoring, grad=grad, gates=gates, rows=self.batch_rows)
+        return step.score(*args, arm=self.arm, settings=self.scoring, grad=grad, gates=gates, rows=self.batch_shard)
 
     def score(self, r: Rollout, step_index: int) -> Batch:
-        """Phase 2: old log-probs, values and gates (advantages filled in by phase 3)."""
+        """Phase 2, the scoring pass: old log-probs, values and gates of the rollout, and the
+        reference's log-probs (advantages filled in by phase 3)."""
         b, columns = r.response_mask.shape
         gates = step.step_gates(
             self.arm,
@@ -352,10 +361,10 @@ class Trainer:
             seed=self.config.seed,
             shape=(b, columns),
             device=self.device,
-            rows=self.batch_rows,
+            rows=self.batch_shard,
             pivotal=oracle.pivotal_columns(self.task, self.tokenizer, r) if self.arm.gates == "oracle" else None,
         )
-        s = self._score(r, grad=False, gates=gates)
+        s = self._forward(r, grad=False, gates=gates)
         ref = self.reference_logprobs(r.input_ids, r.attention_mask) if self.uses_reference else None
         return Batch(
             r.input_ids,
@@ -369,7 +378,7 @@ class Trainer:
         )
 
     def compute_advantages(self, r: Rollout, batch: Batch) -> dict[str, Any]:
-        """Phase 3: rewards (score at the last response token, KL penalty), then the arm's
+        """Phase 3: per-token rewards (the verifier's at the last response token, the KL penalty), then the arm's
         advantages (and returns); fills ``batch`` and returns its statistics, all over the
         global batch."""
         rewards, kl = step.rewards_with_kl(
@@ -383,9 +392,9 @@ class Trainer:
             gates=batch.gates,
             groups=r.groups,
             settings=self.advantage_settings,
-            rows=self.batch_rows,
+            rows=self.batch_shard,
         )
-        return step.advantage_statistics(batch, kl, all_adv, self.batch_rows)
+        return step.advantage_statistics(batch, kl, all_adv, self.batch_shard)
 
     # ---- phase 4: the PPO update
 
@@ -408,7 +417,7 @@ class Trainer:
         norm_sums: dict[str, float] = {}
         count = 0
         n_local = batch.input_ids.shape[0]
-        lo = self.rows.start
+        lo = self.batch_shard.local.start
         tokens = dist.gather_rows(batch.response_mask.sum(-1)).cpu()  # response tokens of every global row
         n = tokens.shape[0]
         for epoch in range(cfg.ppo_epochs):
@@ -420,7 +429,7 @@ class Trainer:
                 loss: torch.Tensor | None = None
                 if mine.numel():
                     mb = batch.select((mine - lo).to(self.device))
-                    s = self._score(mb, grad=True, gates=None)
+                    s = self._forward(mb, grad=True, gates=None)
                     loss, got = step.minibatch_loss(
                         mb,
                         s.logprobs,
@@ -449,13 +458,15 @@ class Trainer:
 
     def evaluate(self) -> float:
         """Held-out accuracy of greedy decoding on the fixed evaluation set (split across ranks;
-        :func:`comppo_core.rl.engine.evaluation.heldout_scores`, as ``comppo-core evaluate``)."""
+        :func:`comppo_core.rl.engine.evaluation.heldout_rewards`, as ``comppo-core evaluate``)."""
         problems = self.eval_problems
         lo, hi = shard_bounds(len(problems), self.dist.rank, self.dist.world_size)
         width = self._prompt_width(problems)
         kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "device": self.device, "width": width}
         correct = (
-            float(sum(heldout_scores(self.actor, self.tokenizer, self.task, problems[lo:hi], **kw))) if hi > lo else 0.0
+            float(sum(heldout_rewards(self.actor, self.tokenizer, self.task, problems[lo:hi], **kw)))
+            if hi > lo
+            else 0.0
         )
         total = self.dist.sum(torch.tensor([correct], dtype=torch.float64))
         return float(total.item()) / len(problems)
@@ -471,12 +482,12 @@ class Trainer:
         """One PPO step (rollout → score → advantages → update); its metrics row (over the
         global batch)."""
         cfg, dist = self.config, self.dist
-        row: dict[str, Any] = {key: None for key in METRIC_KEYS}
-        row.update(step=step_index, arm=cfg.arm, seed=cfg.seed)
+        metric_row: dict[str, Any] = {key: None for key in METRIC_KEYS}
+        metric_row.update(step=step_index, arm=cfg.arm, seed=cfg.seed)
         if cfg.eval_every and step_index % cfg.eval_every == 0:
             with Timer() as t:
-                row["eval_accuracy"] = self.evaluate()
-            row["time_eval_s"] = t.seconds
+                metric_row["eval_accuracy"] = self.evaluate()
+            metric_row["time_eval_s"] = t.seconds
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(self.torch_rng)
             with Timer() as t_rollout:
@@ -484,16 +495,16 @@ class Trainer:
             with Timer() as t_score:
                 batch = self.score(r, step_index)
             with Timer() as t_adv:
-                row.update(self.compute_advantages(r, batch))
+                metric_row.update(self.compute_advantages(r, batch))
             with Timer() as t_update:
-                row.update(self.update(batch, step_index))
+                metric_row.update(self.update(batch, step_index))
             self.torch_rng = torch.get_rng_state()
         m = dist.gather_rows(batch.response_mask)
-        scores = dist.gather_rows(r.scores)
-        row.update(
-            reward_mean=float(scores.double().mean()),
-            train_accuracy=float((scores == 1.0).double().mean()),
-            rewards_all_equal=bool(scores.min() == scores.max()),
+        rewards = dist.gather_rows(r.scores)
+        metric_row.update(
+            reward_mean=float(rewards.double().mean()),
+            train_accuracy=float((rewards == 1.0).double().mean()),
+            rewards_all_equal=bool(rewards.min() == rewards.max()),
             response_length=float(m.sum(-1).double().mean()),
             entropy=-step.masked_mean(dist.gather_rows(batch.old_logprobs), m),
             time_rollout_s=t_rollout.seconds,
@@ -501,7 +512,7 @@ class Trainer:
             time_advantages_s=t_adv.seconds,
             time_update_s=t_update.seconds,
         )
-        return metrics.finite_row(row)
+        return metrics.finite_row(metric_row)
 
     def train(self, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """Run steps ``start_step … steps − 1``; write the outputs (rank 0); return the summary.
@@ -514,15 +525,15 @@ class Trainer:
         raising :class:`~comppo_core.rl.runs.interrupts.RankFailed` (:meth:`Dist.stop_all`)."""
         cfg = self.config
         main = self.dist.is_main
-        rows: list[dict[str, Any]] = []
+        metric_rows: list[dict[str, Any]] = []  # one per step of this call, as metrics.jsonl's
         log = metrics.RunLog(cfg, self.out if main else None, start_step=self.start_step, enabled=main)
         at = self.start_step  # the step under way, for a failure's message
         try:
             for at in range(self.start_step, cfg.steps):
                 self._stop_if_asked(stop, at)
-                row = self.step(at)
-                rows.append(row)
-                log.step(row, max_new_tokens=self.max_new_tokens)
+                metric_row = self.step(at)
+                metric_rows.append(metric_row)
+                log.step(metric_row, max_new_tokens=self.max_new_tokens)
                 first = at == self.start_step == 0
                 if (first or (cfg.save_every and (at + 1) % cfg.save_every == 0)) and at + 1 < cfg.steps:
                     self.save_checkpoint(at + 1)
@@ -533,7 +544,7 @@ class Trainer:
             final_eval = self.evaluate() if cfg.eval_every else None
             if final_eval is not None:
                 log.final(at, final_eval)
-            summary = self._summary(rows, final_eval)
+            summary = self._summary(metric_rows, final_eval)
             self.dist.barrier()  # the outputs are complete when any rank returns
         except TrainingInterrupted:
             raise
@@ -556,7 +567,7 @@ class Trainer:
         self.dist.barrier()
         raise TrainingInterrupted(next_step, self.checkpoint_dir)
 
-    def _summary(self, rows: list[dict[str, Any]], final_eval: float | None) -> dict[str, Any]:
+    def _summary(self, metric_rows: list[dict[str, Any]], final_eval: float | None) -> dict[str, Any]:
         cfg = self.config
         parameters = {
             "actor": sum(p.numel() for p in self.actor.parameters()),
@@ -567,7 +578,7 @@ class Trainer:
         run.update(world_size=self.dist.world_size, warm_start=self.warm_start)
         out = self.out if self.dist.is_main else None
         return metrics.summarize(
-            rows, out=out, final_step=max(cfg.steps, self.start_step), final_eval=final_eval, run=run
+            metric_rows, out=out, final_step=max(cfg.steps, self.start_step), final_eval=final_eval, run=run
         )
 
 

@@ -15,11 +15,12 @@ Every response has at least 8 tokens (``"3+4=7;7"`` and its EOS), and a wrong co
 early on usually makes the answer wrong, so which tokens earned the reward matters:
 the setting token-level credit assignment is about.
 
-**Verifier** (:meth:`AdditionTask.score`): 1.0 when the response stopped at EOS and its
+**Verifier** (:meth:`AdditionTask.reward`): 1.0 when the response stopped at EOS and its
 text after the single ``;`` is exactly ``str(a + b)``; 0.0 otherwise (worked steps are
-not checked; a right answer reached by wrong steps still scores).
+not checked; a right answer reached by wrong steps still earns the reward).
 
-**Split.** A pair ``(a, b)`` is held out when ``blake2b(f"{split_seed}:{a}:{b}")`` falls
+**Split** (:class:`~comppo_core.rl.tasks.base.HashSplit`, the key ``"a:b"``). A pair
+``(a, b)`` is held out when ``blake2b(f"{split_seed}:{a}:{b}")`` falls
 in the first ``heldout_fraction`` of its range, so the split is a fixed function of
 ``split_seed`` whatever is sampled; training problems are drawn from the rest, and the
 evaluation set is a fixed list of distinct held-out pairs. With ``validation_fraction``
@@ -38,71 +39,18 @@ the training draws are then exactly those of a task without the argument.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...errors import ParameterError
+from .base import ENUMERABLE, SPLIT_WORDS, HashSplit, Problem, Side, distinct_problems, rewards_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-#: A problem's key in its task's space (addition's ``(a, b)``, the chain task's ``(x, q)``).
-K = TypeVar("K")
-
 __all__ = ["ALPHABET", "ENUMERABLE", "AdditionTask", "CharTokenizer", "Problem", "distinct_problems", "worked_solution"]
-
-#: The largest problem space :func:`distinct_problems` lists a side of (addition's 3
-#: digits: 10⁶ pairs).
-ENUMERABLE = 10**6
-
-
-def distinct_problems(
-    n: int,
-    rng: np.random.Generator,
-    *,
-    share: float,
-    total: int,
-    keys: Callable[[], Iterable[K]],
-    on_side: Callable[[K], bool],
-    draws: Callable[[np.random.Generator], Iterator[K]],
-    problem: Callable[[K], Problem],
-    what: str,
-    fraction: str,
-    list_always: bool = False,
-) -> list[Problem]:
-    """``n`` distinct problems of one side of a split (a held-out or validation list), fixed by ``rng``.
-
-    A side of about ``share · total`` problems; up to half of it, distinct keys are drawn
-    (``draws(rng)``: keys of the side, with replacement; about ``1.4·n`` draws at most half);
-    more, or always with ``list_always``, every key of ``keys()`` on the side
-    (``on_side``) is listed and shuffled with ``rng`` (all of them when fewer than ``n``),
-    when ``total ≤`` :data:`ENUMERABLE`; more than half of a side too large to list is a
-    ParameterError naming ``eval_size`` (drawing would take too long or never end), whose
-    message says ``what`` the side holds and to raise ``fraction``."""
-    if n <= 0:
-        return []
-    over_half = n > share * total / 2
-    if list_always or (over_half and total <= ENUMERABLE):
-        side = [k for k in keys() if on_side(k)]
-        return [problem(side[int(i)]) for i in rng.permutation(len(side))[:n]]
-    if over_half:
-        raise ParameterError(
-            f"eval_size: expected at most half of the about {share * total:.0f} {what}, got {n}; "
-            f"lower eval_size or raise {fraction}",
-            argument="eval_size",
-        )
-    seen: set[K] = set()
-    out: list[Problem] = []
-    for key in draws(rng):
-        if key not in seen:
-            seen.add(key)
-            out.append(problem(key))
-            if len(out) == n:
-                break
-    return out
 
 
 #: The characters of the built-in task.
@@ -219,14 +167,6 @@ class CharTokenizer:
         )
 
 
-class Problem(NamedTuple):
-    """One problem: its prompt text, the exact answer and a worked response for SFT."""
-
-    prompt: str
-    answer: str
-    solution: str
-
-
 def worked_solution(a: int, b: int, *, carries: bool = True) -> str:
     """The worked response for ``a + b`` (module docstring), without EOS.
 
@@ -269,46 +209,30 @@ class AdditionTask:
     ) -> None:
         if isinstance(digits, bool) or not isinstance(digits, int) or not 1 <= digits <= 6:
             raise ParameterError(f"digits: expected an integer in [1, 6], got {digits!r}", argument="digits")
-        if not isinstance(heldout_fraction, (int, float)) or not 0.0 < float(heldout_fraction) < 1.0:
-            raise ParameterError(
-                f"heldout_fraction: expected a number in (0, 1), got {heldout_fraction!r}", argument="heldout_fraction"
-            )
-        vf = validation_fraction
-        if isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0.0 <= float(vf) < 1.0 - heldout_fraction:
-            raise ParameterError(
-                f"validation_fraction: expected a number in [0, 1 − heldout_fraction) = [0, {1.0 - heldout_fraction!r}), "
-                f"got {vf!r}",
-                argument="validation_fraction",
-            )
+        #: the train / validation / held-out split of the pairs (key ``"a:b"``)
+        self.split = HashSplit(split_seed, heldout_fraction, validation_fraction)
         self.digits = digits
-        self.split_seed = int(split_seed)
-        self.heldout_fraction = float(heldout_fraction)
-        self.validation_fraction = float(vf)
+        self.split_seed = self.split.split_seed
+        self.heldout_fraction = self.split.heldout_fraction
+        self.validation_fraction = self.split.validation_fraction
         self.tokenizer = CharTokenizer(ALPHABET)
-        self._threshold = int(self.heldout_fraction * 2**64)
-        #: hashes in [_threshold, _validation_end) are the validation split (none when equal)
-        self._validation_end = int((self.heldout_fraction + self.validation_fraction) * 2**64)
-        if self.validation_fraction == 0.0:
-            self._validation_end = self._threshold
         pairs = 10 ** (2 * digits)
-        sides: dict[str, float] = {"held-out": 0, "validation": 0, "training": 0}
+        sides: dict[Side, float] = {"heldout": 0, "validation": 0, "train": 0}
         if digits <= 2:  # count exactly (10⁴ hashes at most)
             for a, b in self._pairs():
                 sides[self._side(a, b)] += 1
         else:  # too many pairs to count: the expected sizes
-            share = {"held-out": self.heldout_fraction, "validation": self.validation_fraction}
-            sides = {**share, "training": 1.0 - self.heldout_fraction - self.validation_fraction}
-            sides = {k: v * pairs for k, v in sides.items()}
+            sides = {side: self.split.share(side) * pairs for side in sides}
         if self.validation_fraction == 0.0:
             del sides["validation"]
         for side, count in sides.items():
             if count < 1:
-                blamed = side == "validation" or (side == "training" and self.validation_fraction)
+                blamed = side == "validation" or (side == "train" and self.validation_fraction)
                 name = "validation_fraction" if blamed else "heldout_fraction"
                 kinds = "training, held-out and validation" if self.validation_fraction else "training and held-out"
                 raise ParameterError(
-                    f"{name}: expected a split with {kinds} pairs, got {getattr(self, name)!r}, which leaves no {side} "
-                    f"pair of the {pairs} {digits}-digit pairs (split_seed {self.split_seed})",
+                    f"{name}: expected a split with {kinds} pairs, got {getattr(self, name)!r}, which leaves no "
+                    f"{SPLIT_WORDS[side]} pair of the {pairs} {digits}-digit pairs (split_seed {self.split_seed})",
                     argument=name,
                 )
 
@@ -316,25 +240,18 @@ class AdditionTask:
         hi = 10**self.digits
         return ((a, b) for a in range(hi) for b in range(hi))
 
-    def _share(self, side: str) -> float:
-        if side == "held-out":
-            return self.heldout_fraction
-        if side == "validation":
-            return self.validation_fraction
-        return 1.0 - self.heldout_fraction - self.validation_fraction
-
-    def _draw(self, rng: np.random.Generator, n: int, side: str) -> Iterator[tuple[int, int]]:
-        """Pairs drawn uniformly from one side of the split (``"training"``, ``"held-out"``
-        or ``"validation"``), with replacement; at most ``100·n/p + 10⁴`` draws (p the
-        side's share), far beyond what any split needs."""
+    def _draw(self, rng: np.random.Generator, n: int, side: Side) -> Iterator[tuple[int, int]]:
+        """Pairs drawn uniformly from one side of the split, with replacement; at most
+        ``100·n/p + 10⁴`` draws (p the side's share), far beyond what any split needs."""
         hi = 10**self.digits
-        share = self._share(side)
+        share = self.split.share(side)
         for _ in range(int(100 * n / share) + 10_000):
             a, b = (int(x) for x in rng.integers(0, hi, size=2))
             if self._side(a, b) == side:
                 yield a, b
         raise ParameterError(  # pragma: no cover - a share below 1/hi² is refused in __init__
-            f"heldout_fraction: the {side} side of the split is too rare to draw from ({share!r} of the pairs)",
+            f"heldout_fraction: the {SPLIT_WORDS[side]} side of the split is too rare to draw from ({share!r} of "
+            "the pairs)",
             argument="heldout_fraction",
         )
 
@@ -350,30 +267,26 @@ class AdditionTask:
         return 1 + 2 * self.digits + 2
 
     def _hash(self, a: int, b: int) -> int:
-        h = hashlib.blake2b(f"{self.split_seed}:{a}:{b}".encode(), digest_size=8).digest()
-        return int.from_bytes(h, "little")
+        return self.split.hash(f"{a}:{b}")
 
-    def _side(self, a: int, b: int) -> str:
-        """``"held-out"``, ``"validation"`` or ``"training"``: where ``(a, b)`` falls."""
-        h = self._hash(a, b)
-        if h < self._threshold:
-            return "held-out"
-        return "validation" if h < self._validation_end else "training"
+    def _side(self, a: int, b: int) -> Side:
+        """``"heldout"``, ``"validation"`` or ``"train"``: where ``(a, b)`` falls."""
+        return self.split.side(f"{a}:{b}")
 
     def is_heldout(self, a: int, b: int) -> bool:
         """Whether ``(a, b)`` belongs to the held-out split."""
-        return self._hash(a, b) < self._threshold
+        return self._side(a, b) == "heldout"
 
     def is_validation(self, a: int, b: int) -> bool:
         """Whether ``(a, b)`` belongs to the validation split (never with ``validation_fraction=0``)."""
-        return self._threshold <= self._hash(a, b) < self._validation_end
+        return self._side(a, b) == "validation"
 
     def problem(self, a: int, b: int) -> Problem:
         return Problem(f"{a}+{b}=", str(a + b), worked_solution(a, b))
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
         """``n`` training problems (pairs outside the held-out and validation splits), drawn with ``rng``."""
-        draws = self._draw(rng, n, "training")
+        draws = self._draw(rng, n, "train")
         return [self.problem(*next(draws)) for _ in range(n)]
 
     def heldout(self, n: int, seed: int = 0) -> list[Problem]:
@@ -382,44 +295,45 @@ class AdditionTask:
         Up to 10⁶ pairs (3 digits) and whenever ``n`` is over half the held-out pairs
         expected, the held-out pairs are listed and shuffled; otherwise distinct pairs are
         drawn. More than half of a split too large to list is an error naming ``eval_size``."""
-        return self._fixed_list(n, "held-out", np.random.default_rng([self.split_seed, seed, 7]))
+        return self._fixed_list(n, "heldout", self.split.rng(seed, 7))
 
     def validation(self, n: int, seed: int = 0) -> list[Problem]:
         """A fixed list of ``n`` distinct validation problems (fewer if the split has fewer),
         as :meth:`heldout` lists held-out ones: disjoint from the held-out split and from
         every :meth:`sample`. A :class:`~comppo_core.errors.ParameterError` naming
         ``validation_fraction`` when the task has no validation split."""
-        if self.validation_fraction == 0.0:
-            raise ParameterError(
-                "validation_fraction: expected a validation split (validation_fraction > 0), got 0.0",
-                argument="validation_fraction",
-            )
-        return self._fixed_list(n, "validation", np.random.default_rng([self.split_seed, seed, 8]))
+        self.split.require_validation()
+        return self._fixed_list(n, "validation", self.split.rng(seed, 8))
 
-    def _fixed_list(self, n: int, side: str, rng: np.random.Generator) -> list[Problem]:
+    def _fixed_list(self, n: int, side: Side, rng: np.random.Generator) -> list[Problem]:
         return distinct_problems(
             n,
             rng,
-            share=self._share(side),
+            share=self.split.share(side),
             total=10 ** (2 * self.digits),
             keys=self._pairs,
             on_side=lambda pair: self._side(*pair) == side,
             draws=lambda r: self._draw(r, 4 * n, side),
             problem=lambda pair: self.problem(*pair),
-            what=f"{side} {self.digits}-digit pairs",
-            fraction="heldout_fraction" if side == "held-out" else "validation_fraction",
+            what=f"{SPLIT_WORDS[side]} {self.digits}-digit pairs",
+            fraction="heldout_fraction" if side == "heldout" else "validation_fraction",
             list_always=self.digits <= 2,
         )
 
-    def score(self, problem: Problem, response: str, finished: bool) -> float:
+    def reward(self, problem: Problem, response: str, finished: bool) -> float:
         """The verifier: 1.0 iff the response ``finished`` at EOS and its text after its
         single ``;`` is exactly ``problem.answer``."""
         if not finished or response.count(";") != 1:
             return 0.0
         return 1.0 if response.split(";", 1)[1] == problem.answer else 0.0
 
-    def scores(self, problems: Sequence[Problem], responses: Sequence[str], finished: Sequence[bool]) -> list[float]:
-        return [self.score(p, r, f) for p, r, f in zip(problems, responses, finished)]
+    def rewards(self, problems: Sequence[Problem], responses: Sequence[str], finished: Sequence[bool]) -> list[float]:
+        """:meth:`reward` of each response."""
+        return rewards_of(self.reward, problems, responses, finished)
+
+    def describe(self) -> str:
+        """``"2-digit addition"``."""
+        return f"{self.digits}-digit addition"
 
     def to_dict(self) -> dict[str, Any]:
         return {

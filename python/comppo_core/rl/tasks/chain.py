@@ -21,11 +21,11 @@ cannot know: the setting in which a good critic and well-placed gates have somet
 do, and GRPO's one advantage for every token does not. (``tail_max = 0`` is the variant
 without a tail, whose chain always ends the response.)
 
-**Verifier** (:meth:`ChainTask.score`): 1.0 iff the response stopped at EOS, has the
+**Verifier** (:meth:`ChainTask.reward`): 1.0 iff the response stopped at EOS, has the
 format ``[abcd]{N} | [0-9]{steps+1} | [abcd]{M}`` (``filler_min ≤ N ≤ filler_max``,
 ``tail_min ≤ M ≤ tail_max``; without a tail, nothing after the digits) and the chain's
 last digit is ``(x_q + steps) mod 10``; 0.0 otherwise. The chain's middle digits are not
-checked (a wrong recall followed by a skipped step can still score, as a wrong worked
+checked (a wrong recall followed by a skipped step can still earn the reward, as a wrong worked
 step can in :class:`~comppo_core.rl.tasks.addition.AdditionTask`).
 
 **Splits.** A problem ``(x, q)`` falls at ``u = blake2b(f"{split_seed}:{x}:{q}")
@@ -46,14 +46,14 @@ one token per character, so response token ``k`` is character ``k`` of the respo
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ...errors import ParameterError
-from .addition import CharTokenizer, Problem, distinct_problems
+from .addition import CharTokenizer
+from .base import SPLIT_WORDS, HashSplit, Problem, Side, distinct_problems, rewards_of
 from .fillers import FILLER, SEPARATOR, FillerRange, body_pattern, pivotal_body, wrap
 
 __all__ = ["CHAIN_ALPHABET", "FILLER", "SEPARATOR", "ChainTask"]
@@ -98,32 +98,18 @@ class ChainTask:
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise ParameterError(f"{name}: expected an integer in [{lo}, {hi}], got {value!r}", argument=name)
         self._sizes = FillerRange(filler_min, filler_max, tail_min, tail_max)
-        for name, share, open_low in (
-            ("heldout_fraction", heldout_fraction, True),
-            ("validation_fraction", validation_fraction, False),  # 0: no validation split
-        ):
-            number = isinstance(share, (int, float)) and not isinstance(share, bool)
-            if not number or not (0.0 < share if open_low else 0.0 <= share) or not share < 1.0:
-                interval = "(0, 1)" if open_low else "[0, 1)"
-                raise ParameterError(f"{name}: expected a number in {interval}, got {share!r}", argument=name)
-        if float(heldout_fraction) + float(validation_fraction) >= 1.0:
-            raise ParameterError(
-                f"validation_fraction: expected less than 1 − heldout_fraction = {1.0 - float(heldout_fraction)!r} "
-                f"(training problems must remain), got {validation_fraction!r}",
-                argument="validation_fraction",
-            )
+        #: the train / validation / held-out split of the problems (key ``"x:q"``)
+        self.split = HashSplit(split_seed, heldout_fraction, validation_fraction)
         self.digits = digits
         self.steps = steps
         self.filler_min = filler_min
         self.filler_max = filler_max
         self.tail_min = tail_min
         self.tail_max = tail_max
-        self.split_seed = int(split_seed)
-        self.heldout_fraction = float(heldout_fraction)
-        self.validation_fraction = float(validation_fraction)
+        self.split_seed = self.split.split_seed
+        self.heldout_fraction = self.split.heldout_fraction
+        self.validation_fraction = self.split.validation_fraction
         self.tokenizer = CharTokenizer(CHAIN_ALPHABET)
-        self._held_below = int(self.heldout_fraction * 2**64)
-        self._valid_below = int((self.heldout_fraction + self.validation_fraction) * 2**64)
         self._format = body_pattern(f"[0-9]{{{steps + 1}}}", self._sizes)
 
     # ---- sizes
@@ -142,12 +128,10 @@ class ChainTask:
     # ---- problems and splits
 
     def _hash(self, x: str, q: int) -> int:
-        h = hashlib.blake2b(f"{self.split_seed}:{x}:{q}".encode(), digest_size=8).digest()
-        return int.from_bytes(h, "little")
+        return self.split.hash(f"{x}:{q}")
 
-    def _side(self, x: str, q: int) -> str:
-        u = self._hash(x, q)
-        return "heldout" if u < self._held_below else "validation" if u < self._valid_below else "train"
+    def _side(self, x: str, q: int) -> Side:
+        return self.split.side(f"{x}:{q}")
 
     def is_heldout(self, x: str, q: int) -> bool:
         """Whether the problem ``(x, q)`` belongs to the held-out split."""
@@ -191,7 +175,7 @@ class ChainTask:
         EOS: the SFT warm start's target (:func:`comppo_core.rl.engine.build.sft_warm_start`)."""
         return wrap(self.chain(*self.parse(problem)), rng, self._sizes)
 
-    def _draw(self, rng: np.random.Generator, side: str) -> Iterator[tuple[str, int]]:
+    def _draw(self, rng: np.random.Generator, side: Side) -> Iterator[tuple[str, int]]:
         """Problems drawn uniformly from one side, with replacement (rejection sampling;
         every side has a share of at least a few percent in practice)."""
         while True:
@@ -210,9 +194,9 @@ class ChainTask:
             out.append(self.problem(x, q, rng))
         return out
 
-    def _fixed(self, n: int, seed: int, side: str, stream: int) -> list[Problem]:
+    def _fixed(self, n: int, seed: int, side: Side, stream: int) -> list[Problem]:
         """``n`` distinct problems of ``side``, fixed by ``seed``
-        (:func:`~comppo_core.rl.tasks.addition.distinct_problems`: drawn up to half the side, listed
+        (:func:`~comppo_core.rl.tasks.base.distinct_problems`: drawn up to half the side, listed
         beyond that while the problem space is small, refused when it is not)."""
         width = self.digits
 
@@ -221,14 +205,14 @@ class ChainTask:
 
         return distinct_problems(
             n,
-            np.random.default_rng([self.split_seed, seed, stream]),
-            share=self.heldout_fraction if side == "heldout" else self.validation_fraction,
+            self.split.rng(seed, stream),
+            share=self.split.share(side),
             total=10**width * width,
             keys=keys,
             on_side=lambda key: self._side(*key) == side,
             draws=lambda rng: self._draw(rng, side),
             problem=lambda key: self.problem(*key),
-            what=f"{side} problems of {width} digits",
+            what=f"{SPLIT_WORDS[side]} problems of {width} digits",
             fraction="heldout_fraction" if side == "heldout" else "validation_fraction",
         )
 
@@ -242,30 +226,27 @@ class ChainTask:
         ones and never drawn by :meth:`sample` (for tuning without touching the held-out set).
         A :class:`~comppo_core.errors.ParameterError` naming ``validation_fraction`` when
         the task has no validation split."""
-        if self.validation_fraction == 0.0:
-            raise ParameterError(
-                "validation_fraction: expected a validation split (validation_fraction > 0), got 0.0",
-                argument="validation_fraction",
-            )
+        self.split.require_validation()
         return self._fixed(n, seed, "validation", 11)
 
     # ---- the verifier and the pivotal tokens
 
-    def score(self, problem: Problem, response: str, finished: bool) -> float:
+    def reward(self, problem: Problem, response: str, finished: bool) -> float:
         """The verifier (module docstring): 1.0 iff finished, in format and the last digit
         is ``(x_q + steps) mod 10``."""
         if not finished or not self._format.fullmatch(response):
             return 0.0
         return 1.0 if response.split(SEPARATOR)[1][-1] == problem.answer[-1] else 0.0  # the body's last digit
 
-    def scores(self, problems: Sequence[Problem], responses: Sequence[str], finished: Sequence[bool]) -> list[float]:
-        return [self.score(p, r, f) for p, r, f in zip(problems, responses, finished)]
+    def rewards(self, problems: Sequence[Problem], responses: Sequence[str], finished: Sequence[bool]) -> list[float]:
+        """:meth:`reward` of each response."""
+        return rewards_of(self.reward, problems, responses, finished)
 
     def pivotal(self, problem: Problem, response: str) -> list[bool]:
         """Which tokens of ``response`` are pivotal, one bool per character.
 
         The char tokenizer has one token per character, so entry ``k`` is response token
-        ``k``; the EOS token after the text is not included (a caller that scores it adds
+        ``k``; the EOS token after the text is not included (a caller that reads it adds
         its own entry). Pivotal: every character after the response's first separator
         ``|`` and before its second one, if any (the recalled digit and the chain, whatever
         they are); not pivotal: the fillers and the separators, and every character of a
@@ -273,6 +254,10 @@ class ChainTask:
         signature so that a task whose pivotal tokens depend on the problem fits it."""
         del problem
         return pivotal_body(response)
+
+    def describe(self) -> str:
+        """``"chain recall (8 digits, filler 0-32, 8 steps)"``."""
+        return f"chain recall ({self.digits} digits, filler {self.filler_min}-{self.filler_max}, {self.steps} steps)"
 
     def to_dict(self) -> dict[str, Any]:
         return {

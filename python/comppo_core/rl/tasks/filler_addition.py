@@ -17,7 +17,7 @@ every token does not. Unlike the chain task's recall of an indexed digit, every 
 the worked steps need can be made by content (the digits next to ``+`` and ``=``), so the
 filler does not make the warm start's task harder by itself.
 
-**Verifier** (:meth:`FillerAdditionTask.score`): 1.0 iff the response stopped at EOS,
+**Verifier** (:meth:`FillerAdditionTask.reward`): 1.0 iff the response stopped at EOS,
 has the format ``[abcd]{N} | body | [abcd]{M}`` (lengths in range; without a tail,
 nothing after the body), and the body, a string of ``0-9+=,;``, has exactly one ``;``
 followed by exactly ``str(a + b)``; 0.0 otherwise (worked steps are not checked, as in
@@ -113,19 +113,26 @@ class FillerAdditionTask(AdditionTask):
         demonstrations), consistent but wrong whenever a column carries."""
         return wrap(worked_solution(*self.parse(problem), carries=carries), rng, self._sizes)
 
-    def score(self, problem: Problem, response: str, finished: bool) -> float:
+    def reward(self, problem: Problem, response: str, finished: bool) -> float:
         """The verifier (module docstring): 1.0 iff finished, in format and the body's text
         after its single ``;`` is exactly ``problem.answer``."""
         match = self._format.fullmatch(response) if finished else None
         if match is None:
             return 0.0
-        return super().score(problem, match.group(1), True)
+        return super().reward(problem, match.group(1), True)
 
     def pivotal(self, problem: Problem, response: str) -> list[bool]:
         """Which characters of ``response`` are pivotal: the body between the separators
         (:func:`~comppo_core.rl.tasks.fillers.pivotal_body`); ``problem`` is not read."""
         del problem
         return pivotal_body(response)
+
+    def describe(self) -> str:
+        """``"2-digit addition between fillers (0-16, tail 0-16)"``."""
+        return (
+            f"{self.digits}-digit addition between fillers ({self.filler_min}-{self.filler_max}, "
+            f"tail {self.tail_min}-{self.tail_max})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

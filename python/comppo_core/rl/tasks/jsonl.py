@@ -32,7 +32,6 @@ final answer (:func:`extract_answer`) is compared with the row's answer
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -43,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ParameterError
-from .addition import Problem
+from .base import HashSplit, Problem, rewards_of
 
 __all__ = ["JsonlTask", "answers_match", "extract_answer", "normalize", "parse_number", "verify"]
 
@@ -129,26 +128,17 @@ class JsonlTask:
         validation_fraction: float = 0.0,
     ) -> None:
         self.path = Path(path)
-        self.split_seed = int(split_seed)
-        self.heldout_fraction = float(heldout_fraction)
-        vf = validation_fraction
-        if isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0.0 <= float(vf) < 1.0 - heldout_fraction:
-            raise ParameterError(
-                f"validation_fraction: expected a number in [0, 1 − heldout_fraction) = [0, {1.0 - heldout_fraction!r}), "
-                f"got {vf!r}",
-                argument="validation_fraction",
-            )
-        self.validation_fraction = float(vf)
+        #: the train / validation / held-out split of the rows (key: the prompt)
+        self.split = HashSplit(split_seed, heldout_fraction, validation_fraction)
+        self.split_seed = self.split.split_seed
+        self.heldout_fraction = self.split.heldout_fraction
+        self.validation_fraction = self.split.validation_fraction
         self.max_new_tokens = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else int(max_new_tokens)
+        #: a user's model brings the tokenizer (``config.model``)
+        self.tokenizer = None
         self.rows = read_rows(self.path)
-        threshold = int(self.heldout_fraction * 2**64)
-        end = int((self.heldout_fraction + self.validation_fraction) * 2**64) if self.validation_fraction else threshold
-        hashes = [self._hash(p.prompt) for p in self.rows]
-        held = [h < threshold for h in hashes]
-        valid = [threshold <= h < end for h in hashes]
-        self.train_rows = [p for p, h, v in zip(self.rows, held, valid) if not h and not v]
-        self.heldout_rows = [p for p, h in zip(self.rows, held) if h]
-        self.validation_rows = [p for p, v in zip(self.rows, valid) if v]
+        sides = self.split.split([(p.prompt, p) for p in self.rows])
+        self.train_rows, self.heldout_rows, self.validation_rows = sides["train"], sides["heldout"], sides["validation"]
         if self.validation_fraction and not self.validation_rows:
             raise ParameterError(
                 f"validation_fraction: {str(self.path)!r}: expected rows in the validation split (validation_fraction="
@@ -162,12 +152,8 @@ class JsonlTask:
                 f"of {len(self.rows)} rows",
                 argument="task",
             )
-        order = np.random.default_rng([self.split_seed, 7]).permutation(len(self.heldout_rows))
+        order = self.split.rng(7).permutation(len(self.heldout_rows))
         self.heldout_rows = [self.heldout_rows[i] for i in order]
-
-    def _hash(self, prompt: str) -> int:
-        h = hashlib.blake2b(f"{self.split_seed}:{prompt}".encode(), digest_size=8).digest()
-        return int.from_bytes(h, "little")
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
         """``n`` training rows drawn uniformly with replacement with ``rng``."""
@@ -182,20 +168,21 @@ class JsonlTask:
         ``seed``; all of them if fewer): disjoint from :meth:`heldout` and never drawn by
         :meth:`sample`. A :class:`~comppo_core.errors.ParameterError` naming
         ``validation_fraction`` when the task has no validation split."""
-        if not self.validation_fraction:
-            raise ParameterError(
-                "validation_fraction: expected a validation split (validation_fraction > 0), got 0.0",
-                argument="validation_fraction",
-            )
-        order = np.random.default_rng([self.split_seed, seed, 8]).permutation(len(self.validation_rows))
+        self.split.require_validation()
+        order = self.split.rng(seed, 8).permutation(len(self.validation_rows))
         return [self.validation_rows[i] for i in order[:n]]
 
-    def score(self, problem: Problem, response: str, finished: bool) -> float:
+    def reward(self, problem: Problem, response: str, finished: bool) -> float:
         """:func:`verify` against the row's answer."""
         return verify(response, problem.answer, finished)
 
-    def scores(self, problems: Sequence[Problem], responses: Sequence[str], finished: Sequence[bool]) -> list[float]:
-        return [self.score(p, r, f) for p, r, f in zip(problems, responses, finished)]
+    def rewards(self, problems: Sequence[Problem], responses: Sequence[str], finished: Sequence[bool]) -> list[float]:
+        """:meth:`reward` of each response."""
+        return rewards_of(self.reward, problems, responses, finished)
+
+    def describe(self) -> str:
+        """The file's name."""
+        return self.path.name
 
     def to_dict(self) -> dict[str, Any]:
         return {
