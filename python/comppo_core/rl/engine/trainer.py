@@ -129,7 +129,7 @@ class Trainer:
                 argument="prompts_per_step",
             )
         self.task, self.tokenizer = make_task(config)
-        if self.arm.gates == "oracle":
+        if self.arm.gate_source.pivotal:
             oracle.check_task(self.task, self.arm.name)
         self.max_new_tokens = config.max_new_tokens or self.task.max_new_tokens
         split = self.task.validation if config.eval_split == "validation" else self.task.heldout
@@ -362,7 +362,7 @@ class Trainer:
             shape=(b, columns),
             device=self.device,
             rows=self.batch_shard,
-            pivotal=oracle.pivotal_columns(self.task, self.tokenizer, r) if self.arm.gates == "oracle" else None,
+            pivotal=oracle.pivotal_columns(self.task, self.tokenizer, r) if self.arm.gate_source.pivotal else None,
         )
         s = self._forward(r, grad=False, gates=gates)
         ref = self.reference_logprobs(r.input_ids, r.attention_mask) if self.uses_reference else None
