@@ -25,7 +25,8 @@ from comppo_core.commands import demo
 
 HEADER = re.compile(r"^\s*position\s+token\s+log-prob\s+concentration\s+gate\s+value\s+GAE adv\s+Comp-GAE adv\s*$")
 RESPONSE = re.compile(r"^response (\d+): '(.*)' -> '(.*)' \(answer (\d+)\), reward ([01])( |$)", re.MULTILINE)
-ACCURACY = re.compile(r"^held-out accuracy \(greedy, (\d+) problems\): (\d\.\d{3}) -> (\d\.\d{3}) ")
+#: in percent with one decimal, as ``comppo-core train`` prints accuracies
+ACCURACY = re.compile(r"^held-out accuracy \(greedy, (\d+) problems\): (\d+\.\d%) -> (\d+\.\d%) ")
 STEPS = 2
 
 
@@ -106,8 +107,9 @@ def test_demo_trains_and_writes_its_outputs(quick_run: dict[str, Any]) -> None:
     m = ACCURACY.match(line)
     assert m is not None
     assert int(m.group(1)) == demo.QUICK["eval_size"]
-    assert float(m.group(2)) == round(summary["initial_eval_accuracy"], 3)
-    assert float(m.group(3)) == round(summary["final_eval_accuracy"], 3)
+    assert m.group(2) == f"{100 * summary['initial_eval_accuracy']:.1f}%"
+    assert m.group(3) == f"{100 * summary['final_eval_accuracy']:.1f}%"
+    assert not re.search(r"\b0\.\d{3} -> ", out)  # no fraction is printed as an accuracy
     assert rows[0]["eval_accuracy"] == summary["initial_eval_accuracy"]
     assert f"warm start: {demo.QUICK['warmup_sft_steps']} SFT steps" in out
     for text in ("HTML credit heatmap: ", "learning curve: ", "metrics: "):
@@ -180,7 +182,7 @@ def test_credit_is_gae_and_comp_gae_of_the_scoring_pass(monkeypatch: pytest.Monk
     scored = {0, 2}
     monkeypatch.setattr(
         trainer.task,
-        "scores",
+        "rewards",
         lambda problems, responses, finished: [1.0 if i in scored else 0.0 for i in range(len(problems))],
     )
     problems = trainer.eval_problems[:4]
@@ -213,7 +215,15 @@ def test_credit_is_gae_and_comp_gae_of_the_scoring_pass(monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize(
     "extra",
-    [["--steps", "0"], ["--responses", "0"], ["--steps", "x"], ["--seed", "-1"], ["--threads", "0"], ["--arm", "ppo"]],
+    [
+        ["--steps", "0"],
+        ["--responses", "0"],
+        ["--steps", "x"],
+        ["--seed", "-1"],
+        ["--num-threads", "0"],
+        ["--threads", "0"],
+        ["--arm", "ppo"],
+    ],
 )
 def test_bad_arguments_return_2(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["demo", *extra]) == 2
@@ -238,13 +248,54 @@ def test_help_lists_demo_first(capsys: pytest.CaptureFixture[str]) -> None:
     assert text.index("demo") < text.index("synthetic")
     assert cli.main(["demo", "--help"]) == 0
     text = capsys.readouterr().out
-    for flag in ("--out", "--steps", "--seed", "--quick", "--responses"):
+    for flag in ("--out", "--steps", "--seed", "--quick", "--responses", "--num-threads", "--no-progress"):
         assert flag in text, flag
+
+
+def test_demo_help_states_each_default_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """No "(default: True)" for --no-progress, no "(default: None)" after a default said in
+    words: each flag's help gives its default once, as it is."""
+    assert cli.main(["demo", "--help"]) == 0
+    out = capsys.readouterr().out
+    text = " ".join(out.split())
+    for wrong in ("(default: True)", "(default: False)", "(default: None)", ") (default:"):
+        assert wrong not in text, wrong
+    helps: dict[str, str] = {}  # each option's help, its wrapped lines joined
+    flag = ""
+    for line in out.split("\noptions:\n")[1].splitlines():
+        if line.startswith("  -"):
+            flag, _, rest = line.strip().partition(" ")
+            flag = flag.rstrip(",")
+            rest = rest.strip()
+            if rest[:1].isupper():  # the metavar
+                rest = rest.partition(" ")[2].strip()
+            helps[flag] = rest
+        else:
+            helps[flag] = f"{helps[flag]} {line.strip()}".strip()
+    assert "(default: the demo preset's, 40; 3 with --quick)" in helps["--steps"]
+    assert helps["--seed"].endswith("(default: 0)") and helps["--responses"].endswith("(default: 8)")
+    assert "(default: a new temporary directory, printed)" in helps["--out"]
+    assert helps["--no-progress"] == "hide the progress bar (default: shown)"
+    assert "(default: the trainer's choice" in helps["--num-threads"]
+    assert all(h.count("default") <= 1 for h in helps.values()), helps
+    assert "--threads" not in text.replace("--num-threads", "")  # the alias is not offered
+
+
+def test_threads_is_an_alias_of_num_threads(capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's thread flag is train's, --num-threads; --threads still works, saying so."""
+    parser = argparse.ArgumentParser()
+    demo.add_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["demo", "--num-threads", "2"]).num_threads == 2
+    assert capsys.readouterr().err == ""
+    assert parser.parse_args(["demo", "--threads", "3"]).num_threads == 3
+    assert capsys.readouterr().err == demo.THREADS_ALIAS_NOTE + "\n"
+    assert "--threads is an alias of --num-threads" in demo.THREADS_ALIAS_NOTE
+    assert parser.parse_args(["demo"]).num_threads is None
 
 
 def test_the_demo_is_the_demo_preset_of_comppo() -> None:
     """Without --steps the demo is ``comppo-core train --arm comppo --preset demo`` (its
-    steps, as the help says); --steps, --threads and --quick change only what they name."""
+    steps, as the help says); --steps, --num-threads and --quick change only what they name."""
     pytest.importorskip("torch")
     from comppo_core import rl
 
@@ -259,6 +310,7 @@ def test_the_demo_is_the_demo_preset_of_comppo() -> None:
     assert config() == expected and expected.steps == 40 != rl.TrainConfig().steps
     assert expected.sft_carry_noise == 0.5 and expected.warmup_sft_steps == 240
     assert config("--steps", "7") == expected.replace(steps=7)
+    assert config("--num-threads", "2") == expected.replace(num_threads=2)
     assert config("--threads", "2") == expected.replace(num_threads=2)
     assert config("--quick") == expected.replace(steps=demo.QUICK_STEPS, **demo.QUICK)
     assert config("--quick", "--steps", "5").steps == 5

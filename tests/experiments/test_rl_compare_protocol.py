@@ -25,14 +25,13 @@ pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
 from comppo_core import cli
-from comppo_core.commands import compare
+from comppo_core.errors import ParameterError
 from comppo_core.experiments import report as compare_report
 from comppo_core.experiments import runs as compare_runs
 from comppo_core.experiments import statistics as compare_stats
 from comppo_core.experiments import tuning
-from comppo_core.errors import ParameterError
 from comppo_core.experiments.grid import NOT_TUNABLE, POLICY_FIELDS, Grid, parse_grid
-from comppo_core.experiments.tuning import Outcome, choose, collapsed, score, stability
+from comppo_core.experiments.tuning import Outcome, choose, collapsed, objective, stability
 from comppo_core.rl.config import TrainConfig
 from comppo_core.rl.tasks.addition import AdditionTask
 from comppo_core.rl.tasks.jsonl import JsonlTask
@@ -158,17 +157,17 @@ def test_the_collapse_criterion() -> None:
     assert stability(by_point) == (4, 6)
 
 
-def test_score_counts_a_nonfinite_stop_as_zero() -> None:
-    assert score([ok(0.5, 0.6), ok(0.5, 0.4)]) == pytest.approx(0.5)
-    assert score([ok(0.5, 0.6), NONFINITE]) == pytest.approx(0.3)
+def test_the_objective_counts_a_nonfinite_stop_as_zero() -> None:
+    assert objective([ok(0.5, 0.6), ok(0.5, 0.4)]) == pytest.approx(0.5)
+    assert objective([ok(0.5, 0.6), NONFINITE]) == pytest.approx(0.3)
 
 
 def test_the_choice_rule_and_its_ties() -> None:
     # the best mean final validation accuracy wins, whatever its start
     assert choose([[ok(0.5, 0.50)], [ok(0.1, 0.55)], [ok(0.5, 0.52)]]) == 1
-    # a tie in score goes to the point with more stable runs (p0 has a collapse: 0.6 -> 0.4)
+    # a tie in the objective goes to the point with more stable runs (p0 has a collapse: 0.6 -> 0.4)
     tie = [[ok(0.6, 0.4), ok(0.3, 0.6)], [ok(0.5, 0.5), ok(0.5, 0.5)]]
-    assert score(tie[0]) == score(tie[1]) and choose(tie) == 1
+    assert objective(tie[0]) == objective(tie[1]) and choose(tie) == 1
     # then to the earlier point
     assert choose([[ok(0.5, 0.4)], [ok(0.5, 0.5)], [ok(0.5, 0.5)]]) == 1
     assert choose([[ok(0.5, 0.5)], [ok(0.5, 0.5)]]) == 0
@@ -337,7 +336,7 @@ def signal(monkeypatch: pytest.MonkeyPatch) -> None:
     def parity(self: AdditionTask, problem: Any, response: str, finished: bool) -> float:
         return float(len(response) % 2 == 0)
 
-    monkeypatch.setattr(AdditionTask, "score", parity)
+    monkeypatch.setattr(AdditionTask, "reward", parity)
 
 
 def test_the_trainer_evaluates_on_the_split_asked_for() -> None:
@@ -379,7 +378,7 @@ def test_compare_reports_the_interaction_and_the_critics_fit(tmp_path: Path, mon
     per_seed = [(acc["comppo", s] - acc["tac_fixed", s]) - (acc["comp_gae", s] - acc["ppo", s]) for s in (0, 1)]
     results = json.loads((out / "results.json").read_text())
     assert results["interaction"]["per_seed"] == pytest.approx(per_seed, abs=1e-12)
-    mean, half = compare.mean_ci(per_seed)
+    mean, half = compare_stats.mean_ci(per_seed)
     assert results["interaction"]["mean"] == pytest.approx(mean) and results["interaction"]["ci"] == pytest.approx(half)
     text = (out / "results.md").read_text()
     assert "(comppo − tac_fixed) − (comp_gae − ppo) = " + compare_report.pct(mean, True) + " points" in text
@@ -388,7 +387,7 @@ def test_compare_reports_the_interaction_and_the_critics_fit(tmp_path: Path, mon
     assert set(found) == {("comppo", "tac_fixed")}
     diff = [acc["comppo", s] - acc["tac_fixed", s] for s in (0, 1)]
     assert found["comppo", "tac_fixed"]["per_seed"] == pytest.approx(diff, abs=1e-12)
-    dm, dh = compare.mean_ci(diff)
+    dm, dh = compare_stats.mean_ci(diff)
     assert md_row(text, "comppo − tac_fixed")[2:] == [
         compare_report.pct(dm, True),
         compare_report.ci_cell(dm, dh, True),
@@ -453,7 +452,7 @@ def test_compare_grid_tunes_each_arm_then_reports_and_resumes(
         assert md_row(text.split("## Tuning")[1], arm)[1:] == [
             f"p{i}",
             f"actor_lr={(1e-5, 3e-3)[i]!r}",
-            compare_report.pct(score(outcomes[arm][i])),
+            compare_report.pct(objective(outcomes[arm][i])),
             f"{k}/2",
         ]
     assert md_row(text.split("critic's explained variance")[1], "grpo")[1:] == ["—", "—"]

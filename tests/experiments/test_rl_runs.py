@@ -49,6 +49,20 @@ def actor_weights(run: Path) -> dict[str, Any]:
     return load_file(run / "checkpoint" / "actor" / "model.safetensors")
 
 
+def jsonl_helpers() -> Any:
+    """tests/rl/test_rl_jsonl.py (its tiny tokenizer, model and task writers), also when
+    tests/rl is not collected in this session (so not on sys.path)."""
+    if "test_rl_jsonl" not in sys.modules:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("test_rl_jsonl", ROOT / "tests" / "rl" / "test_rl_jsonl.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["test_rl_jsonl"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["test_rl_jsonl"]
+
+
 def light(code: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """``code`` in a fresh interpreter (the package's own, this one's environment)."""
     return subprocess.run(
@@ -162,7 +176,13 @@ def test_resume_from_another_directory_and_any_spelling(tmp_path: Path, monkeypa
 def test_a_resumed_run_may_find_its_model_moved_only_with_the_same_content(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from test_rl_jsonl import CHARS, save_model, save_tokenizer, write_task
+    helpers = jsonl_helpers()
+    CHARS, save_model, save_tokenizer, write_task = (  # noqa: N806
+        helpers.CHARS,
+        helpers.save_model,
+        helpers.save_tokenizer,
+        helpers.write_task,
+    )
 
     model = tmp_path / "model"
     save_tokenizer(model)
@@ -317,7 +337,7 @@ def test_the_trainer_uses_one_thread_per_process_on_cpu_unless_told() -> None:
     ],
 )
 def test_flag_and_path_errors_answer_in_one_line_before_torch(tmp_path: Path, argv: list[str], message: str) -> None:
-    from test_rl_jsonl import save_tokenizer
+    save_tokenizer = jsonl_helpers().save_tokenizer
 
     paths = {
         "file": tmp_path / "a_file",

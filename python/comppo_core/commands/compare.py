@@ -50,6 +50,18 @@ seeds asked for. ``--overwrite`` deletes the compare's own files (the entries ab
 starts again. Ctrl-C finishes the current step, keeps the checkpoints and prints the
 ``--resume`` command (exit status 130).
 
+**Flags.** Every flag of ``comppo-core train`` but ``--arm``, ``--seed`` and ``--eval-split``
+(compare sets those per run: ``--arms``, ``--seeds``; neither offered by ``--help`` nor
+accepted), and compare's own: ``--arms``, ``--seeds``, ``--grid``, ``--tuning-seeds``,
+``--jobs``, ``--warm-starts``, ``--resume``, ``--overwrite``.
+
+**The command and the library.** This module is the command line only: it parses the
+flags into :class:`comppo_core.experiments.settings.CompareSettings`, runs
+:class:`comppo_core.experiments.protocol.Experiment` (which checks everything before
+torch is imported, then trains and writes the files above), and turns the library's
+errors into usage errors naming the flag (exit status 2), its stops into the
+``--resume`` hint and the exit status of the signal.
+
 Exit status: 0 on success, 2 on a bad flag (an unknown arm, a bad preset, a setting out
 of range, a bad grid, a refused ``--out``: the message names the flag), 1 on a failure
 while training (a non-finite value in a reporting run), 130/143 when interrupted.
@@ -58,89 +70,37 @@ while training (a non-finite value in a reporting run), 130/143 when interrupted
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import shutil
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 from ..errors import ParameterError
 from ..experiments import report
-from ..experiments import runs as compare_runs
 from ..experiments.grid import Grid, parse_grid
-from ..experiments.report import REFERENCES, plot_curves, results_table
-from ..experiments.statistics import mean_ci, t_cdf, t_quantile
-from ..experiments.tuning import (
-    DEFAULT_REPORTING_SEEDS,
-    DEFAULT_TUNING_SEEDS,
-    DEFAULT_VALIDATION_FRACTION,
-    FIRST_TUNING_SEED,
-    Outcome,
-    choose,
-    stability,
-    tuning_seeds,
-)
-from ..options import ARM_NAMES
-from ..rl.config import TrainConfig
-from ..rl.core.arms import ARMS
-from ..rl.runs import run_dir
-from .train import (
-    _Default,
-    add_config_arguments,
-    check_paths,
-    config_from_args,
-    require_rl_extra,
-    show_log_lines,
-    usage_error,
-)
+from ..experiments.protocol import Experiment
+from ..experiments.runs import Stopped
+from ..experiments.settings import DEFAULT_ARMS, DEFAULT_SEEDS, OWN_FIELDS, CompareSettings, parse_arms
+from ..experiments.tuning import DEFAULT_REPORTING_SEEDS, DEFAULT_TUNING_SEEDS, FIRST_TUNING_SEED
+from .train import _Default, add_config_arguments, config_from_args, require_rl_extra, show_log_lines, usage_error
 
-__all__ = ["REFERENCES", "add_parser", "mean_ci", "plot_curves", "results_table", "run", "t_cdf", "t_quantile"]
-
-#: TrainConfig flags compare sets itself, and what to use instead.
-_OWN_FLAGS = {
-    "arm": "the arms are --arms",
-    "seed": "the seeds are 0 … --seeds − 1",
-    "eval_split": "compare evaluates its reported runs on the held-out split and --grid's tuning runs on the "
-    "validation split",
-}
-
-
-#: What compare writes directly under OUT (with the <arm>/seed<s>/ run directories).
-_OWN_ENTRIES = (
-    "compare.json",
-    "results.md",
-    "results.json",
-    "timings.json",
-    "curves.png",
-    "warmstart",
-    "grid",
-)
-
-# --------------------------------------------------------------------------- #
-# The command line
-# --------------------------------------------------------------------------- #
-
-
-#: The arms ``compare`` runs by default: every arm but the diagnostics (``comppo_oracle``
-#: needs a task that marks its pivotal tokens).
-DEFAULT_ARMS = tuple(name for name in ARM_NAMES if not ARMS[name].diagnostic)
+__all__ = ["DEFAULT_ARMS", "add_parser", "run", "settings_from_args"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register the ``compare`` command on the ``comppo-core`` parser."""
+    hidden = ", ".join(f"--{name.replace('_', '-')}" for name in OWN_FIELDS)
     cmd = subparsers.add_parser(
         "compare",
+        # %-formatted by argparse (the command list), hence %%
         help="run every arm x seed from paired warm starts; results.md (mean, 95%% CI, paired differences) and "
         "curves.png; --grid tunes each arm first (needs [rl])",
         description=(
             "For each seed, warm-start once and run every arm from that checkpoint with the same settings "
-            "(paired); write each run under --out, results.md (final held-out accuracy per arm: mean and 95%% "
+            "(paired); write each run under --out, results.md (final held-out accuracy per arm: mean and 95% "
             "CI over seeds, paired differences to the warm start, grpo and comppo, the critic x gates "
             "interaction), results.json and curves.png. With --grid, each arm's setting is first chosen on "
             "tuning seeds 1000, 1001, ... by validation accuracy (docs/training.md, compare). Settings: the "
-            "flags given, then --preset, then the TrainConfig defaults."
+            "flags given, then --preset, then the TrainConfig defaults. Every flag of comppo-core train is "
+            f"taken but {hidden}, which compare sets per run."
         ),
     )
     cmd.add_argument(
@@ -156,7 +116,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--seeds",
         default=None,
         metavar="N",
-        help=f"reporting seeds 0 … N−1 (default: 3; {DEFAULT_REPORTING_SEEDS} with --grid)",
+        help=f"reporting seeds 0 … N−1 (default: {DEFAULT_SEEDS}; {DEFAULT_REPORTING_SEEDS} with --grid)",
     )
     cmd.add_argument(
         "--grid",
@@ -187,26 +147,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="copy each seed's warm start from the compare in DIR (read only) where it was made with the same "
         "seed, task, split, policy and SFT settings, whatever the RL settings; the seeds DIR lacks are made here",
     )
-    add_config_arguments(cmd)
+    # the train flags compare sets itself stay parsed (to refuse them, naming what to use),
+    # not offered: --help leaves them out
+    add_config_arguments(cmd, hidden=tuple(OWN_FIELDS))
     cmd.set_defaults(run=run, command_parser=cmd)
     return cmd
 
 
-def _arms(text: str, cmd: argparse.ArgumentParser) -> list[str]:
-    arms = [a.strip() for a in text.split(",") if a.strip()]
-    if not arms:
-        cmd.error(f"--arms: expected a comma-separated list of arms among {', '.join(ARM_NAMES)}, got {text!r}")
-    for i, a in enumerate(arms):
-        if a not in ARM_NAMES:
-            cmd.error(f"--arms: expected arms among {', '.join(ARM_NAMES)}, got {a!r}")
-        if a in arms[:i]:
-            cmd.error(f"--arms: expected each arm once, got {a!r} twice")
-    return arms
-
-
-def _count(flag: str, text: str | None, default: int, cmd: argparse.ArgumentParser) -> int:
+def _count(flag: str, text: str | None, cmd: argparse.ArgumentParser) -> int | None:
+    """The count a flag's text gives (None when not given); a usage error below 1."""
     if text is None:
-        return default
+        return None
     try:
         n = int(text)
     except ValueError:
@@ -217,215 +168,58 @@ def _count(flag: str, text: str | None, default: int, cmd: argparse.ArgumentPars
     return n
 
 
-# --------------------------------------------------------------------------- #
-# The output directory
-# --------------------------------------------------------------------------- #
-
-
-def _holds_compare(out: Path) -> bool:
-    """Whether ``out`` holds a compare's files or any run."""
-    return run_dir.holds_run(out) or any((out / name).exists() for name in (*_OWN_ENTRIES, *ARM_NAMES))
-
-
-def _clear_compare(out: Path) -> None:
-    """Delete a compare's own files in ``out``: :data:`_OWN_ENTRIES` and the runs in
-    ``<arm>/seed<s>/`` (their run files only; a directory left empty goes too)."""
-    for name in _OWN_ENTRIES:
-        p = out / name
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
-    for arm in ARM_NAMES:
-        if not (out / arm).is_dir():
-            continue
-        for seed_dir in (out / arm).glob("seed*"):
-            if seed_dir.is_dir():
-                run_dir.clear_run(seed_dir)
-                with contextlib.suppress(OSError):
-                    seed_dir.rmdir()
-        with contextlib.suppress(OSError):
-            (out / arm).rmdir()
-
-
-def _check_out(
-    out: Path,
-    base: TrainConfig,
-    configs: dict[str, TrainConfig],
-    resume: bool,
-    overwrite: bool,
-    protocol: dict[str, Any],
-) -> str | None:
-    """Why ``out`` cannot take this compare (a message naming the flag), or None.
-    ``configs`` maps each run's directory under ``out`` to its config; ``protocol`` is the
-    grid and the tuning seeds (``compare.json`` must have the same)."""
-    if out.exists() and not out.is_dir():
-        return f"--out: expected a directory, got {str(out)!r}, a file"
-    if resume and overwrite:
-        return "--overwrite: expected --resume or --overwrite, not both"
-    if (out / "config.json").is_file() and not (out / "compare.json").is_file():
-        return f"--out: {str(out)!r} holds a run of comppo-core train ({run_dir.describe_run(out)}), not a compare"
-    if overwrite or not _holds_compare(out):
-        return None
-    if not resume:
-        return (
-            f"--out: {str(out)!r} already holds a compare (or a run); continue it with --resume (same settings) or "
-            "replace it with --overwrite"
-        )
+def settings_from_args(args: argparse.Namespace, cmd: argparse.ArgumentParser) -> CompareSettings:
+    """The experiment's :class:`CompareSettings` from compare's flags; a bad flag is a
+    usage error naming it (exit status 2)."""
+    for name, instead in OWN_FIELDS.items():
+        if not isinstance(getattr(args, name), _Default):
+            cmd.error(f"--{name.replace('_', '-')}: not a compare flag ({instead})")
+    if not isinstance(args.out, str):
+        cmd.error("--out: expected the output directory DIR, got none")
     try:
-        record = json.loads((out / "compare.json").read_text())
-        saved = record["settings"]
-    except (OSError, ValueError, KeyError, TypeError):
-        record, saved = {}, None
-    if saved is not None and (why := compare_runs.differing(saved, base)):
-        return why
-    if "init_from" in record and record["init_from"] != base.init_from:  # every run's starting policy
-        return f"--init-from: the runs in --out started from {record['init_from']!r}, got {base.init_from!r}"
-    for key, flag in (("grid", "--grid"), ("tuning_seeds", "--tuning-seeds")):
-        if saved is not None and record.get(key) != protocol[key]:
-            return f"{flag}: the compare in --out has {key} {record.get(key)!r}, got {protocol[key]!r}"
-    for rel, config in configs.items():  # the runs themselves (also a compare without compare.json)
-        saved_run = compare_runs.saved_config(out / rel)
-        if saved_run is not None and (why := compare_runs.differing(saved_run, config)):
-            return f"{why} ({rel})"
-    return None
+        arms = parse_arms(args.arms)
+        grid: Grid | None = None if args.grid is None else parse_grid(args.grid)
+    except ParameterError as exc:
+        usage_error(cmd, exc)
+    seeds = _count("--seeds", args.seeds, cmd)
+    jobs = _count("--jobs", args.jobs, cmd)
+    tuning = _count("--tuning-seeds", args.tuning_seeds, cmd)
+    base = config_from_args(args, cmd, arm=arms[0], seed=0, resume=False)
+    given = not isinstance(args.validation_fraction, _Default)
+    return CompareSettings(
+        base=base,
+        arms=arms,
+        seeds=seeds,
+        grid=grid,
+        tuning_seeds=tuning,
+        validation_fraction=base.validation_fraction if given else None,
+        jobs=1 if jobs is None else jobs,
+        warm_starts=None if args.warm_starts is None else Path(args.warm_starts),
+        resume=args.resume is True,
+        overwrite=bool(args.overwrite),
+        preset=args.preset or "default",
+    )
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``comppo-core compare``; returns the exit status."""
     cmd: argparse.ArgumentParser = args.command_parser
-    for name, instead in _OWN_FLAGS.items():
-        if not isinstance(getattr(args, name), _Default):
-            cmd.error(f"--{name.replace('_', '-')}: not a compare flag ({instead})")
-    if not isinstance(args.out, str):
-        cmd.error("--out: expected the output directory DIR, got none")
-    resume = args.resume is True
-    arms = _arms(args.arms, cmd)
-    grid: Grid | None = None
-    if args.grid is not None:
-        try:
-            grid = parse_grid(args.grid)
-        except ParameterError as exc:
-            usage_error(cmd, exc)
-    elif args.tuning_seeds is not None:
-        cmd.error("--tuning-seeds: only with --grid (the seeds a grid's settings are chosen on)")
-    n_seeds = _count("--seeds", args.seeds, DEFAULT_REPORTING_SEEDS if grid else 3, cmd)
-    jobs = _count("--jobs", args.jobs, 1, cmd)
-    tseeds = tuning_seeds(_count("--tuning-seeds", args.tuning_seeds, DEFAULT_TUNING_SEEDS, cmd)) if grid else []
-    if grid and n_seeds > FIRST_TUNING_SEED:
-        cmd.error(
-            f"--seeds: expected at most {FIRST_TUNING_SEED} with --grid (disjoint from the tuning seeds), got {n_seeds}"
-        )
-    fixed: dict[str, Any] = {}
-    if grid and isinstance(args.validation_fraction, _Default):
-        fixed["validation_fraction"] = DEFAULT_VALIDATION_FRACTION
-    base = config_from_args(args, cmd, arm=arms[0], seed=0, resume=False, **fixed)
-    if base.eval_every == 0:
-        cmd.error("--eval-every: expected >= 1 (compare reports the held-out accuracy), got 0")
-    if grid and not base.validation_fraction:
-        cmd.error(
-            "--validation-fraction: expected > 0 with --grid (the settings are chosen on the validation split), got 0"
-        )
-    configs: dict[str, TrainConfig] = {}
-    if grid is None:
-        for arm in arms:
-            for seed in range(n_seeds):
-                try:
-                    configs[f"{arm}/seed{seed}"] = base.replace(arm=arm, seed=seed)
-                except ParameterError as exc:  # a setting invalid for one arm
-                    usage_error(cmd, exc)
-    else:
-        try:
-            grid.check(base, arms)
-        except ParameterError as exc:
-            usage_error(cmd, exc)
-        alike = {arm: grid.first_alike(arm) for arm in arms}
-        for i, point in enumerate(grid.points):
-            for arm in arms:
-                if alike[arm][i] != i:  # the same run as an earlier point's (grid.py, "Repeats")
-                    continue
-                for t in tseeds:
-                    config = base.replace(arm=arm, seed=t, eval_split="validation", **point)
-                    configs[f"grid/{grid.name(i)}/{arm}/seed{t}"] = config
-    assert base.out is not None
-    out = Path(base.out)
-    protocol = {"grid": None if grid is None else grid.to_dict(), "tuning_seeds": tseeds or None}
-    refused = _check_out(out, base, configs, resume, args.overwrite, protocol)
-    if refused:
-        cmd.error(refused)
+    settings = settings_from_args(args, cmd)
     try:
-        check_paths(base.replace(out=None), overwrite=False)
+        experiment = Experiment(settings)  # every check; nothing written, no torch
     except ParameterError as exc:
         usage_error(cmd, exc)
-    source = None if args.warm_starts is None else Path(args.warm_starts)
-    if source is not None:
-        if base.init_from is not None or base.model is not None:
-            cmd.error("--warm-starts: only without --init-from and --model (those runs make no warm start)")
-        if not (source / "compare.json").is_file() or not (source / "warmstart").is_dir():
-            cmd.error(f"--warm-starts: expected the directory of a compare with warm starts, got {str(source)!r}")
-        if source.resolve() == out.resolve():
-            source = None  # its own warm starts: reused as they are
-        else:
-            try:
-                compare_runs.check_warm_starts(source, base, [*range(n_seeds), *tseeds])
-            except ParameterError as exc:
-                usage_error(cmd, exc)
     require_rl_extra("compare")
     from ..rl.runs.interrupts import GracefulStop, TrainingInterrupted, exit_status
 
     show_log_lines()
-    if args.overwrite:
-        _clear_compare(out)
-    out.mkdir(parents=True, exist_ok=True)
-    record = {
-        "settings": compare_runs.settings_of(base),
-        "init_from": base.init_from,
-        "arms": arms,
-        "seeds": n_seeds,
-        **protocol,
-    }
-    run_dir.write_json_atomic(out / "compare.json", record)
-
-    t_start = time.perf_counter()
-    summaries: dict[tuple[str, int], dict[str, Any]] = {}
     hint = "rerun the same command with --resume to continue"
-    outcomes: dict[str, list[list[Outcome]]] = {}
-    chosen: dict[str, int] = {}
     with GracefulStop() as stop:
-        runner = compare_runs.Runner(
-            cmd, out, base, len(configs) + len(arms) * n_seeds * (grid is not None), stop, jobs, source
-        )
         try:
-            if grid is not None:
-                outcomes = compare_runs.tune(runner, grid, arms, tseeds, configs)
-                chosen = {arm: choose(outcomes[arm]) for arm in arms}
-                choice = {arm: {"point": grid.name(i), "settings": grid.points[i]} for arm, i in chosen.items()}
-                run_dir.write_json_atomic(out / "grid" / "choice.json", choice)
-                for arm, i in chosen.items():
-                    k, n = stability(outcomes[arm])
-                    print(f"{arm}: chose {grid.name(i)} ({grid.describe(grid.points[i])}); {k}/{n} stable", flush=True)
-                for arm in arms:
-                    for seed in range(n_seeds):
-                        rel = f"{arm}/seed{seed}"
-                        configs[rel] = base.replace(arm=arm, seed=seed, **grid.points[chosen[arm]])
-                        saved_run = compare_runs.saved_config(out / rel)
-                        if saved_run is not None and (why := compare_runs.differing(saved_run, configs[rel])):
-                            cmd.error(
-                                f"--grid: {rel} in --out holds a run at another setting than {arm}'s chosen one "
-                                f"({why}); replace the compare with --overwrite"
-                            )
-            items = [
-                (f"{arm}/seed{seed}", configs[f"{arm}/seed{seed}"], f"{arm} seed {seed}")
-                for seed in range(n_seeds)
-                for arm in arms
-            ]
-            reported = runner.run_all(items)
-            for seed in range(n_seeds):
-                for arm in arms:
-                    summary = reported[f"{arm}/seed{seed}"]
-                    assert summary is not None  # a reporting run's non-finite stop is raised
-                    summaries[arm, seed] = summary
-        except compare_runs.Stopped as exc:
+            result = experiment.run(stop)
+        except ParameterError as exc:  # found while a run is built (a bad --task file), or a chosen run's conflict
+            usage_error(cmd, exc)
+        except Stopped as exc:
             print(f"comppo-core compare: stopped after {exc}; {hint}", file=sys.stderr)
             return exit_status(stop.signum or 2)
         except TrainingInterrupted as exc:
@@ -434,19 +228,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         except KeyboardInterrupt:
             print(f"comppo-core compare: stopped at once; the checkpoints written are kept; {hint}", file=sys.stderr)
             return exit_status(2)
-    seconds = time.perf_counter() - t_start
-    table, inter = report.write_results(
-        out,
-        base,
-        args.preset or "default",
-        summaries,
-        arms,
-        n_seeds,
-        report.Timing(runner.keys, runner.timings, runner.reused, seconds),
-        report.Tuning(grid, outcomes, chosen, tseeds) if grid is not None else None,
-    )
-    print(table, end="")
-    if inter is not None:
-        print(report.interaction_line(inter), end="")
-    print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'curves.png'} ({seconds / 60:.1f} min)")
+    out = result.out
+    print(result.table, end="")
+    if result.interaction is not None:
+        print(report.interaction_line(result.interaction), end="")
+    print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'curves.png'} ({result.seconds / 60:.1f} min)")
     return 0

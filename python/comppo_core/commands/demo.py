@@ -10,12 +10,14 @@
    the verifier's reward teaches the carries. Every setting is the ``demo`` preset's
    (:data:`comppo_core.rl.config.PRESETS`: 40 steps after 240 SFT steps with
    ``sft_carry_noise=0.5``, the run ``comppo-core train --preset demo`` makes) except
-   ``arm``, ``steps`` (``--steps``), ``seed``, ``out`` and ``num_threads`` (``--threads``,
-   default the trainer's choice, one on CPU: for a model this small one thread is the
-   fastest, and several fight other processes for the cores); ``--quick`` also shrinks the warm start and the batches, a
-   smoke run whose accuracies mean nothing.
+   ``arm``, ``steps`` (``--steps``), ``seed``, ``out`` and ``num_threads``
+   (``--num-threads``, as for ``comppo-core train``; ``--threads`` is an older alias of
+   it; default the trainer's choice, one on CPU: for a model this small one thread is the
+   fastest, and several fight other processes for the cores); ``--quick`` also shrinks
+   the warm start and the batches, a smoke run whose accuracies mean nothing.
 3. **Accuracy.** Held-out greedy accuracy at step 0 (the warm start) and after the last
-   step, as the trainer measures it (``summary.json``).
+   step, as the trainer measures it (``summary.json``), printed in percent with one
+   decimal as ``comppo-core train`` prints it (``66.8% -> 83.3%``).
 4. **Credit.** The trained policy answers ``--responses`` held-out problems greedily; one
    scoring pass (:func:`comppo_core.rl.forward`, the run's statistic and gate mapping,
    the trained critic) gives per response token its log-prob, concentration, gate
@@ -116,38 +118,72 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "per-token table (log-prob, concentration, gate, value, GAE and Comp-GAE advantage), and write "
             "an HTML credit heatmap and a PNG learning curve."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    # each help says its default once, in words (no ArgumentDefaultsHelpFormatter: it would
+    # append "(default: None)" to these and "(default: True)" to --no-progress)
     cmd.add_argument("--out", default=None, help="output directory (default: a new temporary directory, printed)")
     cmd.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     cmd.add_argument(
         "--steps",
         type=positive_int,
         default=None,
-        help=f"comppo steps (default: the {PRESET} preset's, 40; {QUICK_STEPS} with --quick)",
+        help=f"comppo steps (default: the {PRESET} preset's, {_preset_steps()}; {QUICK_STEPS} with --quick)",
     )
     cmd.add_argument(
         "--seed",
         type=nonnegative_int,
         default=0,
-        help="seed of the model, the warm start, the rollouts and the updates",
+        help="seed of the model, the warm start, the rollouts and the updates (default: 0)",
     )
-    cmd.add_argument("--responses", type=positive_int, default=8, help="held-out responses in the HTML heatmap")
+    cmd.add_argument(
+        "--responses", type=positive_int, default=8, help="held-out responses in the HTML heatmap (default: 8)"
+    )
     cmd.add_argument(
         "--quick",
         action="store_true",
         help=f"a smoke run for tests: {', '.join(f'{k}={v}' for k, v in QUICK.items())} (accuracies mean nothing)",
     )
     cmd.add_argument(
-        "--threads",
+        "--num-threads",
         type=positive_int,
         default=None,
-        help="torch threads during the run (default: the trainer's choice, one on CPU: the fastest for a model "
-        "this small, and it leaves other cores alone)",
+        help="torch threads during the run, as for comppo-core train (default: the trainer's choice, one on CPU: "
+        "the fastest for a model this small, and it leaves other cores alone)",
     )
-    cmd.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
+    cmd.add_argument(  # the demo's older name of --num-threads: still taken, not offered
+        "--threads", type=positive_int, dest="num_threads", action=_ThreadsAlias, help=argparse.SUPPRESS
+    )
+    cmd.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="hide the progress bar (default: shown)"
+    )
     cmd.set_defaults(run=run)
     return cmd
+
+
+#: What ``--threads`` prints (on stderr) when it is used.
+THREADS_ALIAS_NOTE = "comppo-core demo: --threads is an alias of --num-threads (the name comppo-core train uses)"
+
+
+class _ThreadsAlias(argparse.Action):
+    """``--threads N``: ``--num-threads N``, with a one-line note on stderr naming the flag."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(THREADS_ALIAS_NOTE, file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _preset_steps() -> int:
+    """The :data:`PRESET` preset's steps (TrainConfig imports no torch)."""
+    from ..rl.config import PRESETS, TrainConfig
+
+    steps: int = PRESETS[PRESET].get("steps", TrainConfig().steps)
+    return steps
 
 
 # --------------------------------------------------------------------------- #
@@ -165,7 +201,7 @@ def config_for(args: argparse.Namespace, out: str) -> TrainConfig:
         "seed": args.seed,
         "out": out,
         "progress": args.progress,
-        "num_threads": args.threads,
+        "num_threads": args.num_threads,
     }
     if args.quick:
         changes.update(QUICK, steps=QUICK_STEPS)
@@ -387,7 +423,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         return _run(args)
     finally:
-        torch.set_num_threads(threads)  # the run sets its own (--threads); the caller's comes back
+        torch.set_num_threads(threads)  # the run sets its own (--num-threads); the caller's comes back
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -421,7 +457,7 @@ def _run(args: argparse.Namespace) -> int:
     before, after = summary["initial_eval_accuracy"], summary["final_eval_accuracy"]
     n_eval = len(trainer.eval_problems)
     print(
-        f"held-out accuracy (greedy, {n_eval} problems): {before:.3f} -> {after:.3f} "
+        f"held-out accuracy (greedy, {n_eval} problems): {_percent(before)} -> {_percent(after)} "
         f"({100 * (after - before):+.1f} points: warm start -> after {config.steps} comppo steps)"
     )
     phases = summary["mean_step_s"]
@@ -463,6 +499,11 @@ def _run(args: argparse.Namespace) -> int:
     print(f"metrics: {os.path.join(out, 'metrics.jsonl')}")
     print(f"total: {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _percent(x: float) -> str:
+    """An accuracy as ``comppo-core train`` prints it: percent, one decimal (``66.8%``)."""
+    return f"{100 * x:.1f}%"
 
 
 def _read_metrics(path: str) -> list[dict[str, Any]]:

@@ -9,9 +9,11 @@ given change them (the trainer accepts changes to ``steps``, ``progress``, ``sav
 ``eval_every``, ``num_threads`` and ``device`` only).
 
 The command prints, first, what it chose (threads, response budget, evaluation set), then
-the held-out accuracy before and after and the files written under ``--out``:
-``config.json``, ``metrics.jsonl`` (one row per step), ``summary.json``, ``warmstart/`` and
-``checkpoint/`` (:mod:`comppo_core.rl.engine.trainer`). An ``--out`` that already holds a run is
+the held-out accuracy before and after and every file and folder written under ``--out``
+(:func:`written`): ``config.json``, ``inputs.json`` (fingerprints of the inputs),
+``metrics.jsonl`` (one row per step), ``critic_warmup.jsonl`` (an arm that warms its
+critic up), ``summary.json``, ``warmstart/``, ``checkpoint/``, and ``tensorboard/`` or
+``wandb/`` with ``--report-to`` (:mod:`comppo_core.rl.engine.trainer`). An ``--out`` that already holds a run is
 refused unless ``--resume`` (continue it) or ``--overwrite`` (replace it).
 
 Ctrl-C (or SIGTERM) finishes the current step, writes a checkpoint of the steps done,
@@ -36,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import logging
 import os
@@ -46,11 +47,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import ParameterError
+from ..experiments.paths import check_paths
 from ..rl.config import PRESETS, TrainConfig
 from ..rl.runs import run_dir
 
 __all__ = [
     "MISSING_EXTRA",
+    "RUN_OUTPUTS",
     "add_parser",
     "check_paths",
     "config_from_args",
@@ -59,6 +62,7 @@ __all__ = [
     "run",
     "show_log_lines",
     "usage_error",
+    "written",
 ]
 
 MISSING_EXTRA = "comppo-core {command} needs the [rl] extra: pip install 'comppo-core[rl]'"
@@ -85,9 +89,10 @@ class _Default:
         return str(self.value)
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, hidden: tuple[str, ...] = ()) -> None:
     """``--preset``, ``--overwrite`` and one flag per TrainConfig field on ``parser``; a flag
-    not given parses to its :class:`_Default`."""
+    not given parses to its :class:`_Default`. The flags of the fields in ``hidden`` are
+    parsed (the command refuses them, naming what to use) but not listed by ``--help``."""
     described = "; ".join(
         f"{name}: " + (", ".join(f"{k}={v}" for k, v in changes.items()) or "the TrainConfig defaults")
         for name, changes in PRESETS.items()
@@ -104,54 +109,10 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         help="replace the run already in --out (its config.json, metrics.jsonl, checkpoints, ...; other files stay)",
     )
     TrainConfig.add_arguments(parser)
+    for action in parser._actions:
+        if action.dest in hidden:
+            action.help = argparse.SUPPRESS
     parser.set_defaults(**{f.name: _Default(f.default) for f in dataclasses.fields(TrainConfig)})
-
-
-def check_paths(config: TrainConfig, *, overwrite: bool) -> None:
-    """The run's paths, checked before anything is imported or loaded: ``out`` (not a file;
-    a run there only with resume or overwrite), ``model`` and ``init_from`` (directories;
-    ``model`` with a tokenizer, and a chat template for ``chat_template``), ``task`` (a
-    file). A ParameterError naming the setting otherwise."""
-    from ..rl.models.pretrained import TOKENIZER_FILES
-
-    if config.out is not None:
-        run_dir.check_out(config.out, resume=config.resume, overwrite=overwrite)
-    for name in ("model", "init_from"):
-        path = getattr(config, name)
-        if path is not None and not Path(path).is_dir():
-            raise ParameterError(f"{name}: expected a local model directory, got {path!r}", argument=name)
-    if config.model is not None:
-        model = Path(config.model)
-        if not any((model / f).is_file() for f in TOKENIZER_FILES):
-            raise ParameterError(
-                f"model: expected a tokenizer in {config.model!r} (one of {', '.join(TOKENIZER_FILES)}), found none",
-                argument="model",
-            )
-        if config.chat_template and not _has_chat_template(model):
-            raise ParameterError(
-                f"chat_template: the tokenizer in {config.model!r} has no chat template; drop --chat-template to "
-                "encode prompts as plain text",
-                argument="chat_template",
-            )
-    package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(config.report_to)
-    if package is not None and importlib.util.find_spec(package) is None:
-        raise ParameterError(
-            f"report_to: {config.report_to!r} needs the {package} package: pip install 'comppo-core[{package}]'",
-            argument="report_to",
-        )
-    if config.task.endswith(".jsonl") and not Path(config.task).is_file():
-        raise ParameterError(f"task: expected a JSONL file, got {config.task!r}, which is not a file", argument="task")
-
-
-def _has_chat_template(model: Path) -> bool:
-    """Whether the tokenizer files in ``model`` carry a chat template (transformers keeps it
-    in tokenizer_config.json or in chat_template.jinja / chat_template.json)."""
-    if (model / "chat_template.jinja").is_file() or (model / "chat_template.json").is_file():
-        return True
-    try:
-        return bool(json.loads((model / "tokenizer_config.json").read_text()).get("chat_template"))
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def config_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -264,10 +225,40 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         f"{_percent(first) if start == 0 else '(resumed)'} -> {_percent(final)} in {seconds:.0f} s"
     )
     if config.out is not None:
-        print(f"wrote {config.out}: config.json, metrics.jsonl, summary.json, checkpoint/")
+        print(f"wrote {config.out}: {', '.join(written(config))}")
     else:
         print(json.dumps(summary, indent=2), file=sys.stdout)
     return 0
+
+
+#: What a run may write under its ``out``, in the order the closing line lists it (a folder with its ``/``).
+RUN_OUTPUTS = (
+    "config.json",
+    "inputs.json",
+    "metrics.jsonl",
+    "critic_warmup.jsonl",
+    "summary.json",
+    "warmstart/",
+    "checkpoint/",
+    "tensorboard/",
+    "wandb/",
+)
+
+
+def written(config: TrainConfig) -> list[str]:
+    """The files and folders of :data:`RUN_OUTPUTS` the run in ``config.out`` has written
+    (``critic_warmup.jsonl`` only for a run that warms its critic up: a stale one from
+    another run is not this run's)."""
+    assert config.out is not None
+    out = Path(config.out)
+    names = []
+    for name in RUN_OUTPUTS:
+        if name == "critic_warmup.jsonl" and not config.critic_warmup_rounds:
+            continue
+        path = out / name.rstrip("/")
+        if path.is_dir() if name.endswith("/") else path.is_file():
+            names.append(name)
+    return names
 
 
 def record_for_torchrun(exc: BaseException) -> None:

@@ -10,7 +10,8 @@
 * :func:`explained_variance_table`: the critic's explained variance over the first and
   the last steps of the runs, per arm (``—`` for an arm without a critic);
 * :func:`tuning_tables`: with ``--grid``, the chosen setting and "k/n stable" per arm,
-  and every point's validation score (:mod:`comppo_core.experiments.tuning`);
+  and every point's tuning objective, the mean validation accuracy
+  (:func:`comppo_core.experiments.tuning.objective`; ``scores`` in ``results.json``);
 * :func:`plot_curves`: ``curves.png``;
 * :func:`write_results`: ``results.md``, ``results.json`` and ``curves.png`` of a compare's
   runs (the summaries, and each run's ``metrics.jsonl`` for :func:`explained_variance`).
@@ -32,7 +33,7 @@ from ..rl.core.arms import ARMS
 from ..rl.runs import run_dir
 from .grid import Grid
 from .statistics import contrasts, interaction, mean_ci, paired, reading, window_means
-from .tuning import COLLAPSE_MARGIN, Outcome, collapsed, score, stability
+from .tuning import COLLAPSE_MARGIN, Outcome, collapsed, objective, stability
 
 __all__ = [
     "EV_WINDOW",
@@ -61,11 +62,13 @@ EV_WINDOW = 10
 
 
 def pct(x: float, signed: bool = False) -> str:
+    """A fraction as percent with one decimal (``0.4567`` → ``"45.7"``; ``signed``: ``"+45.7"``)."""
     v = round(100 * x, 1) + 0.0  # + 0.0: no "-0.0"
     return f"{v:+.1f}" if signed else f"{v:.1f}"
 
 
 def ci_cell(mean: float, half: float | None, signed: bool = False) -> str:
+    """The interval ``[mean − half, mean + half]`` in percent (``"[40.1, 49.9]"``); ``—`` without one."""
     if half is None:
         return "—"
     return f"[{pct(mean - half, signed)}, {pct(mean + half, signed)}]"
@@ -74,7 +77,12 @@ def ci_cell(mean: float, half: float | None, signed: bool = False) -> str:
 def results_table(final: dict[str, dict[int, float]], warm: dict[int, float]) -> tuple[str, dict[str, Any]]:
     """The markdown table of final accuracies (``final[arm][seed]``, fractions) and paired
     differences to the warm start (``warm[seed]``) and to each of :data:`REFERENCES` that
-    is an arm here; also the numbers as a dict (fractions)."""
+    is an arm here; also the numbers as a dict (fractions).
+
+    Per arm over its seeds ``s``: the mean accuracy and its 95% interval
+    ``mean ± t_{0.975, n−1} · sd / √n`` (:func:`~comppo_core.experiments.statistics.mean_ci`),
+    the same of the paired gains ``acc(arm, s) − warm(s)``, and of ``acc(arm, s) − acc(ref, s)``
+    over the seeds both ran (:func:`~comppo_core.experiments.statistics.paired`)."""
     refs = [r for r in REFERENCES if r in final]
     header = ["arm", "seeds", "accuracy %", "95% CI", "vs warm start", "95% CI"]
     for r in refs:
@@ -198,7 +206,8 @@ def tuning_tables(
     grid: Grid, outcomes: dict[str, list[list[Outcome]]], chosen: dict[str, int], seeds: Sequence[int]
 ) -> tuple[str, dict[str, Any]]:
     """The tuning's markdown (the chosen setting and "k/n stable" per arm, then every
-    point's validation score per arm, ``*`` on the chosen) and its numbers.
+    point's objective, the mean validation accuracy, per arm, ``*`` on the chosen) and its
+    numbers (``scores``: the objective per point).
 
     ``outcomes[arm][point][k]`` is the run of tuning seed ``seeds[k]`` at that point. An
     arm's chosen setting leaves out the fields it does not read (named after it: "gate_low
@@ -219,12 +228,12 @@ def tuning_tables(
         setting = grid.describe({f: v for f, v in points[i].items() if f not in unread})
         if unread:
             setting = (setting + " " if setting else "") + f"({', '.join(unread)} not read)"
-        lines.append(f"| {arm} | {grid.name(i)} | {setting} | {pct(score(by_point[i]))} | {k}/{n} |")
+        lines.append(f"| {arm} | {grid.name(i)} | {setting} | {pct(objective(by_point[i]))} | {k}/{n} |")
         numbers[arm] = {
             "chosen": grid.name(i),
             "setting": points[i],
             "stable": [k, n],
-            "scores": {grid.name(j): score(o) for j, o in enumerate(by_point)},
+            "scores": {grid.name(j): objective(o) for j, o in enumerate(by_point)},
             "runs": {
                 grid.name(j): {str(s): o.to_dict() for s, o in zip(seeds, by_o)} for j, by_o in enumerate(by_point)
             },
@@ -243,7 +252,7 @@ def tuning_tables(
         for arm in arms:
             o = outcomes[arm][j]
             down = sum(collapsed(x) for x in o)
-            cell = pct(score(o)) + (f" ({down} collapsed)" if down else "")
+            cell = pct(objective(o)) + (f" ({down} collapsed)" if down else "")
             cell += f" (= {grid.name(alike[arm][j])})" if alike[arm][j] != j else ""
             cells.append(cell + (" *" if chosen[arm] == j else ""))
         lines.append(f"| {grid.name(j)} | {grid.describe(point)} | " + " | ".join(cells) + " |")

@@ -24,7 +24,6 @@ once, and a worker whose compare process is gone (that, SIGKILL, a crash) exits 
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import contextlib
 import json
@@ -34,11 +33,10 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..commands.train import usage_error
 from ..errors import NonFiniteError, ParameterError
 from ..rl.config import TASK_SIZES, TrainConfig
 from ..rl.runs import run_dir
@@ -50,8 +48,10 @@ __all__ = [
     "RESUMABLE",
     "Runner",
     "Stopped",
+    "check_warm_starts",
     "continues",
     "differing",
+    "say",
     "finished",
     "saved_config",
     "settings_of",
@@ -71,16 +71,25 @@ def settings_of(config: TrainConfig) -> dict[str, Any]:
     return {k: v for k, v in config.to_dict().items() if k not in skip}
 
 
-def differing(saved: dict[str, Any], config: TrainConfig) -> str | None:
-    """The first shared setting on which a saved config (dict) and ``config`` differ."""
+def differing(saved: dict[str, Any], config: TrainConfig) -> ParameterError | None:
+    """The first shared setting (:func:`settings_of`) on which a saved config (dict) and
+    ``config`` differ, as a ParameterError naming it (returned, not raised; ``str()``:
+    ``"steps: the runs in --out have steps=2, got 3"``), or None when they agree."""
     want = settings_of(config)
     for key, value in want.items():
         if key in saved and saved[key] != value:
-            return f"--{key.replace('_', '-')}: the runs in --out have {key}={saved[key]!r}, got {value!r}"
+            return ParameterError(f"{key}: the runs in --out have {key}={saved[key]!r}, got {value!r}", argument=key)
     return None
 
 
+def say(line: str) -> None:
+    """Print one line of an experiment's progress on stdout, at once (what a
+    :class:`Runner` and :func:`~comppo_core.experiments.protocol.run_experiment` print by default)."""
+    print(line, flush=True)
+
+
 def saved_config(out: Path) -> dict[str, Any] | None:
+    """The ``config.json`` of the run in ``out`` as a dict, or None (absent, unreadable)."""
     try:
         saved: dict[str, Any] = json.loads((out / "config.json").read_text())
         return saved
@@ -91,7 +100,7 @@ def saved_config(out: Path) -> dict[str, Any] | None:
 def finished(out: Path, config: TrainConfig) -> dict[str, Any] | None:
     """The summary of a run finished in ``out`` with ``config``'s settings, or None."""
     saved = saved_config(out)
-    if saved is None or differing(saved, config) or saved.get("steps") != config.steps:
+    if saved is None or differing(saved, config) is not None or saved.get("steps") != config.steps:
         return None
     try:
         summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
@@ -128,7 +137,7 @@ def warm_start(base: TrainConfig, seed: int, out: Path, source: Path | None = No
     config = warm_start_config(base, seed, out)
     policy = out / "warmstart"
     saved = saved_config(out)
-    if saved is not None and not differing(saved, config) and (policy / "task.json").is_file():
+    if saved is not None and differing(saved, config) is None and (policy / "task.json").is_file():
         return str(policy), "reused"  # task.json: written after the weights
     if source is not None and (source / "warmstart" / f"seed{seed}" / "warmstart" / "task.json").is_file():
         copy_warm_start(source / "warmstart" / f"seed{seed}", out, config)
@@ -207,6 +216,10 @@ def _timed_warm_start(base: TrainConfig, seed: int, out: Path, source: Path | No
 
 class Stopped(Exception):
     """Asked to stop between two runs (the one named is finished)."""
+
+
+def _never() -> bool:
+    return False
 
 
 def continues(run_out: Path) -> bool:
@@ -300,19 +313,31 @@ def _pool(jobs: int) -> Any:
 
 class Runner:
     """Makes (or reuses) the warm starts and runs of one compare, timing them; a tuning
-    run stopped by a non-finite value is recorded in ``grid/nonfinite.json`` (a collapse)."""
+    run stopped by a non-finite value is recorded in ``grid/nonfinite.json`` (a collapse).
+
+    ``out`` is the compare's directory, ``base`` the shared settings, ``total`` the number
+    of runs it will be asked for (the ``[k/total]`` of its lines), ``stop`` polled between
+    steps and runs (None: never), ``jobs`` runs at once (worker processes when > 1),
+    ``source`` another compare whose warm starts are copied (``warm_starts``), and ``say``
+    prints each line of progress. A bad path or setting found while a run is built (the
+    task file, ``init_from``) raises its :class:`~comppo_core.errors.ParameterError`; a
+    stop between runs raises :class:`Stopped`, one within a run
+    :class:`~comppo_core.rl.runs.interrupts.TrainingInterrupted`; a non-finite value in a
+    reporting run raises its :class:`~comppo_core.errors.NonFiniteError`."""
 
     def __init__(
         self,
-        cmd: argparse.ArgumentParser,
         out: Path,
         base: TrainConfig,
         total: int,
-        stop: Any,
+        stop: Callable[[], bool] | None = None,
         jobs: int = 1,
         source: Path | None = None,
+        say: Callable[[str], None] = say,
     ) -> None:
-        self.cmd, self.out, self.base, self.total, self.stop, self.jobs = cmd, out, base, total, stop, jobs
+        self.out, self.base, self.total, self.jobs = out, base, total, jobs
+        self.stop: Callable[[], bool] = stop if stop is not None else _never
+        self.say = say
         #: another compare whose warm starts this one copies (``--warm-starts``), or None
         self.source = source
         self.timings_path = out / "timings.json"
@@ -337,10 +362,8 @@ class Runner:
         init_from = self.base.init_from
         if self.warm_needed:
             t0 = time.perf_counter()
-            try:  # a bad path (the task file, say) is found here: a usage error naming its flag
-                init_from, how = warm_start(self.base, seed, self.out / "warmstart" / f"seed{seed}", self.source)
-            except ParameterError as exc:
-                usage_error(self.cmd, exc)
+            # a bad path (the task file, say) is found here: a ParameterError naming its setting
+            init_from, how = warm_start(self.base, seed, self.out / "warmstart" / f"seed{seed}", self.source)
             self._warm_started(seed, init_from, how, time.perf_counter() - t0)
         self._init_from[seed] = init_from
         return init_from
@@ -359,7 +382,7 @@ class Runner:
         if how != "reused":
             run_dir.write_json_atomic(self.timings_path, self.timings)
         status = {"made": f"made in {seconds:.0f} s", "copied": f"copied from {self.source}"}.get(how, how)
-        print(f"[seed {seed}] warm start {init_from} ({status})", flush=True)
+        self.say(f"[seed {seed}] warm start {init_from} ({status})")
 
     def run(self, rel: str, config: TrainConfig, label: str) -> dict[str, Any] | None:
         """Run (or reuse) the run in ``OUT/rel``; its summary, or None for a tuning run
@@ -374,17 +397,15 @@ class Runner:
         split = "validation" if tuning else "held-out"
         if tuning and rel in self.nonfinite:
             self.reused += 1
-            print(f"[{self.done}/{self.total}] {label}: stopped on a non-finite value (reused)", flush=True)
+            self.say(f"[{self.done}/{self.total}] {label}: stopped on a non-finite value (reused)")
             return self._after(label, None)
         summary = finished(run_out, config)
         t0 = time.perf_counter()
         status = "reused"
         if summary is None:
             go_on = continues(run_out)
-            try:
-                trainer = Trainer(config.replace(resume=go_on), overwrite=not go_on)
-            except ParameterError as exc:  # a bad --init-from, --model or --task
-                usage_error(self.cmd, exc)
+            # a bad init_from, model or task raises its ParameterError here
+            trainer = Trainer(config.replace(resume=go_on), overwrite=not go_on)
             try:
                 summary = trainer.train(stop=self.stop)
             except NonFiniteError as exc:
@@ -412,12 +433,11 @@ class Runner:
     def _print(self, label: str, summary: dict[str, Any] | None, status: str, split: str, done: int = 0) -> None:
         n = done or self.done
         if summary is None:
-            print(f"[{n}/{self.total}] {label}: stopped on a non-finite value ({status})", flush=True)
+            self.say(f"[{n}/{self.total}] {label}: stopped on a non-finite value ({status})")
         else:
             first, final = summary["initial_eval_accuracy"], summary["final_eval_accuracy"]
-            print(
-                f"[{n}/{self.total}] {label}: {split} accuracy {report.pct(first)}% -> {report.pct(final)}% ({status})",
-                flush=True,
+            self.say(
+                f"[{n}/{self.total}] {label}: {split} accuracy {report.pct(first)}% -> {report.pct(final)}% ({status})"
             )
 
     def run_all(self, items: list[tuple[str, TrainConfig, str]]) -> dict[str, dict[str, Any] | None]:
@@ -461,9 +481,9 @@ class Runner:
                     rel, config, label, go_on = futures[future]
                     try:
                         kind, value, seconds = future.result()
-                    except ParameterError as exc:  # a bad --init-from, --model or --task
+                    except ParameterError:  # a bad init_from, model or task
                         pool.shutdown(cancel_futures=True)
-                        usage_error(self.cmd, exc)
+                        raise
                     tuning = config.eval_split == "validation"
                     if kind in ("stopped", "skipped"):
                         if kind == "stopped":
@@ -498,10 +518,7 @@ class Runner:
             for seed in missing
         }
         for seed, job in jobs.items():
-            try:
-                init_from, how, seconds = job.result()
-            except ParameterError as exc:
-                usage_error(self.cmd, exc)
+            init_from, how, seconds = job.result()  # a bad path: its ParameterError
             self._warm_started(seed, init_from, how, seconds)
             self._init_from[seed] = init_from
 

@@ -7,6 +7,14 @@ the ``level`` confidence interval (Student's t, ``s`` the sample standard deviat
 the ``n`` seeds; :func:`t_quantile` inverts :func:`t_cdf`, the regularised incomplete beta
 function evaluated by its continued fraction).
 
+**Paired differences.** Two arms of one seed start from the same warm start and see the
+same prompts, so their difference is taken per seed before averaging::
+
+    d(s) = acc(a, s) − acc(b, s),    d̄ ± t_{(1+level)/2, n−1} · s_d / √n
+
+over the ``n`` seeds both ran (:func:`paired`), ``s_d`` the sample standard deviation of
+the ``d(s)``: the between-seed spread of the warm start, common to both arms, cancels.
+
 **Interaction.** The paper's 2×2 is {standard critic, TAC} × {fixed gate, concentration
 gates}: ``ppo_fixed`` (standard, fixed), ``comp_gae`` (standard, concentration),
 ``tac_fixed`` (TAC, fixed), ``comppo`` (TAC, concentration). :func:`interaction` is the
@@ -137,9 +145,12 @@ def t_quantile(p: float, df: float) -> float:
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float | None]:
-    """``(mean, half-width)`` of the ``level`` confidence interval of the mean of ``values``:
-    ``t_{(1+level)/2, n−1} · s / √n`` with ``s`` the sample standard deviation (``n − 1`` in
-    the denominator); the half-width is None for a single value."""
+    """``(mean, half-width)`` of the ``level`` confidence interval of the mean of ``values``
+    ``x_1 … x_n``::
+
+        x̄ = (1/n) Σ x_i,    s = √( Σ (x_i − x̄)² / (n − 1) ),    half = t_{(1+level)/2, n−1} · s / √n
+
+    (Student's t, :func:`t_quantile`); the half-width is None for a single value."""
     n = len(values)
     if n == 0:
         raise ValueError("mean_ci: expected at least one value, got none")
@@ -179,7 +190,8 @@ def contrasts(final: dict[str, dict[int, float]], level: float = 0.95) -> list[d
 
 
 def paired(a: dict[int, float], b: dict[int, float], level: float = 0.95) -> dict[str, Any] | None:
-    """The paired difference ``a[s] − b[s]`` over the seeds both have: ``{"seeds",
+    """The paired difference ``d(s) = a[s] − b[s]`` over the seeds both have, with the
+    interval of its mean (module docstring, :func:`mean_ci` of the ``d(s)``): ``{"seeds",
     "per_seed", "mean", "ci"}`` (``ci`` the half-width of :func:`mean_ci`, None for one
     seed), or None without a seed in common."""
     seeds = sorted(set(a) & set(b))

@@ -17,11 +17,16 @@ held-out split, which no choice has seen.
   step-0 validation accuracy (the warm start's) by more than :data:`COLLAPSE_MARGIN`
   (5 points): :func:`collapsed`. An arm is reported "k/n stable": k runs of its n =
   points × tuning seeds did not collapse (:func:`stability`).
-* **The choice** (:func:`choose`): per point, the *score* is the mean over the tuning
-  seeds of the final validation accuracy, a run stopped by a non-finite value scoring 0.
-  The highest score wins; ties go to the point with more stable runs, then to the
+* **The choice** (:func:`choose`): per point, the *objective* (:func:`objective`) is the
+  mean over the tuning seeds of the final validation accuracy, a run stopped by a
+  non-finite value counting 0::
+
+      J(point) = (1/K) · Σ_k acc_val(point, 1000 + k)     (0 for a non-finite stop)
+
+  The highest objective wins; ties go to the point with more stable runs, then to the
   earlier point in the grid's order (``p0`` first: the values as given, the last field
-  varying fastest). Exact equality of scores is a tie.
+  varying fastest). Exact equality is a tie. ("Score" in this package is the scoring
+  forward pass, :func:`comppo_core.rl.core.step.score`; the tuning's number is the objective.)
 
 Imports only the standard library.
 """
@@ -42,7 +47,7 @@ __all__ = [
     "Outcome",
     "choose",
     "collapsed",
-    "score",
+    "objective",
     "stability",
     "tuning_seeds",
 ]
@@ -83,18 +88,19 @@ class Outcome:
 
 
 def collapsed(outcome: Outcome, margin: float = COLLAPSE_MARGIN) -> bool:
-    """Whether a tuning run collapsed: a non-finite stop, or ``initial − final > margin``."""
+    """Whether a tuning run collapsed: a non-finite stop, or ``initial − final > margin``
+    (a drop of exactly the margin, up to float rounding, is none)."""
     if outcome.nonfinite is not None:
         return True
     assert outcome.initial is not None and outcome.final is not None
     return outcome.initial - outcome.final > margin + _EPS
 
 
-def score(outcomes: Sequence[Outcome]) -> float:
-    """A point's score for an arm: the mean final validation accuracy over its tuning
-    seeds, a non-finite stop counting 0."""
+def objective(outcomes: Sequence[Outcome]) -> float:
+    """A point's tuning objective for an arm: the mean final validation accuracy over its
+    tuning seeds, ``(1/K) · Σ_k final_k``, a non-finite stop counting 0."""
     if not outcomes:
-        raise ValueError("score: expected the outcomes of at least one tuning run, got none")
+        raise ValueError("objective: expected the outcomes of at least one tuning run, got none")
     return math.fsum(0.0 if o.nonfinite is not None else float(o.final or 0.0) for o in outcomes) / len(outcomes)
 
 
@@ -106,9 +112,10 @@ def stability(by_point: Sequence[Sequence[Outcome]]) -> tuple[int, int]:
 
 
 def choose(by_point: Sequence[Sequence[Outcome]]) -> int:
-    """The index of the chosen point (module docstring): the highest :func:`score`; ties to
-    more stable runs, then to the earliest point."""
+    """The index of the chosen point (module docstring): the highest :func:`objective`;
+    ties to more stable runs, then to the earliest point: the argmax of
+    ``(objective, stable runs, −index)``."""
     if not by_point:
         raise ValueError("choose: expected at least one point, got none")
-    keys = [(score(o), sum(not collapsed(x) for x in o), -i) for i, o in enumerate(by_point)]
+    keys = [(objective(o), sum(not collapsed(x) for x in o), -i) for i, o in enumerate(by_point)]
     return -max(keys)[2]

@@ -20,6 +20,13 @@ comparisons). The critic's explained variance ``1 − Var(R − V)/Var(R)`` befo
 round's update is logged per round (``critic_warmup.jsonl``, and ``warm_start`` in the
 summary and checkpoint); after the warm-up, it is logged every step as
 ``value_explained_var``.
+
+**Stopping.** The warm-up runs before the first PPO step, where a stop request (Ctrl-C,
+SIGTERM: :class:`~comppo_core.rl.runs.interrupts.GracefulStop`) is acted on; it is not
+cut short (the checkpoint at step 0 holds the warmed-up critic, so a resumed run is the
+run never interrupted), but a request made during it is answered at once with a line on
+stderr saying the run stops when the warm-up is done (:data:`STOP_NOTICE`,
+:func:`~comppo_core.rl.runs.interrupts.notice_on_stop`).
 """
 
 from __future__ import annotations
@@ -30,12 +37,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..runs.interrupts import notice_on_stop
 from ..runs.run_dir import write_text_atomic
 
-__all__ = ["WARMUP_STEP_KEYS", "warm_up_critic"]
+__all__ = ["STOP_NOTICE", "WARMUP_STEP_KEYS", "warm_up_critic"]
 
 #: The sampling key of warm-up round i is that of step ``WARMUP_STEP_KEYS + i``.
 WARMUP_STEP_KEYS = 2**32
+
+#: What a stop requested during the warm-up prints at once (round ``done + 1`` of ``rounds`` under way).
+STOP_NOTICE = (
+    "comppo-core: stopping once the critic warm-up is done (round {round} of {rounds} under way), before step 0, "
+    "with a checkpoint to resume from; Ctrl-C again stops at once"
+)
 
 
 def warm_up_critic(trainer: Any, rounds: int) -> list[dict[str, Any]]:
@@ -45,7 +59,11 @@ def warm_up_critic(trainer: Any, rounds: int) -> list[dict[str, Any]]:
     them to ``OUT/critic_warmup.jsonl``."""
     cfg = trainer.config
     rows: list[dict[str, Any]] = []
-    with torch.random.fork_rng(devices=[]):
+
+    def notice() -> str:
+        return STOP_NOTICE.format(round=min(len(rows) + 1, rounds), rounds=rounds)
+
+    with torch.random.fork_rng(devices=[]), notice_on_stop(notice):
         torch.manual_seed(cfg.seed * 1000 + 3)
         rng = np.random.default_rng([cfg.seed, 3])
         for i in range(rounds):

@@ -11,6 +11,12 @@ second signal is not intercepted any more, so a second Ctrl-C stops at once (a
 handlers are put back. :class:`TrainingInterrupted` is what the trainer raises when it
 stopped on request.
 
+A stop is acted on at the next step boundary; a phase that holds no step boundary for a
+while (the critic warm-up, :mod:`comppo_core.rl.critics.warmup`) says so at once with
+:func:`notice_on_stop`: a stop requested while it runs (or already requested when it
+starts) prints its one-line notice on stderr immediately, instead of leaving the user
+with seconds of silence.
+
 On a failure: :class:`RankFailed` is what every *other* rank of a ``torchrun`` run raises
 when one rank's step raised (a verifier's error, a non-finite value only its rows hold):
 the failing rank announces its error and breaks the process group, so the others leave the
@@ -20,15 +26,19 @@ error (:meth:`comppo_core.rl.engine.distributed.Dist.stop_all`).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from ...errors import ComppoError
 
-__all__ = ["GracefulStop", "RankFailed", "TrainingInterrupted", "exit_status"]
+__all__ = ["GracefulStop", "RankFailed", "TrainingInterrupted", "exit_status", "notice_on_stop", "stop_requested"]
 
 
 class TrainingInterrupted(Exception):
@@ -83,14 +93,74 @@ class GracefulStop:
         self.signum = signum
         for s, previous in self._previous.items():  # a second signal acts at once
             signal.signal(s, previous)
+        _announce()
 
     def __enter__(self) -> GracefulStop:  # noqa: PYI034 (typing.Self needs Python 3.11)
         if threading.current_thread() is threading.main_thread():
             for s in self.SIGNALS:
                 self._previous[s] = signal.signal(s, self._handle)
+            _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for s, previous in self._previous.items():
             signal.signal(s, previous)
         self._previous.clear()
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+
+
+#: The GracefulStops entered in the main thread and not exited yet, innermost last.
+_ACTIVE: list[GracefulStop] = []
+
+
+class _Notice:
+    """A phase's notice (:func:`notice_on_stop`): its text, and whether it was printed."""
+
+    def __init__(self, message: Callable[[], str]) -> None:
+        self.message = message
+        self.said = False
+
+
+#: The notices of the phases under way, innermost last.
+_NOTICES: list[_Notice] = []
+
+
+def stop_requested() -> bool:
+    """Whether a :class:`GracefulStop` under way in this process has been asked to stop."""
+    return any(stop() for stop in _ACTIVE)
+
+
+def _say(text: str) -> None:
+    """Write one line on stderr, from a signal handler too: a handler that interrupts a
+    write to the same stream cannot write through it (a reentrant call), so the line
+    then goes to file descriptor 2 directly."""
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (RuntimeError, OSError, ValueError, AttributeError):
+        with contextlib.suppress(OSError):
+            os.write(2, (text + "\n").encode())
+
+
+def _announce() -> None:
+    """Print the innermost phase's notice, once, if a stop was requested."""
+    if _NOTICES and not _NOTICES[-1].said and stop_requested():
+        _NOTICES[-1].said = True
+        _say(_NOTICES[-1].message())
+
+
+@contextlib.contextmanager
+def notice_on_stop(message: str | Callable[[], str]) -> Iterator[None]:
+    """While inside, a stop requested of a :class:`GracefulStop` (a first Ctrl-C or
+    SIGTERM) prints ``message`` on stderr at once (a callable: its text at that moment),
+    once; so does entering with a stop already requested. For a phase that runs a while
+    before the run's next step boundary, where the stop is acted on. Without a
+    GracefulStop under way (a signal then raises at once) it prints nothing."""
+    notice = _Notice(message if callable(message) else lambda: message)
+    _NOTICES.append(notice)
+    try:
+        _announce()
+        yield
+    finally:
+        _NOTICES.remove(notice)
