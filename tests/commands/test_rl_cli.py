@@ -30,6 +30,7 @@ pytest.importorskip("matplotlib")
 
 from comppo_core import cli
 from comppo_core.rl.config import PRESETS, TrainConfig
+from comppo_core.rl.runs import run_dir
 
 TINY = as_flags({**TINY_SETTINGS, "eval_size": 8, "eval_every": 1})
 
@@ -79,6 +80,8 @@ def test_train_lists_every_file_and_folder_it_wrote(tmp_path: Path, capsys: pyte
     ]
     assert listed == expected, line
     assert sorted(p.name + "/" * p.is_dir() for p in out.iterdir()) == sorted(expected)  # every entry, listed
+    # everything a run writes is one of its entries, so --overwrite replaces all of it
+    assert {p.name for p in out.iterdir()} <= set(run_dir.RUN_ENTRIES)
     out = tmp_path / "grpo"
     assert cli.main(["train", "--arm", "grpo", *TINY, "--out", str(out)]) == 0
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("wrote ")]

@@ -50,6 +50,7 @@ RUN_ENTRIES = (
     "metrics.jsonl",
     "summary.json",
     "inputs.json",
+    "critic_warmup.jsonl",
     "warmstart",
     "checkpoint",
     "checkpoint.tmp",
