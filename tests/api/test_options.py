@@ -41,7 +41,6 @@ REEXPORTS = [
     ("comppo_core.hf", "METHODS", "STATISTIC_METHODS"),
     ("comppo_core.hf.pipeline", "CONTROLS", "CONTROLS"),
     ("comppo_core.hf", "CONTROLS", "CONTROLS"),
-    ("comppo_core.rl.core.arms", "CONTROLS", "GATE_CONTROLS"),
 ]
 
 NEEDS_TORCH = ("comppo_core.rl", "comppo_core.hf")

@@ -167,6 +167,7 @@ def test_learning_curve_is_a_png(quick_run: dict[str, Any]) -> None:
     assert pixels.shape[:2] == (400, 640) and float(pixels[..., :3].std()) > 0.0  # decodes, and is not blank
 
 
+@pytest.mark.slow
 def test_credit_is_gae_and_comp_gae_of_the_scoring_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a critic that predicts something and a verifier that scores rows 0 and 2,
     the fields of ``credit`` follow the recursion of the module docstring exactly."""

@@ -31,6 +31,7 @@ EXPECTED = {
 ACCELERATE_CONFIGS = ("ddp.yaml", "fsdp2.yaml", "zero3.yaml")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
 def test_example_runs(program: Path, tmp_path: Path) -> None:
     skip_unless_importable(program.read_text(encoding="utf-8"))

@@ -582,6 +582,7 @@ def test_bad_grid_flags_exit_2_naming_the_flag(
     assert not (tmp_path / "X").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
 def test_compare_jobs_runs_in_workers_and_gives_the_same_runs(tmp_path: Path) -> None:
     """``--jobs 2`` runs each warm start and run in a worker process: the same files and
@@ -606,6 +607,7 @@ def test_compare_jobs_runs_in_workers_and_gives_the_same_runs(tmp_path: Path) ->
     assert (tmp_path / "two" / "timings.json").read_text() == before  # nothing ran again
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
 def test_a_sigterm_to_compare_alone_stops_its_workers_at_a_step(tmp_path: Path) -> None:
     """SIGTERM to the compare process only (not its process group, as ``kill PID`` sends
@@ -658,6 +660,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the process tree from Linux /proc")
 def test_workers_exit_when_the_compare_process_is_killed(tmp_path: Path) -> None:
     """SIGKILL to the compare process (what a second signal amounts to): its workers do

@@ -276,6 +276,7 @@ def test_graceful_stop_turns_the_first_signal_into_a_request() -> None:
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_real_process_prints_one_line_and_exits_130(tmp_path: Path) -> None:
     out = tmp_path / "run"
     flags = [*TINY, "--steps", "200", "--save-every", "0", "--out", str(out)]

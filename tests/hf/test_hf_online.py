@@ -27,6 +27,7 @@ pytest.importorskip("triton")
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@pytest.mark.slow
 def test_online_kernel_under_triton_interpreter() -> None:
     if INTERPRETING:
         pytest.skip("this is the inner process")

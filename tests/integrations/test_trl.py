@@ -345,6 +345,7 @@ def test_bf16_autocast_runs(tmp_path: Path) -> None:
 # ---- two processes under torchrun
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_on_the_same_global_batch(tmp_path: Path) -> None:
     worker = Path(__file__).parents[1] / "trl_worker.py"
     # the installed comppo_core (a checkout's python/ has no compiled extension); tests/ for trl_tiny

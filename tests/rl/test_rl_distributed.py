@@ -112,6 +112,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_equal_one_process(tmp_path: Path, monkeypatch: Any) -> None:
     configs = {name: tiny(**case, out=str(tmp_path / f"{name}-2")) for name, case in CASES.items()}
     # resume on 2 ranks: 4 steps straight, and 2 steps then a resume to 4
@@ -288,6 +289,7 @@ def kept_checkpoint(out: Path, next_step: int) -> None:
     assert [r["step"] for r in rows(out)] == list(range(next_step))
 
 
+@pytest.mark.slow
 def test_a_failing_rank_stops_the_command_on_every_rank(tmp_path: Path, monkeypatch: Any) -> None:
     """``comppo-core train`` on 2 ranks, rank 1's verifier raising at step 2: both ranks leave
     within seconds (not at the 30-minute gloo timeout), the run exits non-zero, rank 0's
@@ -328,6 +330,7 @@ def test_a_failing_rank_stops_the_command_on_every_rank(tmp_path: Path, monkeypa
     assert [r["step"] for r in rows(out)] == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_failing_rank_stops_every_rank_while_its_process_lives(tmp_path: Path) -> None:
     """``Trainer.train`` on 2 ranks in processes that outlive the error, rank 1 failing at step 2:
     rank 0 stops while rank 1's process still runs, with the failing rank and its error; a
