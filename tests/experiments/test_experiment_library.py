@@ -24,7 +24,8 @@ from comppo_core.experiments.protocol import Experiment, run_experiment
 from comppo_core.experiments.settings import CompareSettings
 from comppo_core.rl.config import TrainConfig
 
-MODULES = ("grid", "paths", "protocol", "report", "runs", "settings", "statistics", "tuning")
+#: every module of the package, as the directory lists them
+MODULES = tuple(sorted(f.stem for f in Path(protocol.__file__).parent.glob("*.py") if f.stem != "__init__"))
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -47,15 +47,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import ParameterError
-from ..experiments.paths import check_paths
 from ..rl.config import PRESETS, TrainConfig
 from ..rl.runs import run_dir
 
 __all__ = [
     "MISSING_EXTRA",
-    "RUN_OUTPUTS",
     "add_parser",
-    "check_paths",
     "config_from_args",
     "describe_start",
     "require_rl_extra",
@@ -185,7 +182,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cmd: argparse.ArgumentParser = args.command_parser
     config = _resumed_config(args, cmd) if args.resume is True else config_from_args(args, cmd)
     try:
-        check_paths(config, overwrite=args.overwrite)
+        run_dir.check_paths(config, overwrite=args.overwrite)
     except ParameterError as exc:
         usage_error(cmd, exc)
     require_rl_extra("train")
@@ -231,34 +228,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-#: What a run may write under its ``out``, in the order the closing line lists it (a folder with its ``/``).
-RUN_OUTPUTS = (
-    "config.json",
-    "inputs.json",
-    "metrics.jsonl",
-    "critic_warmup.jsonl",
-    "summary.json",
-    "warmstart/",
-    "checkpoint/",
-    "tensorboard/",
-    "wandb/",
-)
-
-
 def written(config: TrainConfig) -> list[str]:
-    """The files and folders of :data:`RUN_OUTPUTS` the run in ``config.out`` has written
-    (``critic_warmup.jsonl`` only for a run that warms its critic up: a stale one from
-    another run is not this run's)."""
+    """The run's entries (:data:`~comppo_core.rl.runs.run_dir.RUN_ENTRIES`) in ``config.out``,
+    in that order, a folder with its ``/``. A run starts in a directory that holds none of
+    them (or replaces them, ``--overwrite``) or continues its own (``--resume``), so every
+    one there is this run's."""
     assert config.out is not None
     out = Path(config.out)
-    names = []
-    for name in RUN_OUTPUTS:
-        if name == "critic_warmup.jsonl" and not config.critic_warmup_rounds:
-            continue
-        path = out / name.rstrip("/")
-        if path.is_dir() if name.endswith("/") else path.is_file():
-            names.append(name)
-    return names
+    return [name + "/" * (out / name).is_dir() for name in run_dir.RUN_ENTRIES if (out / name).exists()]
 
 
 def record_for_torchrun(exc: BaseException) -> None:

@@ -13,7 +13,6 @@
 * :mod:`~comppo_core.experiments.statistics`, :mod:`~comppo_core.experiments.report`: the
   paired Student-t intervals and the 2×2 interaction; ``results.md``, ``results.json``,
   ``curves.png``;
-* :mod:`~comppo_core.experiments.paths`: a run's paths checked before anything is loaded.
 
 Errors are the package's (:class:`~comppo_core.errors.ParameterError`, whose ``argument``
 names the setting). No module imports torch when imported (runs import it when they

@@ -60,7 +60,6 @@ from ..rl.config import TrainConfig
 from ..rl.runs import run_dir
 from . import report, runs
 from .grid import Grid
-from .paths import check_paths
 from .settings import CompareSettings
 from .tuning import Outcome, choose, stability
 
@@ -228,7 +227,7 @@ class Experiment:
             "tuning_seeds": self.tuning_seeds or None,
         }
         check_out(self.out, self.base, self.configs, settings.resume, settings.overwrite, self.protocol)
-        check_paths(self.base.replace(out=None), overwrite=False)
+        run_dir.check_paths(self.base.replace(out=None), overwrite=False)
         self.source: Path | None = self._warm_start_source(settings.warm_starts)
 
     def _planned(self) -> dict[str, TrainConfig]:
