@@ -307,7 +307,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     m = fixed.response_mask
     print(
         f"the batch: {m.shape[0]} sequences of {fixed.input_ids.shape[1]} tokens, "
-        f"{float(m.sum(-1).double().mean()):.1f} response tokens on average, reward mean {float(fixed.scores.mean()):.3f}"
+        f"{float(m.sum(-1).double().mean()):.1f} response tokens on average, reward mean {float(fixed.rewards.mean()):.3f}"
     )
     times: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
     order = list(ARMS)

@@ -176,7 +176,7 @@ def package_step(arm: str, beta: float) -> tuple[Any, ...]:
         torch.set_rng_state(tr.torch_rng)
         r = tr.rollout(0)
         # the warm start of 3 SFT steps answers nothing right: fixed mixed scores give a signal
-        r.scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+        r.rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
         batch = tr.score(r, 0)
         tr.compute_advantages(r, batch)
         update = tr.update(batch, 0)
@@ -199,7 +199,7 @@ def test_one_step_equals_the_package_trainer_step(tmp_path: Path, arm: str, beta
         model,
         tr.tokenizer.to_hf(),
         rows,
-        r.scores.tolist(),
+        r.rewards.tolist(),
         str(tmp_path / "trl"),
         arm=arm,
         seed=cfg.seed,

@@ -273,7 +273,7 @@ def test_jsonl_rewards_come_from_the_verifier(model_dir: Path, tmp_path: Path, m
     monkeypatch.setattr(JsonlTask, "reward", spy)
     r = trainer.rollout(0)
     assert len(seen) == 8
-    assert r.scores.tolist() == [verify(*s) for s in seen]
+    assert r.rewards.tolist() == [verify(*s) for s in seen]
     assert r.responses == [s[0] for s in seen]
 
 

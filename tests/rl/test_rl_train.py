@@ -499,7 +499,7 @@ def test_seq_mean_token_sum_norm_divides_by_the_response_budget(agg: str, expect
 def test_grpo_advantages_are_group_relative_and_broadcast() -> None:
     trainer = Trainer(tiny(arm="grpo", group_size=4))
     r = trainer.rollout()
-    r.scores = torch.tensor([1.0, 0.0, 0.0, 0.0] * 4)
+    r.rewards = torch.tensor([1.0, 0.0, 0.0, 0.0] * 4)
     batch = trainer.score(r, 0)
     trainer.compute_advantages(r, batch)
     m = batch.response_mask
@@ -514,7 +514,7 @@ def test_grpo_advantages_are_group_relative_and_broadcast() -> None:
 def test_gae_arm_rewards_sit_on_the_last_response_token() -> None:
     trainer = Trainer(tiny(arm="ppo", kl_coef=0.0, whiten_advantages=False, lam=1.0, lam_critic=1.0))
     r = trainer.rollout()
-    r.scores = torch.arange(8, dtype=torch.float32)
+    r.rewards = torch.arange(8, dtype=torch.float32)
     batch = trainer.score(r, 0)
     batch.old_values = torch.zeros_like(batch.old_values)
     trainer.compute_advantages(r, batch)

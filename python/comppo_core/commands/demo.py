@@ -228,7 +228,7 @@ def credit(trainer: Trainer, problems: Sequence[Problem]) -> Credit:
 
     cfg = trainer.config
     r = trainer.answer(problems)
-    ids, response_mask, scores = r.input_ids, r.response_mask, r.scores
+    ids, response_mask = r.input_ids, r.response_mask
     out = forward(
         trainer.actor,
         ids,
@@ -240,15 +240,15 @@ def credit(trainer: Trainer, problems: Sequence[Problem]) -> Credit:
     )
     # the comppo arm has a critic, and its scoring pass reads the routing
     assert out.values is not None and out.gates is not None and out.concentration is not None
-    rewards = terminal_rewards(response_mask, scores)
+    token_rewards = terminal_rewards(response_mask, r.rewards)
     values = torch.where(response_mask, out.values, 0.0)
-    plain = gae(rewards, values, mask=response_mask, gamma=cfg.gamma, lam=cfg.lam)
-    comp = gae(rewards, values, mask=response_mask, gates=out.gates, gamma=cfg.gamma, lam=cfg.lam)
-    zero = torch.zeros_like(rewards)
+    plain = gae(token_rewards, values, mask=response_mask, gamma=cfg.gamma, lam=cfg.lam)
+    comp = gae(token_rewards, values, mask=response_mask, gates=out.gates, gamma=cfg.gamma, lam=cfg.lam)
+    zero = torch.zeros_like(token_rewards)
     return Credit(
         problems=r.problems,
         responses=r.responses,
-        rewards=scores,
+        rewards=r.rewards,
         input_ids=ids,
         response_mask=response_mask,
         logprobs=torch.where(response_mask, out.logprobs, zero),

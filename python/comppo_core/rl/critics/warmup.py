@@ -72,11 +72,11 @@ def warm_up_critic(trainer: Any, rounds: int) -> list[dict[str, Any]]:
             batch = trainer.score(r, key)
             stats = trainer.compute_advantages(r, batch)
             update = trainer.update(batch, key, train_actor=False)
-            scores = trainer.dist.gather_rows(r.scores)
+            rewards = trainer.dist.gather_rows(r.rewards)
             rows.append(
                 {
                     "round": i,
-                    "reward_mean": float(scores.double().mean()),
+                    "reward_mean": float(rewards.double().mean()),
                     "value_explained_var": stats["value_explained_var"],
                     "value_loss": update.get("value_loss"),
                 }

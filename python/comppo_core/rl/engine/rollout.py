@@ -38,7 +38,7 @@ class Rollout:
       attention_mask: ``[B, T]`` bool, the real tokens.
       response_mask: ``[B, T−1]`` bool, the response columns (each token up to the first EOS).
       groups: ``[B]`` int64, the prompt each sample answers.
-      scores: ``[B]`` float32, the verifier's reward of each response (the outcome the
+      rewards: ``[B]`` float32, the verifier's reward of each response (the outcome the
         advantages are computed from).
       finished: ``[B]`` bool, whether the response stopped at EOS.
       problems, responses: the problems and the decoded responses (text before EOS).
@@ -48,7 +48,7 @@ class Rollout:
     attention_mask: torch.Tensor
     response_mask: torch.Tensor
     groups: torch.Tensor
-    scores: torch.Tensor
+    rewards: torch.Tensor
     finished: torch.Tensor
     problems: list[Problem]
     responses: list[str]

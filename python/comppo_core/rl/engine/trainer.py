@@ -382,7 +382,7 @@ class Trainer:
         advantages (and returns); fills ``batch`` and returns its statistics, all over the
         global batch."""
         rewards, kl = step.rewards_with_kl(
-            batch.response_mask, r.scores, batch.old_logprobs, batch.ref_logprobs, self.advantage_settings
+            batch.response_mask, r.rewards, batch.old_logprobs, batch.ref_logprobs, self.advantage_settings
         )
         batch.advantages, batch.returns, all_adv = step.compute_advantages(
             self.arm,
@@ -500,7 +500,7 @@ class Trainer:
                 metric_row.update(self.update(batch, step_index))
             self.torch_rng = torch.get_rng_state()
         m = dist.gather_rows(batch.response_mask)
-        rewards = dist.gather_rows(r.scores)
+        rewards = dist.gather_rows(r.rewards)
         metric_row.update(
             reward_mean=float(rewards.double().mean()),
             train_accuracy=float((rewards == 1.0).double().mean()),
