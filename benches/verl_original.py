@@ -5,7 +5,7 @@
 the advantages, returns left unwhitened); ``masked_whiten`` is
 ``verl.utils.torch_functional.masked_whiten`` (unbiased variance, shift_mean=True). The
 one addition is ``gates`` (not in verl): γ becomes γ·g_t at step t, which makes the loop
-Comp-GAE. The test suite keeps its own copy (tests/test_integrations.py), so that what
+Comp-GAE. The test suite keeps its own copy (tests/integrations/test_integrations.py), so that what
 the drop-in is checked against does not depend on the benchmarks.
 """
 

@@ -2,6 +2,8 @@
 
 * ``HF_HUB_OFFLINE=1`` for the whole suite (nothing is downloaded; a test that tried
   would fail at once instead of waiting on the network);
+* ``TRITON_INTERPRET=1`` for the whole suite on a machine without CUDA (Triton's CPU
+  interpreter for the online kernel's tests);
 * a Hypothesis profile (no deadline: the first call of a kernel builds the thread pool,
   and CI machines are noisy; we never time anything);
 * a fixture that restores the kernels' thread count after a test changes it;
@@ -20,6 +22,7 @@ conftest does not take the name).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,6 +34,26 @@ import comppo_core as cc
 from comppo_core import errors
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _interpret_triton_without_cuda() -> None:
+    """``TRITON_INTERPRET=1`` for the session on a machine without CUDA, where no compiled
+    Triton kernel can run, so that tests/hf/test_hf_online.py runs the online kernel under
+    Triton's CPU interpreter in this process. Triton reads the variable when it decorates
+    its functions (its own library's at its first import), hence here, before anything
+    imports it; a session where triton is already imported, or that sets the variable
+    itself, is left as it is."""
+    if "triton" in sys.modules or "TRITON_INTERPRET" in os.environ:
+        return
+    try:
+        import torch
+    except ImportError:
+        return
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+_interpret_triton_without_cuda()
 
 settings.register_profile(
     "default",

@@ -1,4 +1,4 @@
-"""torchrun worker of tests/test_trl.py: 2 CompPOTrainer steps on the synthetic global batch
+"""torchrun worker of tests/integrations/test_trl.py: 2 CompPOTrainer steps on the synthetic global batch
 (16 rows, gradient accumulation 2 on one process, 1 on each of two), saving per rank the
 critic after each step and the actor at the end to ``OUT/rank<r>.pt``."""
 

@@ -6,7 +6,7 @@ Run them on a GPU machine with ``python -m pytest tests/gpu -q``.
 the "device" tensors on the CPU: a dry run of the tests themselves, anywhere.
 
 The checks reuse the CPU suite's models, batches and reference loops
-(``tests/test_hf_probe.py``, ``tests/test_integrations.py``), so the CPU and CUDA
+(``tests/hf/test_hf_probe.py``, ``tests/integrations/test_integrations.py``), so the CPU and CUDA
 comparisons cannot drift apart; this file puts ``tests/`` on ``sys.path`` for that.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
-for _folder in (TESTS, TESTS / "hf"):  # the shared helpers, and the CPU suites the GPU tests rerun
+for _folder in (TESTS, TESTS / "hf", TESTS / "integrations"):  # the helpers; the CPU suites the GPU tests rerun
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 

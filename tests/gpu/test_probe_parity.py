@@ -1,5 +1,5 @@
 """The concentration probe on CUDA against eager attention weights computed on CUDA
-(design §7; the CPU suite, ``tests/test_hf_probe.py``, pins the same on the CPU).
+(design §7; the CPU suite, ``tests/hf/test_hf_probe.py``, pins the same on the CPU).
 
 The models, batches, visibility masks and reference come from that file, so the two
 cannot drift apart. For each architecture (Llama, Qwen2, Qwen3, Mistral with sliding

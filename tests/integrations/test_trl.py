@@ -371,7 +371,7 @@ def test_two_processes_equal_one_on_the_same_global_batch(tmp_path: Path) -> Non
           max_diff(one["actor"], r0["actor"]))  # fmt: skip
 
 
-# ---- the accelerate configs (tests/test_examples.py runs examples/trl_comppo.py)
+# ---- the accelerate configs (tests/docs/test_examples.py runs examples/trl_comppo.py)
 
 
 def test_the_accelerate_configs_are_valid_yaml() -> None:

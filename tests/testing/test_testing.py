@@ -966,7 +966,7 @@ def test_ragged_strategy_bad_arguments(make: Any, kwargs: dict[str, Any], name: 
 
 
 # --------------------------------------------------------------------------- #
-# Import hygiene (the README's examples run in tests/test_readme.py)
+# Import hygiene (the README's examples run in tests/docs/test_readme.py)
 # --------------------------------------------------------------------------- #
 
 

@@ -44,7 +44,7 @@ The kernels are in ``_online_kernel``.
 
 The kernel needs Triton (a dependency of torch's Linux CUDA wheels). The package calls it
 on CUDA tensors only; the tests run it on CPU tensors under Triton's interpreter
-(``TRITON_INTERPRET=1`` in a fresh process).
+(``TRITON_INTERPRET=1``, set before triton is imported).
 """
 
 from __future__ import annotations

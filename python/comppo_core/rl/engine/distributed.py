@@ -42,7 +42,7 @@ multiple of ``W``) and ``G = group_size``::
 
 The parameters after k steps equal those of one process on the same global batch up to
 float rounding (the loss of a minibatch is summed in a different order, and the per-row
-forwards run in batches of a different size); ``tests/test_rl_distributed.py`` pins it
+forwards run in batches of a different size); ``tests/rl/test_rl_distributed.py`` pins it
 with 2 gloo processes on CPU.
 
 **When one rank fails.** The ranks run in lockstep, so an exception on one rank (a
