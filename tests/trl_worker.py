@@ -51,7 +51,16 @@ def main(out: Path) -> None:
     actor = [p.detach().clone() for p in trainer.accelerator.unwrap_model(trainer.model).parameters()]
     out.mkdir(parents=True, exist_ok=True)
     torch.save(
-        {"critic": critics, "actor": actor, "log": trainer.state.log_history},
+        {
+            "critic": critics,
+            "actor": actor,
+            "log": trainer.state.log_history,
+            # what really ran: accelerate's backend, the process count, DDP around the policy
+            "backend": str(trainer.accelerator.distributed_type),
+            "processes": trainer.accelerator.num_processes,
+            "group": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
+            "ddp": type(trainer.model_wrapped).__name__,
+        },
         out / f"rank{trainer.accelerator.process_index}.pt",
     )
 

@@ -359,6 +359,11 @@ def test_two_processes_equal_one_on_the_same_global_batch(tmp_path: Path) -> Non
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, done.stderr[-3000:]
     one = torch.load(tmp_path / "n1" / "rank0.pt")
+    assert one["processes"] == 1
+    for rank in (0, 1):  # two gloo processes, the policy under DDP: no silent fallback to one
+        ran = torch.load(tmp_path / "n2" / f"rank{rank}.pt")
+        assert (ran["backend"], ran["processes"], ran["group"]) == ("DistributedType.MULTI_CPU", 2, "gloo"), ran
+        assert ran["ddp"] == "DistributedDataParallel", ran["ddp"]
     for rank in (0, 1):
         two = torch.load(tmp_path / "n2" / f"rank{rank}.pt")
         for step_index, (a, b) in enumerate(zip(one["critic"], two["critic"])):
