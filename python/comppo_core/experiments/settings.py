@@ -161,8 +161,7 @@ class CompareSettings:
                 f"{self.n_seeds}",
                 argument="seeds",
             )
-        if self.base.out is None:
-            raise ParameterError("out: expected the output directory DIR, got none", argument="out")
+        _ = self.out  # a ParameterError naming out when there is none
         fixed: dict[str, object] = {"arm": self.arms[0], "seed": 0, "resume": False}
         if self.validation_fraction is not None:
             fixed["validation_fraction"] = self.validation_fraction
