@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._argtypes import nonnegative_int, positive_int
+from .train import percent
 
 if TYPE_CHECKING:
     from ..rl import TrainConfig, Trainer
@@ -457,7 +458,7 @@ def _run(args: argparse.Namespace) -> int:
     before, after = summary["initial_eval_accuracy"], summary["final_eval_accuracy"]
     n_eval = len(trainer.eval_problems)
     print(
-        f"held-out accuracy (greedy, {n_eval} problems): {_percent(before)} -> {_percent(after)} "
+        f"held-out accuracy (greedy, {n_eval} problems): {percent(before)} -> {percent(after)} "
         f"({100 * (after - before):+.1f} points: warm start -> after {config.steps} comppo steps)"
     )
     phases = summary["mean_step_s"]
@@ -499,11 +500,6 @@ def _run(args: argparse.Namespace) -> int:
     print(f"metrics: {os.path.join(out, 'metrics.jsonl')}")
     print(f"total: {time.perf_counter() - t0:.1f} s")
     return 0
-
-
-def _percent(x: float) -> str:
-    """An accuracy as ``comppo-core train`` prints it: percent, one decimal (``66.8%``)."""
-    return f"{100 * x:.1f}%"
 
 
 def _read_metrics(path: str) -> list[dict[str, Any]]:

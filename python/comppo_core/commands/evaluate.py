@@ -39,7 +39,7 @@ from ..rl.config import TrainConfig
 from ..rl.models.pretrained import check_model_directory
 from ..rl.runs import run_dir
 from ..rl.tasks import TASKS, build_task
-from .train import require_rl_extra, usage_error
+from .train import percent, require_rl_extra, usage_error
 
 __all__ = ["add_parser", "run", "saved_task_settings"]
 
@@ -258,7 +258,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     seconds = time.perf_counter() - t0
     description = task.describe()
     print(
-        f"comppo-core evaluate: {args.model}: held-out accuracy {100 * accuracy:.1f}% ({_count(correct)} of "
+        f"comppo-core evaluate: {args.model}: held-out accuracy {percent(accuracy)} ({_count(correct)} of "
         f"{len(rewards)} problems, {description}) in {seconds:.0f} s"
     )
     if json_path is not None:

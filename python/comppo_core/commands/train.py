@@ -55,6 +55,7 @@ __all__ = [
     "add_parser",
     "config_from_args",
     "describe_start",
+    "percent",
     "require_rl_extra",
     "run",
     "show_log_lines",
@@ -173,7 +174,8 @@ def _resumed_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         usage_error(parser, exc)
 
 
-def _percent(x: float | None) -> str:
+def percent(x: float | None) -> str:
+    """An accuracy as the commands print it: percent with one decimal (``66.8%``), ``n/a`` for none."""
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
@@ -219,7 +221,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     start = trainer.start_step
     print(
         f"comppo-core train: {config.arm}, seed {config.seed}, steps {start}-{config.steps}: held-out accuracy "
-        f"{_percent(first) if start == 0 else '(resumed)'} -> {_percent(final)} in {seconds:.0f} s"
+        f"{percent(first) if start == 0 else '(resumed)'} -> {percent(final)} in {seconds:.0f} s"
     )
     if config.out is not None:
         print(f"wrote {config.out}: {', '.join(written(config))}")
