@@ -33,6 +33,7 @@ EXACT: dict[str, Any] = {
     "disable_tqdm": True,
     "dataloader_num_workers": 0,
     "seed": 0,
+    "critic_warmup": 0,
 }
 
 
@@ -61,6 +62,7 @@ def make_trainer(
     out: str,
     *,
     peft_config: Any = None,
+    value_model: Any = None,
     **config: Any,
 ) -> CompPOTrainer:
     from datasets import Dataset
@@ -92,6 +94,7 @@ def make_trainer(
         processing_class=tokenizer,
         rollout_func=rollout_func,
         peft_config=peft_config,
+        **({} if value_model is None else {"value_model": value_model}),
     )
 
 

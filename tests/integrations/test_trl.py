@@ -27,6 +27,7 @@ from comppo_core.integrations import trl as cctrl  # noqa: E402
 from comppo_core.rl import Trainer  # noqa: E402
 from comppo_core.rl.config import TrainConfig  # noqa: E402
 from comppo_core.rl.core.arms import ARMS  # noqa: E402
+from comppo_core.rl.critics.warmup import warm_up_critic  # noqa: E402
 from comppo_core.rl.tasks.addition import CharTokenizer  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -67,6 +68,11 @@ def test_the_overridden_private_methods_have_trl_1_16_signatures() -> None:
 
     for name, recorded in cctrl.PINNED_SIGNATURES.items():
         assert str(inspect.signature(getattr(GRPOTrainer, name))) == recorded, name
+    sources = "".join(
+        inspect.getsource(c) for c in GRPOTrainer.__mro__ if c.__module__.split(".")[0] in ("trl", "transformers")
+    )
+    for attribute in cctrl.PINNED_ATTRIBUTES:  # each one set by GRPOTrainer or transformers' Trainer
+        assert f"self.{attribute} =" in sources or f"self.{attribute}:" in sources, attribute
     overridden = {n for n, v in vars(cctrl.CompPOTrainer).items() if callable(v) and n.startswith("_")}
     overridden -= {
         "__init__",
@@ -76,17 +82,34 @@ def test_the_overridden_private_methods_have_trl_1_16_signatures() -> None:
         "_gather",
         "_pad_to_global_widths",
     }
-    overridden -= {"_score", "_set_shares", "_log_entries", "_step_critic"}
+    overridden -= {"_score", "_set_shares", "_log_entries", "_step_critic", "_critic_backward"}
     assert overridden <= set(cctrl.PINNED_SIGNATURES), overridden - set(cctrl.PINNED_SIGNATURES)
 
 
-def test_the_arms_are_grpo_and_every_tac_arm_of_the_registry() -> None:
-    assert cctrl.ARM_CHOICES == ("grpo", *(n for n, a in ARMS.items() if a.critic == "tac" and not a.diagnostic))
-    assert "comppo" in cctrl.ARM_CHOICES and "comppo_inverted" in cctrl.ARM_CHOICES
-    assert "ppo" not in cctrl.ARM_CHOICES and "comppo_oracle" not in cctrl.ARM_CHOICES
+def test_the_arms_are_grpo_and_every_arm_with_a_critic_but_the_diagnostics() -> None:
+    assert cctrl.ARM_CHOICES == ("grpo", *(n for n, a in ARMS.items() if a.critic is not None and not a.diagnostic))
+    for arm in ("ppo", "ppo_fixed", "comp_gae", "tac_fixed", "comppo", "comppo_inverted"):  # the 2×2, PPO, a control
+        assert arm in cctrl.ARM_CHOICES
     with pytest.raises(ParameterError, match="arm") as e:
-        cctrl.CompPOConfig(output_dir="unused", arm="ppo", use_cpu=True)
+        cctrl.CompPOConfig(output_dir="unused", arm="comppo_oracle", use_cpu=True)
     assert e.value.argument == "arm"
+
+
+def test_critic_warmup_defaults_to_the_package_trainers() -> None:
+    from comppo_core.rl.config import DEFAULT_CRITIC_WARMUP
+
+    assert (
+        cctrl.CompPOConfig(output_dir="unused", arm="comp_gae", use_cpu=True).critic_warmup_rounds
+        == DEFAULT_CRITIC_WARMUP
+    )
+    assert cctrl.CompPOConfig(output_dir="unused", arm="grpo", use_cpu=True).critic_warmup_rounds == 0
+    assert (
+        cctrl.CompPOConfig(output_dir="unused", arm="comppo", critic_warmup=2, use_cpu=True).critic_warmup_rounds == 2
+    )
+    for arm, value in (("grpo", 3), ("comppo", -1), ("comppo", 1.5)):
+        with pytest.raises(ParameterError, match="critic_warmup") as e:
+            cctrl.CompPOConfig(output_dir="unused", arm=arm, critic_warmup=value, use_cpu=True)
+        assert e.value.argument == "critic_warmup"
 
 
 def test_import_comppo_core_imports_no_trl() -> None:
@@ -155,7 +178,7 @@ def test_tools_are_refused(tmp_path: Path) -> None:
 # ---- one step equals comppo_core.rl.Trainer's
 
 
-def package_step(arm: str, beta: float) -> tuple[Any, ...]:
+def package_step(arm: str, beta: float, warmup: int = 0) -> tuple[Any, ...]:
     cfg = TrainConfig(
         **{**TINY_SETTINGS, "eval_size": 8, "eval_every": 0, "device": "cpu", "arm": arm, "seed": 1},
         ppo_epochs=1,
@@ -177,15 +200,32 @@ def package_step(arm: str, beta: float) -> tuple[Any, ...]:
         r = tr.rollout(0)
         # the warm start of 3 SFT steps answers nothing right: fixed mixed scores give a signal
         r.rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+        if warmup:  # the package's warm-up, every round on this rollout (as TRL's fixed rollout_func gives)
+            tr.rollout = lambda key, rng=None: copy.deepcopy(r)  # type: ignore[method-assign]
+            tr.warm_start["critic_warmup"] = warm_up_critic(tr, warmup)
         batch = tr.score(r, 0)
         tr.compute_advantages(r, batch)
         update = tr.update(batch, 0)
     return tr, cfg, actor0, critic0, r, batch, update
 
 
-@pytest.mark.parametrize(("arm", "beta"), [("comppo", 0.0), ("comppo_shuffle", 0.0), ("comppo", 0.05)])
-def test_one_step_equals_the_package_trainer_step(tmp_path: Path, arm: str, beta: float) -> None:
-    tr, cfg, actor0, critic0, r, batch, update = package_step(arm, beta)
+@pytest.mark.parametrize(
+    ("arm", "beta", "warmup"),
+    [
+        ("comppo", 0.0, 0),
+        ("comppo_shuffle", 0.0, 0),
+        ("comppo", 0.05, 0),
+        ("comppo_shuffle", 0.0, 2),
+        ("comp_gae", 0.0, 0),
+        ("comp_gae", 0.05, 2),
+        ("ppo", 0.0, 0),
+        ("ppo", 0.0, 2),
+    ],
+)
+def test_one_step_equals_the_package_trainer_step(tmp_path: Path, arm: str, beta: float, warmup: int) -> None:
+    """One step on an injected rollout, after ``warmup`` critic-only rounds on it, equals
+    comppo_core.rl.Trainer's: the TAC arms, and the standard critic as a value model."""
+    tr, cfg, actor0, critic0, r, batch, update = package_step(arm, beta, warmup)
     p = int(r.response_mask[0].nonzero()[0]) + 1  # every row's first response column is P − 1
     rows = []
     for ids, m in zip(r.input_ids, r.attention_mask):
@@ -221,13 +261,15 @@ def test_one_step_equals_the_package_trainer_step(tmp_path: Path, arm: str, beta
         vf_coef=cfg.vf_coef,
         loss_agg=cfg.loss_agg,
         max_completion_length=tr.max_new_tokens,
+        critic_warmup=warmup,
     )
     trainer.critic.load_state_dict(critic0)
     seen: list[Any] = []
     score = trainer._score
     trainer._score = lambda *a, **k: seen.append(score(*a, **k)) or seen[-1]
     trainer.train()
-    got, _ = seen[0]
+    got, _ = seen[warmup]  # the PPO step's scoring pass, after the warm-up rounds'
+
     assert got.input_ids.shape == batch.input_ids.shape
     assert torch.equal(got.response_mask, batch.response_mask)
     figures = {
@@ -238,11 +280,20 @@ def test_one_step_equals_the_package_trainer_step(tmp_path: Path, arm: str, beta
         "actor": max_diff(params(trainer.model), params(tr.actor)),
         "critic": max_diff(params(trainer.critic), params(tr.critic)),
     }
-    logged = trainer.state.log_history[0]
+    logged = trainer.state.log_history[warmup]  # after one row per warm-up round
     for key in ("pg_loss", "value_loss") + (("kl_loss",) if beta else ()):
         figures[key] = abs(logged["comppo/" + key] - update[key])
-    print(arm, beta, figures)
-    assert max(figures.values()) < 1e-6, figures
+    rounds = [e for e in trainer.state.log_history if "comppo/warmup/round" in e]
+    assert [e["comppo/warmup/round"] for e in rounds] == list(range(warmup))
+    for ours, theirs in zip(trainer.critic_warmup_log, tr.warm_start.get("critic_warmup", [])):
+        for key in ("value_loss", "value_explained_var"):
+            figures[f"warmup {ours['round']} {key}"] = abs(ours[key] - theirs[key])
+    print(arm, beta, warmup, figures)
+    # float32 rounding of the warmed-up critic (~1e-7 in the values) reaches the actor's
+    # weights through Adam's normalised step (each weight moves ~lr whatever its gradient)
+    weights = 5e-6 if warmup else 1e-6
+    assert max(v for k, v in figures.items() if k not in ("actor", "critic")) < 1e-6, figures
+    assert max(figures["actor"], figures["critic"]) < weights, figures
     assert max_diff(params(tr.actor), start) > 1e-4  # the step moved the weights
 
 
@@ -256,7 +307,7 @@ def test_the_grpo_arm_is_grpo_trainer(tmp_path: Path) -> None:
     rows, scores = synthetic_rows(8, TOK.vocab_size)
     ours = run_fixed(tmp_path / "a", rows, scores, arm="grpo")
     assert ours.critic is None
-    settings = {k: v for k, v in EXACT.items() if k != "dual_clip"}
+    settings = {k: v for k, v in EXACT.items() if k not in ("dual_clip", "critic_warmup")}
     args = GRPOConfig(
         output_dir=str(tmp_path / "b"), per_device_train_batch_size=8, num_generations=2, max_steps=1,
         learning_rate=1e-3, max_completion_length=8, **settings,
@@ -299,9 +350,10 @@ def test_gradient_checkpointing_does_not_change_the_update(tmp_path: Path) -> No
     assert max_diff(params(on.critic), params(off.critic)) < 1e-6
 
 
-def test_epochs_checkpoints_and_resume_continue_the_critic(tmp_path: Path) -> None:
+@pytest.mark.parametrize("arm", ["comppo", "comp_gae"])
+def test_epochs_checkpoints_and_resume_continue_the_critic(tmp_path: Path, arm: str) -> None:
     rows, scores = synthetic_rows(8, TOK.vocab_size)
-    config = {"num_iterations": 2, "max_steps": 3, "save_strategy": "steps", "save_steps": 2}
+    config = {"num_iterations": 2, "max_steps": 3, "save_strategy": "steps", "save_steps": 2, "arm": arm}
     full = run_fixed(tmp_path / "full", rows, scores, **config)
     ckpt = tmp_path / "full" / "checkpoint-2"
     assert (ckpt / cctrl.CRITIC_FILE).exists()
@@ -312,6 +364,22 @@ def test_epochs_checkpoints_and_resume_continue_the_critic(tmp_path: Path) -> No
     assert max_diff(params(resumed.critic), params(full.critic)) < 1e-6
     assert max_diff(params(resumed.model), params(full.model)) < 1e-6
     assert resumed.critic_optimizer.state_dict()["state"][0]["step"] == 3
+    assert not resumed.critic_warmup_log  # a resumed run's critic is already warm
+
+
+def test_the_value_model_starts_from_the_policy_or_the_given_model(tmp_path: Path) -> None:
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    policy = tiny_llama(TOK.vocab_size, 0)
+    trainer = make_trainer(policy, TOK.to_hf(), rows, scores, str(tmp_path / "a"), arm="ppo", num_generations=2)
+    assert max_diff(params(trainer.critic.backbone), params(policy.model)) == 0.0
+    assert trainer.critic.backbone is not policy.model  # a copy: the critic trains its own transformer
+    other = tiny_llama(TOK.vocab_size, 7)
+    given = make_trainer(policy, TOK.to_hf(), rows, scores, str(tmp_path / "b"), arm="ppo", num_generations=2,
+                         value_model=other)  # fmt: skip
+    assert max_diff(params(given.critic.backbone), params(other.model)) == 0.0
+    with pytest.raises(ParameterError, match="value_model") as e:
+        make_trainer(policy, TOK.to_hf(), rows, scores, str(tmp_path / "c"), arm="comppo", value_model=other)
+    assert e.value.argument == "value_model"
 
 
 def test_lora_trains_the_adapter_and_the_critic(tmp_path: Path) -> None:
@@ -333,6 +401,31 @@ def test_lora_trains_the_adapter_and_the_critic(tmp_path: Path) -> None:
     frozen = [p for n, p in trainer.model.named_parameters() if "lora" not in n]
     assert max_diff(frozen, base) == 0.0
     assert trainer.state.log_history[0]["comppo/kl_loss"] >= 0.0
+
+
+def test_lora_gives_the_value_model_an_adapter_of_its_own(tmp_path: Path) -> None:
+    """With PEFT the value model trains its own LoRA and its head; its transformer stays frozen."""
+    from peft import LoraConfig
+
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    settings = {"per_device_train_batch_size": 8, "num_generations": 2, "max_steps": 1, "learning_rate": 1e-2}
+    settings.update(max_completion_length=8, critic_lr=1e-2, arm="comp_gae")
+    trainer = make_trainer(tiny_llama(TOK.vocab_size), TOK.to_hf(), rows, scores, str(tmp_path), peft_config=lora,
+                           **settings)  # fmt: skip
+    critic = trainer.critic
+    named = dict(critic.named_parameters())
+    trainable = {n for n, p in named.items() if p.requires_grad}
+    assert trainable and all("lora_" in n or n == "value_head.weight" for n in trainable), trainable
+    before = {n: p.detach().clone() for n, p in named.items()}
+    policy_adapter = [p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n]
+    trainer.train()
+    after = dict(trainer.accelerator.unwrap_model(trainer.critic).named_parameters())
+    moved = {n for n in before if float((after[n].detach() - before[n]).abs().max()) > 0.0}
+    assert "value_head.weight" in moved and any("lora_B" in n for n in moved), moved
+    assert moved <= trainable, moved - trainable  # the value model's transformer did not move
+    adapter = [p for n, p in trainer.model.named_parameters() if "lora_B" in n]
+    assert max_diff(adapter, policy_adapter) > 1e-4  # and the policy trained its own adapter
 
 
 def test_bf16_autocast_runs(tmp_path: Path) -> None:

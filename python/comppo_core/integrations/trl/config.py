@@ -3,10 +3,14 @@
 The fields added to ``GRPOConfig`` (each named as in :class:`comppo_core.rl.TrainConfig`):
 
 ``arm``                 ``grpo`` (plain GRPO: the trainer is then exactly ``GRPOTrainer``) or
-                        any arm of :data:`comppo_core.rl.core.arms.ARMS` whose critic is the TAC
+                        any arm of :data:`comppo_core.rl.core.arms.ARMS` with a critic: the TAC
+                        (``comppo``, ``tac_fixed``, the controls) or the standard critic, a value
+                        model (``ppo``, ``ppo_fixed``, ``comp_gae``; :mod:`.value_model`)
+``critic_warmup``       rounds of critic-only training before the first PPO step (None: the
+                        package trainer's default for an arm with a critic; :mod:`.warmup`)
 ``gamma, lam, lam_critic``  Comp-GAE's γ, the actor's λ and the returns' λ (decoupled GAE)
 ``gate_params``         the concentration → gate mapping, one :class:`~comppo_core.GateParams`
-``fixed_gate``          ``tac_fixed``'s constant gate (None: the batch mean of the gates)
+``fixed_gate``          the constant gate of ``tac_fixed`` and ``ppo_fixed`` (None: the batch mean of the gates)
 ``statistic``           the probe's attention-concentration statistic
 ``gate_causal``         Comp-GAE's gates from the running z-score of the row (tokens up to t)
 ``gate_in_bootstrap``   the gates enter Comp-GAE's bootstrap as well as its trace (False: the
@@ -36,9 +40,10 @@ from trl.trainer.grpo_config import GRPOConfig
 from ...errors import ParameterError
 from ...gate_params import GateParams
 from ...options import AGG_MODES, STATISTICS, TEMPORAL_MIXERS, check_choice
+from ...rl.config import DEFAULT_CRITIC_WARMUP
 from ...rl.core.arms import ARMS
 
-__all__ = ["ARM_CHOICES", "CompPOConfig", "tac_arms", "unsupported"]
+__all__ = ["ARM_CHOICES", "CompPOConfig", "critic_arms", "tac_arms", "unsupported"]
 
 
 def tac_arms() -> tuple[str, ...]:
@@ -48,8 +53,14 @@ def tac_arms() -> tuple[str, ...]:
     return tuple(name for name, arm in ARMS.items() if arm.critic == "tac" and not arm.diagnostic)
 
 
-#: What ``CompPOConfig.arm`` accepts: plain GRPO and every TAC arm.
-ARM_CHOICES: tuple[str, ...] = ("grpo", *tac_arms())
+def critic_arms() -> tuple[str, ...]:
+    """Every arm with a critic, standard or TAC, in registry order, but the diagnostics."""
+    return tuple(name for name, arm in ARMS.items() if arm.critic is not None and not arm.diagnostic)
+
+
+#: What ``CompPOConfig.arm`` accepts: plain GRPO and every arm with a critic (the paper's 2×2
+#: ``ppo_fixed``, ``comp_gae``, ``tac_fixed``, ``comppo``; ``ppo``; the gate controls).
+ARM_CHOICES: tuple[str, ...] = ("grpo", *critic_arms())
 
 #: TRL's loss types that are not the PPO clip objective (a CompPO arm's loss is verl's).
 _OTHER_OBJECTIVES = ("cispo", "sapo", "vespo", "luspo")
@@ -60,7 +71,14 @@ class CompPOConfig(GRPOConfig):  # type: ignore[misc]  # trl ships no type hints
     """``GRPOConfig`` with the CompPO arm and its settings (module docstring)."""
 
     arm: str = dataclasses.field(
-        default="comppo", metadata={"help": f"grpo (plain GRPO) or a TAC arm: {', '.join(tac_arms())}"}
+        default="comppo", metadata={"help": f"grpo (plain GRPO) or an arm with a critic: {', '.join(critic_arms())}"}
+    )
+    critic_warmup: int | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "rounds of critic-only training on rollouts of the initial policy before the first PPO step "
+            f"(None: {DEFAULT_CRITIC_WARMUP} for an arm with a critic, 0 for grpo)"
+        },
     )
     gamma: float = dataclasses.field(default=1.0, metadata={"help": "discount γ of Comp-GAE"})
     lam: float = dataclasses.field(default=0.95, metadata={"help": "GAE λ of the actor's advantages"})
@@ -71,7 +89,10 @@ class CompPOConfig(GRPOConfig):  # type: ignore[misc]  # trl ships no type hints
         default_factory=GateParams, metadata={"help": "concentration → gate mapping (comppo_core.GateParams)"}
     )
     fixed_gate: float | None = dataclasses.field(
-        default=None, metadata={"help": "tac_fixed's constant gate (None: the batch mean of the concentration gates)"}
+        default=None,
+        metadata={
+            "help": "the constant gate of tac_fixed and ppo_fixed (None: the batch mean of the concentration gates)"
+        },
     )
     gate_causal: bool = dataclasses.field(
         default=False,
@@ -132,10 +153,28 @@ class CompPOConfig(GRPOConfig):  # type: ignore[misc]  # trl ships no type hints
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value >= 0.0:
                 raise ParameterError(f"{name}: expected a number >= 0, got {value!r}", argument=name)
+        if self.critic_warmup is not None and (
+            isinstance(self.critic_warmup, bool) or not isinstance(self.critic_warmup, int) or self.critic_warmup < 0
+        ):
+            raise ParameterError(
+                f"critic_warmup: expected None or an integer >= 0, got {self.critic_warmup!r}", argument="critic_warmup"
+            )
+        if ARMS[self.arm].critic is None and self.critic_warmup:
+            raise ParameterError(
+                f"critic_warmup: expected 0 for the {self.arm} arm, which has no critic, got {self.critic_warmup}",
+                argument="critic_warmup",
+            )
         if self.value_clip is not None and not self.value_clip > 0.0:
             raise ParameterError(f"value_clip: expected None or > 0, got {self.value_clip!r}", argument="value_clip")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
             raise ParameterError(f"dual_clip: expected None or > 1, got {self.dual_clip!r}", argument="dual_clip")
+
+    @property
+    def critic_warmup_rounds(self) -> int:
+        """The warm-up rounds this config means (``critic_warmup``, its None resolved)."""
+        if ARMS[self.arm].critic is None:
+            return 0
+        return DEFAULT_CRITIC_WARMUP if self.critic_warmup is None else int(self.critic_warmup)
 
     def to_dict(self) -> dict[str, Any]:
         """TRL's dict (what ``report_to`` logs), with ``gate_params`` as a plain dict."""
@@ -150,7 +189,7 @@ def _unit(name: str, value: Any) -> None:
 
 
 def unsupported(args: Any, *, tools: Any = None, environment_factory: Any = None) -> list[tuple[str, str]]:
-    """``(option, why)`` for each TRL setting a CompPO (TAC) arm cannot honour (docs/trl.md)."""
+    """``(option, why)`` for each TRL setting a CompPO arm with a critic cannot honour (docs/trl.md)."""
     out: list[tuple[str, str]] = []
     if getattr(args, "use_liger_kernel", False):
         out.append(("use_liger_kernel", "Liger's fused GRPO loss computes its own loss; the arm's is verl's"))

@@ -21,6 +21,12 @@ PINNED_SIGNATURES: dict[str, str] = {
     "_load_optimizer_and_scheduler": "(self, checkpoint)",
     "training_step": "(self, model, inputs, num_items_in_batch)",
     "_get_output_dir": "(self, trial: 'optuna.Trial | dict[str, Any] | None') -> str",
+    # transformers' Trainer's, which the critic warm-up calls for a sampler of its own
+    "_get_dataloader": (
+        "(self, dataset: torch.utils.data.dataset.Dataset, description: str, batch_size: int, sampler_fn: "
+        "collections.abc.Callable[[torch.utils.data.dataset.Dataset], torch.utils.data.sampler.Sampler] | None = None, "
+        "is_training: bool = False, dataloader_key: str | None = None) -> torch.utils.data.dataloader.DataLoader"
+    ),
 }
 
 #: Attributes of a constructed ``GRPOTrainer`` that the subclass reads or sets.
@@ -32,4 +38,7 @@ PINNED_ATTRIBUTES: tuple[str, ...] = (
     "ref_model",
     "reward_weights",
     "current_gradient_accumulation_steps",
+    "_logs",
+    "_train_batch_size",
+    "shuffle_dataset",
 )

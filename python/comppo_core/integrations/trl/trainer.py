@@ -45,6 +45,8 @@ from ...rl.core.arms import ARMS, Arm
 from ...rl.critics.tac import TransportAlignedCritic
 from ...rl.engine.distributed import Dist
 from .config import CompPOConfig, unsupported
+from .value_model import ValueModel, build_value_model
+from .warmup import warm_up_critic
 
 __all__ = ["CRITIC_FILE", "CompPOTrainer"]
 
@@ -58,17 +60,36 @@ _BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(step.Batch))
 class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are partial
     """``GRPOTrainer`` running a CompPO arm (module docstring)."""
 
-    #: the transport-aligned critic (None for ``arm="grpo"``)
-    critic: nn.Module | None
-    critic_optimizer: torch.optim.Optimizer | None
+    #: the standard critic's value model (None unless the arm's critic is ``"standard"``)
+    value: ValueModel | None
+    #: the critic warm-up's rows, one per round (:mod:`~comppo_core.integrations.trl.warmup`)
+    critic_warmup_log: list[dict[str, Any]]
 
-    def __init__(self, model: Any, reward_funcs: Any = None, args: CompPOConfig | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        reward_funcs: Any = None,
+        args: CompPOConfig | None = None,
+        *,
+        value_model: Any = None,
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(args, CompPOConfig):
             got = type(args).__name__
             raise ParameterError(f"args: expected a CompPOConfig, got {got}", argument="args")
         self.arm: Arm = ARMS[args.arm]
-        self.critic = None
-        self.critic_optimizer = None
+        self._tac: nn.Module | None = None
+        self._tac_optimizer: torch.optim.Optimizer | None = None
+        self.value = None
+        self.critic_warmup_log = []
+        self._warmed_up = False
+        self._gate_step: int | None = None  # the step whose gate draws a scoring pass uses (None: global_step)
+        if value_model is not None and self.arm.critic != "standard":
+            raise ParameterError(
+                f"value_model: expected None for the {args.arm} arm, which has no standard critic",
+                argument="value_model",
+            )
+        standard = None
         if self.arm.critic is not None:
             refused = unsupported(
                 args, tools=kwargs.get("tools"), environment_factory=kwargs.get("environment_factory")
@@ -76,8 +97,15 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             if refused:
                 option, why = refused[0]
                 raise ParameterError(f"{option}: not supported by the {args.arm} arm ({why})", argument=option)
-            if self.arm.critic != "tac":
-                raise ParameterError(f"arm: expected grpo or a TAC arm, got {args.arm!r}", argument="arm")
+        if self.arm.critic == "standard":  # from the policy's weights, before PEFT or DeepSpeed touch them
+            with torch.random.fork_rng(devices=[]):
+                standard = build_value_model(
+                    model,
+                    value_model,
+                    seed=args.seed,
+                    peft_config=kwargs.get("peft_config"),
+                    model_init_kwargs=args.model_init_kwargs,
+                )
         super().__init__(model, reward_funcs, args, **kwargs)
         self._cfg: Any = args
         if self.arm.critic is None:
@@ -112,16 +140,38 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             kl_mode="loss",
         )
         self._cc_dist = Dist(self.accelerator.process_index, self.accelerator.num_processes, self.accelerator.device)
+        if standard is not None:
+            self.value = ValueModel(
+                standard, self.accelerator, lr=args.critic_lr, weight_decay=args.weight_decay, clip=args.max_grad_norm
+            )
+            return
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(args.seed)
             critic = TransportAlignedCritic.for_model(
                 self._base_model(), width=args.tac_width, temporal=args.tac_temporal, trunk_grad=args.trunk_grad
             )
-        self.critic = critic.to(device=self.accelerator.device, dtype=torch.float32)
-        self._cc_dist.broadcast_module(self.critic)
-        self.critic_optimizer = torch.optim.AdamW(
-            self.critic.parameters(), lr=args.critic_lr, weight_decay=args.weight_decay
+        self._tac = critic.to(device=self.accelerator.device, dtype=torch.float32)
+        self._cc_dist.broadcast_module(self._tac)
+        self._tac_optimizer = torch.optim.AdamW(
+            self._tac.parameters(), lr=args.critic_lr, weight_decay=args.weight_decay
         )
+
+    @property
+    def critic(self) -> nn.Module | None:
+        """The arm's critic: the transport-aligned critic (replicated on every process, outside
+        the model accelerate wraps), the standard critic's value model (as accelerate
+        prepared it, once training has started), or None for ``arm="grpo"``."""
+        return self.value.module if self.value is not None else self._tac
+
+    @property
+    def critic_optimizer(self) -> torch.optim.Optimizer | None:
+        """The critic's AdamW (the value model's: None until it is prepared)."""
+        return self.value.optimizer if self.value is not None else self._tac_optimizer
+
+    @property
+    def critic_warmup_rounds(self) -> int:
+        """Rounds of critic-only training before the first PPO step (``CompPOConfig.critic_warmup``)."""
+        return int(self._cfg.critic_warmup_rounds) if self.arm.critic is not None else 0
 
     @property
     def _training(self) -> bool:
@@ -165,6 +215,8 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
     def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
         if self.critic is None:
             return super()._generate_and_score_completions(inputs)
+        if self.value is not None:
+            self.value.prepare()
         beta, self.beta = self.beta, 0.0  # the arm scores the reference itself, at τ
         try:
             out: dict[str, Any] = super()._generate_and_score_completions(inputs)
@@ -221,7 +273,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
         gates = step.step_gates(
             self.arm,
             self.scoring,
-            step=self.state.global_step,
+            step=self.state.global_step if self._gate_step is None else self._gate_step,
             seed=self._cfg.seed,
             shape=(response_mask.shape[0], response_mask.shape[1]),
             device=ids.device,
@@ -271,6 +323,12 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
     # ---- phase 4: each micro-batch's share of its optimiser step's batch
 
     def _prepare_inputs(self, generation_batch: Any) -> Any:
+        if self.value is not None:
+            self.value.prepare()  # accelerate has prepared the policy by now
+        if self.critic is not None and self._training and not self._warmed_up:
+            self._warmed_up = True  # once per train(); a resumed run's critic is already warm
+            if self.state.global_step == 0 and self.critic_warmup_rounds:
+                self.critic_warmup_log = warm_up_critic(self, self.critic_warmup_rounds)
         before = self._buffered_inputs
         inputs = super()._prepare_inputs(generation_batch)
         if self.critic is not None and self._training and self._buffered_inputs is not before:
@@ -313,18 +371,29 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
                 grad=True,
                 gates=None,
             )
-        loss, entries = step.minibatch_loss(
-            mb,
-            s.logprobs,
-            s.values,
-            self.loss_settings,
-            train_actor=True,
-            share=float(inputs.get("comppo_share", 1.0)),
-            token_share=float(inputs.get("comppo_token_share", 1.0)),
+        shares = {
+            "share": float(inputs.get("comppo_share", 1.0)),
+            "token_share": float(inputs.get("comppo_token_share", 1.0)),
+        }
+        world = self.accelerator.num_processes
+        if self.value is None:  # the TAC reads the actor's hidden states: one loss, one backward
+            loss, entries = step.minibatch_loss(
+                mb, s.logprobs, s.values, self.loss_settings, train_actor=True, **shares
+            )
+            assert loss is not None  # a TAC arm always has a value loss
+            self._log_entries(entries)
+            return loss * world
+        # the value model's graph is its own: its part goes back through its own backward
+        # (its DeepSpeed engine, or DDP/FSDP2's hooks on the prepared module), the actor's to TRL
+        loss, entries = step.minibatch_loss(mb, s.logprobs, None, self.loss_settings, train_actor=True, **shares)
+        value_loss, value_entries = step.minibatch_loss(
+            mb, s.logprobs, s.values, self.loss_settings, train_actor=False, **shares
         )
-        assert loss is not None  # a TAC arm always has a value loss
+        assert loss is not None and value_loss is not None
+        self.value.backward(value_loss * world, boundary=bool(self.accelerator.sync_gradients))
+        entries.update(value_loss=value_entries["value_loss"], value_clipfrac=value_entries["value_clipfrac"])
         self._log_entries(entries)
-        return loss * self.accelerator.num_processes
+        return loss * world
 
     def _log_entries(self, entries: dict[str, float]) -> None:
         """The micro-batch's shares of the step's loss statistics, summed over processes and
@@ -348,6 +417,13 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             self._step_critic()
         return loss
 
+    def _critic_backward(self, loss: torch.Tensor, *, boundary: bool) -> None:
+        """Backward a critic-only loss (the warm-up's): the value model's own backward, or the TAC's."""
+        if self.value is not None:
+            self.value.backward(loss, boundary=boundary)
+        else:
+            loss.backward()
+
     def _reduce_actor_gradients(self) -> None:
         """Under DDP, the mean of the actor's gradients over processes (the update's forward
         runs the unwrapped model, which the probe and the TAC's taps need, so DDP's own
@@ -363,10 +439,14 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
                 p.grad.div_(self.accelerator.num_processes)
 
     def _step_critic(self) -> None:
-        """All-reduce (the mean over processes, as DDP does for the actor), clip to
-        ``max_grad_norm`` and step the critic; log its gradient norm before clipping."""
-        assert self.critic is not None and self.critic_optimizer is not None
-        params = [p for p in self.critic.parameters() if p.requires_grad]
+        """Clip to ``max_grad_norm`` and step the critic; log its gradient norm before
+        clipping. The TAC's gradients are first all-reduced (the mean over processes, as DDP
+        does for the actor); the value model's were reduced by its backend in backward."""
+        if self.value is not None:
+            self._metrics["train"]["comppo/grad_norm_critic"].append(self.value.step())
+            return
+        assert self._tac is not None and self._tac_optimizer is not None
+        params = [p for p in self._tac.parameters() if p.requires_grad]
         self._cc_dist.all_reduce_gradients(params)
         world = self.accelerator.num_processes
         if world > 1:
@@ -374,29 +454,37 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
                 if p.grad is not None:
                     p.grad.div_(world)
         norm = torch.nn.utils.clip_grad_norm_(params, self._cfg.max_grad_norm)
-        self.critic_optimizer.step()
-        self.critic_optimizer.zero_grad(set_to_none=True)
+        self._tac_optimizer.step()
+        self._tac_optimizer.zero_grad(set_to_none=True)
         self._metrics["train"]["comppo/grad_norm_critic"].append(float(norm))
 
     # ---- checkpoints
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         super()._save_checkpoint(model, trial)
-        if self.critic is None or self.critic_optimizer is None or not self._cfg.should_save:
+        if self.critic is None:
             return
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        state = {
-            "arm": self.arm.name,
-            "critic": self.critic.state_dict(),
-            "optimizer": self.critic_optimizer.state_dict(),
-        }
-        torch.save(state, os.path.join(folder, CRITIC_FILE))
+        if self.value is not None:
+            self.value.prepare()
+            state = {"arm": self.arm.name, **self.value.save(folder)}  # every process: a collective when sharded
+        else:
+            assert self._tac is not None and self._tac_optimizer is not None
+            state = {
+                "arm": self.arm.name,
+                "critic": self._tac.state_dict(),
+                "optimizer": self._tac_optimizer.state_dict(),
+            }
+        if self._cfg.should_save:
+            path = os.path.join(folder, CRITIC_FILE)
+            torch.save(state, path + ".tmp")
+            os.replace(path + ".tmp", path)
 
     def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
-        if self.critic is None or self.critic_optimizer is None or checkpoint is None:
+        if self.critic is None or checkpoint is None:
             return
         path = os.path.join(checkpoint, CRITIC_FILE)
         if not os.path.exists(path):
@@ -404,11 +492,15 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
                 f"resume_from_checkpoint: expected {CRITIC_FILE} in {checkpoint} (a checkpoint of a {self.arm.name} run)",
                 argument="resume_from_checkpoint",
             )
-        state = torch.load(path, map_location=self.accelerator.device, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
         if state["arm"] != self.arm.name:
             raise ParameterError(
                 f"resume_from_checkpoint: expected a checkpoint of the {self.arm.name} arm, got {state['arm']}",
                 argument="resume_from_checkpoint",
             )
-        self.critic.load_state_dict(state["critic"])
-        self.critic_optimizer.load_state_dict(state["optimizer"])
+        if self.value is not None:
+            self.value.load(checkpoint, state)
+            return
+        assert self._tac is not None and self._tac_optimizer is not None
+        self._tac.load_state_dict(state["critic"])
+        self._tac_optimizer.load_state_dict(state["optimizer"])

@@ -6,7 +6,7 @@
     concentration[b, j]  = probe statistic at query position j          (detached)
     per_layer[b, j, l]   = the same, layer l alone                      (detached)
     gates[b, j]          = gates_from_concentration(concentration, mask=response_mask, **gate_params)
-    values[b, j]         = critic(prefix ids[b, :j+1])                  (grad into the critic iff grad=True)
+    values[b, j]         = critic(prefix ids[b, :j+1])                  (grad into the critic iff critic_grad)
 
 ``π_τ = softmax(logits / τ)`` is the policy at the sampling temperature ``τ``, the
 distribution the rollout drew from (verl and TRL score with the same division).
@@ -127,6 +127,7 @@ def forward(
     query_chunk: int = DEFAULT_QUERY_CHUNK,
     routing: bool = True,
     causal: bool = False,
+    critic_grad: bool | None = None,
 ) -> ForwardOutput:
     """Run the actor once; return log-probs, concentration, gates and values (module docstring).
 
@@ -149,6 +150,9 @@ def forward(
       grad: run with gradients: log-probs carry them (the PPO update), values carry them
         into the critic (and into the trunk only under the TAC's ``trunk_grad``); the probe
         statistics and gates never do.
+      critic_grad: whether the values carry gradients into the critic (None: ``grad``);
+        ``grad=False, critic_grad=True`` trains the critic alone (a critic warm-up) without
+        building the actor's graph: the actor's hidden states then carry no gradient.
       temperature: ``τ`` of the log-probs (the rollout's sampling temperature; the
         concentration reads attention, which ``τ`` does not touch).
       position_ids: optional ``[B, T]``; default ``cumsum(attention_mask) − 1`` clamped at 0.
@@ -224,6 +228,6 @@ def forward(
             per_layer=per,
             gates=critic_gates,
         )
-        with torch.enable_grad() if grad else torch.no_grad():
+        with torch.enable_grad() if (grad if critic_grad is None else critic_grad) else torch.no_grad():
             values = critic(inputs)
     return ForwardOutput(lp, conc, per, comp_gates, values, critic_gates if critic is not None else None, resp)

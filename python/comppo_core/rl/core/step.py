@@ -312,13 +312,15 @@ def score(
     grad: bool = False,
     gates: torch.Tensor | GatesFromConcentration | None = None,
     rows: Rows = LOCAL,
+    critic_grad: bool | None = None,
 ) -> Scored:
     """Log-probs (at τ), values and the arm's gates of a batch, from one actor forward.
 
     ``grad=False`` is phase 2 (old log-probs and values; ``gates`` from :func:`step_gates`;
     Comp-GAE's gates as the global batch defines them, a collective under ``rows``);
     ``grad=True`` is the update's forward on this process's rows alone (``gates`` None:
-    the update reads no Comp-GAE gates). The critic reads the prefix only, in every arm
+    the update reads no Comp-GAE gates); ``grad=False, critic_grad=True`` trains the critic
+    alone (a critic warm-up). The critic reads the prefix only, in every arm
     (:func:`~comppo_core.rl.forward`). The probe runs only when the pass needs routing:
     the scoring pass of an arm with gates or a TAC, the update of a TAC arm; the others
     score with a plain forward, at the baseline's own cost."""
@@ -336,6 +338,7 @@ def score(
         temperature=settings.temperature,
         routing=routing,
         causal=settings.causal,
+        critic_grad=critic_grad,
     )
     comp_gates = out.gates
     if not grad and gates is None and comp_gates is not None and out.concentration is not None:
