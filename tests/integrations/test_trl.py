@@ -297,6 +297,25 @@ def test_one_step_equals_the_package_trainer_step(tmp_path: Path, arm: str, beta
     assert max_diff(params(tr.actor), start) > 1e-4  # the step moved the weights
 
 
+@pytest.mark.parametrize("arm", [a for a in cctrl.ARM_CHOICES if a != "grpo"])
+def test_every_arm_with_a_critic_trains_its_critic_and_the_actor(tmp_path: Path, arm: str) -> None:
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    actor = tiny_llama(TOK.vocab_size)
+    start = params(actor)
+    trainer = make_trainer(actor, TOK.to_hf(), rows, scores, str(tmp_path), arm=arm, critic_warmup=1,
+                           per_device_train_batch_size=8, num_generations=2, max_steps=1, learning_rate=1e-3,
+                           tac_width=16, max_completion_length=8, critic_lr=1e-3)  # fmt: skip
+    critic0 = params(trainer.critic)
+    trainer.train()
+    assert max_diff(params(trainer.model), start) > 1e-5
+    assert max_diff(params(trainer.critic), critic0) > 1e-5
+    logged = trainer.state.log_history[1]
+    assert all(
+        torch.isfinite(torch.tensor(logged["comppo/" + k])) for k in ("pg_loss", "value_loss", "grad_norm_critic")
+    )
+    assert (ARMS[arm].gate_source.gated) == ("comppo/gate_mean" in logged)
+
+
 # ---- what TRL users turn on
 
 
