@@ -425,9 +425,15 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             loss.backward()
 
     def _reduce_actor_gradients(self) -> None:
-        """Under DDP, the mean of the actor's gradients over processes (the update's forward
-        runs the unwrapped model, which the probe and the TAC's taps need, so DDP's own
-        reducer is not armed); ZeRO and FSDP reduce their gradients themselves."""
+        """Under DDP, the mean of the actor's gradients over processes, once.
+
+        The update's forward runs the unwrapped model (the probe patches its attention and
+        the TAC's taps hook its layers; DDP's ``forward`` would hide both), so DDP's reducer,
+        which ``DistributedDataParallel.forward`` arms, never fires: this is the one
+        reduction. ZeRO-2/3 and FSDP2 reduce in hooks on the parameters and modules
+        themselves, which fire whichever object's forward runs, so nothing is added there.
+        The value model is called through its prepared wrapper, so its backend reduces it.
+        tests/integrations/test_trl_backends.py proves each: 2 processes equal 1."""
         from torch.nn.parallel import DistributedDataParallel
 
         if not isinstance(self.model_wrapped, DistributedDataParallel):
