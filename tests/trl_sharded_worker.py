@@ -1,6 +1,6 @@
 """The worker of tests/integrations/test_trl_backends.py, launched per backend by
 ``trl_backends.launch``: for each arm given, 2 CompPOTrainer steps on the synthetic global
-batch of tests/trl_worker.py (16 rows; gradient accumulation 2 on one process, 1 on each of
+batch (``trl_tiny.synthetic_rows``: 16 rows; gradient accumulation 2 on one process, 1 on each of
 two), saving per rank to ``OUT/<arm>/rank<r>.pt``:
 
 * ``actor``: the actor's full parameters at the end; ``actors`` and ``critic``: the actor's

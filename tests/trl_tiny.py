@@ -1,5 +1,5 @@
 """A fixed rollout fed to ``CompPOTrainer`` through TRL's ``rollout_func``: the tests of
-``comppo_core.integrations.trl`` and their torchrun worker (tests/trl_worker.py) share it.
+``comppo_core.integrations.trl`` and their multi-process worker (tests/trl_sharded_worker.py) share it.
 
 ``make_trainer(actor, tokenizer, rows, scores, out, **config)`` returns a CompPOTrainer
 whose every generation is ``rows`` (``(prompt ids, completion ids)`` per row, the global

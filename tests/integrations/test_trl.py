@@ -454,38 +454,7 @@ def test_bf16_autocast_runs(tmp_path: Path) -> None:
     assert abs(trainer.state.log_history[0]["comppo/value_loss"]) < 1e3
 
 
-# ---- two processes under torchrun
-
-
-@pytest.mark.slow
-def test_two_processes_equal_one_on_the_same_global_batch(tmp_path: Path) -> None:
-    worker = Path(__file__).parents[1] / "trl_worker.py"
-    # the installed comppo_core (a checkout's python/ has no compiled extension); tests/ for trl_tiny
-    paths = [str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths),
-           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
-           "PYTHONWARNINGS": "ignore"}  # fmt: skip
-    for n in (1, 2):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port", str(29500 + n),
-               str(worker), str(tmp_path / f"n{n}")]  # fmt: skip
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-        assert done.returncode == 0, done.stderr[-3000:]
-    one = torch.load(tmp_path / "n1" / "rank0.pt")
-    assert one["processes"] == 1
-    for rank in (0, 1):  # two gloo processes, the policy under DDP: no silent fallback to one
-        ran = torch.load(tmp_path / "n2" / f"rank{rank}.pt")
-        assert (ran["backend"], ran["processes"], ran["group"]) == ("DistributedType.MULTI_CPU", 2, "gloo"), ran
-        assert ran["ddp"] == "DistributedDataParallel", ran["ddp"]
-    for rank in (0, 1):
-        two = torch.load(tmp_path / "n2" / f"rank{rank}.pt")
-        for step_index, (a, b) in enumerate(zip(one["critic"], two["critic"])):
-            assert max_diff(a, b) < 2e-5, (rank, step_index)
-        assert max_diff(one["actor"], two["actor"]) < 2e-5
-    r0, r1 = (torch.load(tmp_path / "n2" / f"rank{r}.pt") for r in (0, 1))
-    for a, b in zip(r0["critic"], r1["critic"]):
-        assert max_diff(a, b) == 0.0  # every process holds the same critic after each step
-    print("2 processes vs 1:", max(max_diff(a, b) for a, b in zip(one["critic"], r0["critic"])),
-          max_diff(one["actor"], r0["actor"]))  # fmt: skip
+# ---- two processes: tests/integrations/test_trl_backends.py (DDP, ZeRO-2, ZeRO-3, FSDP2)
 
 
 # ---- the accelerate configs (tests/docs/test_examples.py runs examples/trl_comppo.py)
