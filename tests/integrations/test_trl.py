@@ -1,6 +1,7 @@
 """CompPO inside TRL (comppo_core.integrations.trl): one CompPOTrainer step is one step of
-comppo_core.rl.Trainer on the same rollout; accumulation, epochs, checkpoints, LoRA, KL,
-gradient checkpointing, bf16 and two processes under torchrun; what is refused."""
+comppo_core.rl.Trainer on the same rollout, for TAC and value-model arms, with and without
+critic warm-up; accumulation, epochs, checkpoints, LoRA, KL, gradient checkpointing, bf16;
+what is refused. Several processes: test_trl_backends.py."""
 
 from __future__ import annotations
 
