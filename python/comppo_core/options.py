@@ -51,6 +51,7 @@ __all__ = [
     "AGG_MODES",
     "ARM_NAMES",
     "CONTROLS",
+    "DTYPES",
     "EVAL_SPLITS",
     "GATE_CONTROLS",
     "GROUP_METHODS",
@@ -102,6 +103,8 @@ KL_KINDS = MappingProxyType(
 #: Where a KL to the reference enters: a per-token reward penalty (TRL) or a loss term (verl's use_kl_loss).
 KL_MODES = ("reward", "loss")
 
+#: The package trainer's compute dtype: float32, or bfloat16 autocast over float32 master weights.
+DTYPES = ("float32", "bfloat16")
 #: The transport-aligned critic's causal temporal mixer: none, a GRU, causal attention.
 TEMPORAL_MIXERS = ("none", "gru", "attention")
 #: Where a run's metrics go besides ``metrics.jsonl``: nowhere, TensorBoard event files

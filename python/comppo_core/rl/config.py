@@ -30,6 +30,7 @@ from ..gate_params import GateParams
 from ..options import (
     AGG_MODES,
     ARM_NAMES,
+    DTYPES,
     EVAL_SPLITS,
     GROUP_METHODS,
     KL_KINDS,
@@ -253,6 +254,12 @@ class TrainConfig:
         "where each process computes: auto (cuda:LOCAL_RANK when CUDA is available, else cpu), "
         "cpu, cuda, cuda:N; under torchrun the ranks talk over NCCL on CUDA and gloo on CPU",
     )
+    dtype: str = _f(
+        "float32",
+        "float32, or bfloat16: the RL forwards (rollouts, scoring, update, evaluation) under bfloat16 "
+        "autocast, the weights the optimisers step kept float32 (their master copy), the frozen ones (the "
+        "KL reference; with LoRA the base model) stored in bfloat16",
+    )
     model: str | None = _f(
         None,
         "a local Hugging Face model directory: the policy (AutoModelForCausalLM) and its "
@@ -282,6 +289,7 @@ class TrainConfig:
         check_choice("kl_kind", self.kl_kind, KL_KINDS)
         check_choice("kl_mode", self.kl_mode, KL_MODES)
         check_choice("tac_temporal", self.tac_temporal, TEMPORAL_MIXERS)
+        check_choice("dtype", self.dtype, DTYPES)
         check_choice("gate_normalize", self.gate_normalize, NORMALIZE_MODES)
         for name in (
             "steps",

@@ -343,7 +343,8 @@ def score(
     comp_gates = out.gates
     if not grad and gates is None and comp_gates is not None and out.concentration is not None:
         comp_gates = _batch_gates(comp_gates, out.concentration, response_mask, settings, rows)
-    return Scored(logprobs=out.logprobs, values=out.values, gates=comp_gates if arm.gate_source.gated else None)
+    values = None if out.values is None else out.values.float()  # float32 under a bfloat16 autocast too
+    return Scored(logprobs=out.logprobs.float(), values=values, gates=comp_gates if arm.gate_source.gated else None)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -211,9 +211,12 @@ def make_critic(arm: Arm, actor: Any, config: TrainConfig) -> nn.Module | None:
     return None
 
 
-def make_reference(actor: Any) -> Any:
-    """A frozen copy of ``actor`` (eval mode, no gradients): the KL reference."""
+def make_reference(actor: Any, dtype: torch.dtype | None = None) -> Any:
+    """A frozen copy of ``actor`` (eval mode, no gradients): the KL reference, stored in
+    ``dtype`` (None: the actor's)."""
     ref = copy.deepcopy(actor).eval()
+    if dtype is not None:
+        ref = ref.to(dtype)
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref

@@ -140,6 +140,9 @@ class Trainer:
         self._saved_at: int | None = None  # the step the last checkpoint continues at
         self.lora_model = None
         self.uses_reference = config.kl_coef != 0.0 or config.log_kl
+        #: bfloat16 with ``dtype="bfloat16"``: the RL forwards' autocast dtype and the frozen
+        #: weights' storage (the optimisers' weights stay float32); None: float32 throughout
+        self.low_precision = torch.bfloat16 if config.dtype == "bfloat16" else None
         local = config.batch_size // self.dist.world_size
         #: this rank's share of the global rollout batch: its sequences (``local``, a slice of
         #: the global batch's) and how to gather every rank's (``gather``), which the step's
@@ -170,7 +173,7 @@ class Trainer:
             warm = actor if cfg.model is None else None  # a user's model is its own warm start
             checkpoint.start_run(self.out, cfg, warm, self.tokenizer, self._task_record())
         self.dist.barrier()
-        self.reference = make_reference(actor) if self._keeps_reference_copy() else None
+        self.reference = make_reference(actor, self.low_precision) if self._keeps_reference_copy() else None
         # the critic and the RL stream get their own seeds, so every arm of a seed starts
         # its rollouts from the same RNG state (paired comparisons)
         torch.manual_seed(cfg.seed * 1000 + 1)
@@ -196,6 +199,13 @@ class Trainer:
         """A KL is used or logged, without LoRA (whose reference is the adapter disabled)."""
         return self.uses_reference and not self.config.lora_rank
 
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The RL forwards' precision: bfloat16 autocast with ``dtype="bfloat16"`` (the
+        weights the optimisers step stay float32, their master copy), else nothing."""
+        if self.low_precision is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.low_precision)
+
     def _attach_actor(self, actor: Any, adapter: Path | None) -> None:
         """Make ``actor`` the policy (with LoRA: inject a new adapter, or load ``adapter``)
         and build the optimisers: AdamW over the actor's trainable weights (every weight,
@@ -215,6 +225,10 @@ class Trainer:
                 else lora.load_adapter(actor, adapter)
             )
             self.actor = self.lora_model.get_base_model()
+            if self.low_precision is not None:  # the frozen base in bfloat16; the adapter trains in float32
+                for p in self.lora_model.parameters():
+                    if not p.requires_grad:
+                        p.data = p.data.to(self.low_precision)
         owner = self.actor if self.lora_model is None else self.lora_model
         self.optim = Optimizers(
             [p for p in owner.parameters() if p.requires_grad],
@@ -262,7 +276,9 @@ class Trainer:
         ckpt = checkpoint.find_checkpoint(self.out)
         checkpoint.check_resumable(ckpt, cfg)
         base = self._initial_policy().eval() if cfg.lora_rank else self._load_actor(ckpt / "actor").eval()
-        self.reference = make_reference(self._initial_policy()) if self._keeps_reference_copy() else None
+        self.reference = (
+            make_reference(self._initial_policy(), self.low_precision) if self._keeps_reference_copy() else None
+        )
         self.critic = make_critic(self.arm, base, cfg)
         state, self.rng, self.warm_start = checkpoint.load_state(ckpt)
         if self.critic is not None:
@@ -289,6 +305,12 @@ class Trainer:
         prompt_width: int | None = None,
     ) -> rollouts.Generated:
         """:func:`comppo_core.rl.engine.rollout.generate` with this run's actor, tokenizer and sampling settings."""
+        with self.autocast():
+            return self._generate(problems, sample, keys=keys, prompt_width=prompt_width)
+
+    def _generate(
+        self, problems: Sequence[Problem], sample: bool, *, keys: torch.Tensor | None, prompt_width: int | None
+    ) -> rollouts.Generated:
         cfg = self.config
         return rollouts.generate(
             self.actor,
@@ -340,15 +362,16 @@ class Trainer:
             )
         model = self.actor if self.reference is None else self.reference
         context = lora.adapter_disabled(self.lora_model) if self.reference is None else contextlib.nullcontext()
-        with context:
-            return score_tokens(model, ids, mask, temperature=self.config.temperature).logprobs
+        with context, self.autocast():
+            return score_tokens(model, ids, mask, temperature=self.config.temperature).logprobs.float()
 
     def _forward(self, b: Rollout | Batch, *, grad: bool, gates: Any) -> step.Scored:
         """One forward pass of this run's actor and critic over ``b``'s sequences
         (:func:`comppo_core.rl.core.step.score`): phase 2's without gradients, each
         minibatch's of the update with them."""
         args = (self.actor, self.critic, b.input_ids, b.attention_mask, b.response_mask)
-        return step.score(*args, arm=self.arm, settings=self.scoring, grad=grad, gates=gates, rows=self.batch_shard)
+        with self.autocast():
+            return step.score(*args, arm=self.arm, settings=self.scoring, grad=grad, gates=gates, rows=self.batch_shard)
 
     def score(self, r: Rollout, step_index: int) -> Batch:
         """Phase 2, the scoring pass: old log-probs, values and gates of the rollout, and the
@@ -456,6 +479,10 @@ class Trainer:
 
     # ---- evaluation
 
+    def _heldout_rewards(self, problems: Sequence[Problem], **kw: Any) -> list[float]:
+        with self.autocast():
+            return heldout_rewards(self.actor, self.tokenizer, self.task, problems, **kw)
+
     def evaluate(self) -> float:
         """Held-out accuracy of greedy decoding on the fixed evaluation set (split across ranks;
         :func:`comppo_core.rl.engine.evaluation.heldout_rewards`, as ``comppo-core evaluate``)."""
@@ -463,11 +490,7 @@ class Trainer:
         lo, hi = shard_bounds(len(problems), self.dist.rank, self.dist.world_size)
         width = self._prompt_width(problems)
         kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "device": self.device, "width": width}
-        correct = (
-            float(sum(heldout_rewards(self.actor, self.tokenizer, self.task, problems[lo:hi], **kw)))
-            if hi > lo
-            else 0.0
-        )
+        correct = float(sum(self._heldout_rewards(problems[lo:hi], **kw))) if hi > lo else 0.0
         total = self.dist.sum(torch.tensor([correct], dtype=torch.float64))
         return float(total.item()) / len(problems)
 
