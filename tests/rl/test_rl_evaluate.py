@@ -8,6 +8,14 @@ files whole, leaving nothing behind; a tiny Llama saved with its tokenizer loads
 ``comppo-core evaluate`` prints and writes the held-out accuracy the trainer computes on
 the same model, task and evaluation set (``task.json`` of a run's warm start included);
 bad input is one line naming the flag, exit status 2, before torch is imported.
+
+Frozen evaluation (issue 43, item 3): ``--task`` several times and ``--samples N`` on a
+plain Hugging Face directory (a TRL output: ``save_pretrained`` of the model and of the
+tokenizer): the JSON's schema, pass@k recomputed from the per-problem counts by the
+estimator, the macro the mean of the tasks, pass@k monotone in k, the same samples for a
+seed whatever the batch size or the other tasks (and the documented keys), the one-task
+report's keys kept, task.json's settings for its own task alone, and the sampling flags
+refused naming the flag.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from comppo_core.rl.models import pretrained
 from comppo_core.rl.models.pretrained import HFTokenizer, load_policy, load_tokenizer, save_tokenizer
 from comppo_core.rl.tasks import build_task
 from comppo_core.rl.tasks.addition import ALPHABET, AdditionTask, CharTokenizer
+from comppo_core.rl.tasks.filler_addition import FillerAdditionTask
 
 CHAR = CharTokenizer()
 #: the HF tokenizer in memory, and as saved and loaded back (same interface)
@@ -46,6 +55,15 @@ AS_HF = HFTokenizer(CHAR.to_hf())
 LINE = re.compile(
     r"comppo-core evaluate: (?P<model>.+): held-out accuracy (?P<pct>\d+\.\d)% \((?P<correct>\d+) of "
     r"(?P<n>\d+) problems, (?P<task>[^)]+)\) in \d+ s"
+)
+#: a task's line with --samples: the greedy part, then pass@k of the samples
+SAMPLED = re.compile(
+    r"comppo-core evaluate: (?P<model>.+): held-out accuracy (?P<pct>\d+\.\d)% \((?P<correct>\d+) of "
+    r"(?P<n>\d+) problems, (?P<task>.+)\), sampled (?P<passes>pass@1 .+) \((?P<samples>\d+) samples\) in \d+ s"
+)
+MACRO = re.compile(
+    r"comppo-core evaluate: (?P<model>.+): macro over (?P<tasks>\d+) tasks: held-out accuracy (?P<pct>\d+\.\d)%"
+    r"(, sampled (?P<passes>pass@1 .+) \((?P<samples>\d+) samples\))? in \d+ s"
 )
 
 
@@ -61,6 +79,7 @@ def signal(monkeypatch: pytest.MonkeyPatch) -> None:
         return float(sum(map(ord, response)) % 2 == 0)
 
     monkeypatch.setattr(AdditionTask, "reward", parity)
+    monkeypatch.setattr(FillerAdditionTask, "reward", parity)
 
 
 def char_lm(tiny_lm: Any, seed: int = 0) -> Any:
@@ -241,6 +260,14 @@ def test_evaluate_prints_and_writes_the_trainers_accuracy(
     assert data["settings"]["max_new_tokens"] == AdditionTask(1).max_new_tokens
     assert data["settings"]["device"] == "cpu" and data["settings"]["task_json"] is None
     assert [p.name for p in tmp_path.iterdir()] == ["eval.json"]  # the temporary file was renamed
+    # the one-task report's keys beside the frozen evaluation's: the same numbers
+    entry = data["tasks"]["addition"]
+    assert entry["task"] == data["task"] and entry["problems"] == n
+    assert entry["accuracy"] == entry["greedy_pass@1"] == data["accuracy"]
+    assert sum(entry["greedy_correct"]) == data["correct"] and set(entry["greedy_correct"]) <= {0, 1}
+    assert "n" not in entry and "correct" not in entry and "pass@1" not in entry  # no --samples
+    assert data["macro"] == {"accuracy": data["accuracy"], "greedy_pass@1": data["accuracy"]}
+    assert data["settings"]["samples"] is None
 
 
 def test_the_json_reports_the_problems_evaluated_beside_the_size_asked_for(
@@ -319,6 +346,126 @@ def test_evaluate_on_a_jsonl_task(saved_dir: Path, tmp_path: Path, capsys: pytes
     )
 
 
+# ---------------------------------------------------------------------------------------------------------
+# frozen evaluation: several tasks, --samples, pass@k
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory, tiny_lm: Any) -> Path:
+    """A TRL-style output directory: the model and a transformers tokenizer, each saved with
+    its own ``save_pretrained`` (no task.json)."""
+    path = tmp_path_factory.mktemp("trl_output")
+    char_lm(tiny_lm, seed=1).save_pretrained(path)
+    CHAR.to_hf().save_pretrained(path)
+    return path
+
+
+def evaluate_json(model: Path, path: Path, *flags: str) -> dict[str, Any]:
+    argv = ["evaluate", "--model", str(model), "--digits", "1", "--eval-size", "8", "--device", "cpu"]
+    assert cli.main([*argv, *flags, "--json", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+TWO_TASKS = ("--task", "addition", "--task", "filler_addition")
+
+
+def test_two_tasks_with_samples_write_pass_at_k_per_task_and_their_macro(
+    hf_dir: Path, tmp_path: Path, signal: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from comppo_core.experiments.pass_at_k import pass_at_k
+
+    data = evaluate_json(hf_dir, tmp_path / "eval.json", *TWO_TASKS, "--samples", "4", "--seed", "3")
+    assert list(data) == ["model", "tasks", "macro", "tokenizer", "settings", "seconds"]  # no one-task keys
+    assert list(data["tasks"]) == ["addition", "filler_addition"]
+    keys = ["greedy_pass@1", "pass@1", "pass@2", "pass@4"]
+    for name, entry in data["tasks"].items():
+        assert entry["task"]["name"] == name and entry["task"]["digits"] == 1
+        assert entry["n"] == 4 and entry["problems"] == len(entry["correct"]) == len(entry["greedy_correct"]) == 8
+        assert all(0 <= c <= 4 for c in entry["correct"])
+        for k in (1, 2, 4):  # the estimator, per problem, averaged over the problems
+            mean = sum(pass_at_k(4, c, k) for c in entry["correct"]) / 8
+            assert entry[f"pass@{k}"] == pytest.approx(mean, abs=1e-15)
+        assert entry["pass@1"] == pytest.approx(sum(entry["correct"]) / 32, abs=1e-15)
+        assert entry["greedy_pass@1"] == sum(entry["greedy_correct"]) / 8 == entry["accuracy"]
+        assert entry["pass@1"] <= entry["pass@2"] <= entry["pass@4"]  # monotone in k
+        assert "pass@3" not in entry and "pass@8" not in entry
+    tasks = data["tasks"].values()
+    assert 0 < sum(sum(e["correct"]) for e in tasks) < 64  # the signal makes it a real test
+    assert list(data["macro"]) == ["accuracy", *keys]
+    for key in ["accuracy", *keys]:
+        assert data["macro"][key] == pytest.approx(sum(e[key] for e in tasks) / 2, abs=1e-15)
+    assert data["macro"]["pass@1"] <= data["macro"]["pass@2"] <= data["macro"]["pass@4"]
+    assert data["settings"]["samples"] == {"samples": 4, "temperature": 1.0, "top_p": 1.0, "seed": 3}
+    assert data["settings"]["batch_size"] == 256 and data["model"] == str(hf_dir.resolve())
+    # one line per task, then the macro line
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3, lines
+    for line, entry in zip(lines, tasks):
+        m = SAMPLED.fullmatch(line)
+        assert m and m["task"] == entry["task"]["description"] and int(m["samples"]) == 4, line
+        assert m["passes"] == ", ".join(f"pass@{k} {100 * entry[f'pass@{k}']:.1f}%" for k in (1, 2, 4))
+    m = MACRO.fullmatch(lines[2])
+    assert m and int(m["tasks"]) == 2 and m["samples"] == "4", lines[2]
+    assert m["pct"] == f"{100 * data['macro']['accuracy']:.1f}"
+
+
+def test_the_samples_are_the_seeds_whatever_the_batches_or_the_other_tasks(
+    hf_dir: Path, tmp_path: Path, signal: None
+) -> None:
+    def correct(*flags: str) -> dict[str, list[int]]:
+        data = evaluate_json(hf_dir, tmp_path / "eval.json", "--samples", "4", *flags)
+        return {name: e["correct"] for name, e in data["tasks"].items()}
+
+    both = correct(*TWO_TASKS, "--seed", "5")
+    assert correct(*TWO_TASKS, "--seed", "5", "--batch-size", "3") == both  # batches of 3 rows, not 1
+    assert correct("--task", "filler_addition", "--seed", "5")["filler_addition"] == both["filler_addition"]
+    assert correct(*TWO_TASKS, "--seed", "6") != both  # another seed, other samples
+
+
+def test_the_samples_are_keyed_as_documented(hf_dir: Path, signal: None) -> None:
+    """``row_keys(seed, crc32(task.name), [(problem, sample)])``, drawn by rollout.generate."""
+    import zlib
+
+    from comppo_core.rl.engine.evaluation import Sampling, sampled_passes
+    from comppo_core.rl.engine.rollout import decode
+    from comppo_core.rl.engine.sampling import row_keys
+
+    task, actor, tok = AdditionTask(1), load_policy(hf_dir), load_tokenizer(hf_dir)
+    problems, cpu = task.heldout(5), torch.device("cpu")
+    sampling = Sampling(3, temperature=0.8, top_p=0.9, seed=11)
+    got = sampled_passes(actor, tok, task, problems, sampling, max_new_tokens=10, device=cpu, batch_size=4)
+    rows = [(i, j) for i in range(5) for j in range(3)]
+    keys = row_keys(11, zlib.crc32(b"addition"), rows)
+    ids, _, width, in_response = generate(
+        actor, tok, [problems[i] for i, _ in rows], max_new_tokens=10, device=cpu, sample=True, temperature=0.8,
+        top_p=0.9, keys=keys,
+    )  # fmt: skip
+    texts, finished = decode(tok, ids, width, in_response)
+    rewards = task.rewards([problems[i] for i, _ in rows], texts, finished.tolist())
+    assert got == [sum(int(r >= 1) for r in rewards[3 * i : 3 * i + 3]) for i in range(5)]
+
+
+def test_task_json_sets_its_own_task_and_the_flags_every_task(
+    tmp_path: Path, saved_dir: Path, signal: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in saved_dir.iterdir():
+        (model / f.name).symlink_to(f)
+    saved = {"name": "addition", "digits": 1, "split_seed": 3, "heldout_fraction": 0.2}
+    (model / "task.json").write_text(json.dumps({**saved, "evaluation": {"eval_size": 6, "max_new_tokens": 7}}))
+    argv = ["evaluate", "--model", str(model), "--task", "filler_addition", "--task", "addition", "--device", "cpu"]
+    assert cli.main([*argv, "--eval-size", "4", "--json", str(tmp_path / "e.json")]) == 0
+    data = json.loads((tmp_path / "e.json").read_text())
+    own, other = data["tasks"]["addition"], data["tasks"]["filler_addition"]
+    assert (own["task"]["digits"], own["task"]["split_seed"], own["max_new_tokens"]) == (1, 3, 7)  # the run's
+    assert (other["task"]["digits"], other["task"]["split_seed"]) == (2, 0)  # TrainConfig's
+    assert other["max_new_tokens"] == FillerAdditionTask(2).max_new_tokens
+    assert own["problems"] == other["problems"] == 4  # --eval-size: every task's
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and MACRO.fullmatch(lines[2]) and MACRO.fullmatch(lines[2])["passes"] is None
+
+
 def bad_task_json(d: Path) -> None:
     (d / "task.json").write_text("{not json")
 
@@ -353,6 +500,23 @@ def task_json_with_bad_digits(d: Path) -> None:
         (["--model", "{model}"], bad_task_json, r"--model: '.*task.json': expected the task the trainer saved"),
         (["--model", "{model}"], task_json_with_bad_digits, r"--model: '.*task.json': digits: expected an integer in"),
         (["--task", "addition"], None, r"the following arguments are required: --model"),
+        (["--model", "{model}", "--samples", "0"], None, r"--samples: expected an integer >= 1, got 0"),
+        (["--model", "{model}", "--samples", "four"], None, r"--samples: expected an integer, got 'four'"),
+        (
+            ["--model", "{model}", "--task", "addition", "--task", "nope", "--samples", "4"],
+            None,
+            r"--task: expected addition, chain, filler_addition or a path to a .jsonl file.*, got 'nope'",
+        ),
+        (["--model", "{model}", "--task", "chain", "--task", "chain"], None, r"--task: expected each task once"),
+        (
+            ["--model", "{model}", "--samples", "2", "--temperature", "0"],
+            None,
+            r"--temperature: expected a number in \(0.0, inf\), got 0.0",
+        ),
+        (["--model", "{model}", "--samples", "2", "--top-p", "1.5"], None, r"--top-p: expected a number in"),
+        (["--model", "{model}", "--samples", "2", "--seed", "-1"], None, r"--seed: expected an integer >= 0, got -1"),
+        (["--model", "{model}", "--batch-size", "0"], None, r"--batch-size: expected an integer >= 1, got 0"),
+        (["--model", "{model}", "--temperature", "0.7"], None, r"--temperature: expected with --samples N"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_flag(
@@ -390,6 +554,8 @@ def test_bad_paths_are_reported_before_torch_is_imported(tmp_path: Path) -> None
         ["evaluate", "--model", str(tmp_path / "bare")],
         ["evaluate", "--model", str(tmp_path / "model"), "--task", str(task)],
         ["evaluate", "--model", str(tmp_path / "model"), "--digits", "0"],
+        ["evaluate", "--model", str(tmp_path / "model"), "--samples", "0"],
+        ["evaluate", "--model", str(tmp_path / "model"), "--task", "addition", "--task", "nope"],
         ["evaluate", "--help"],
     ]
     code = (
@@ -398,12 +564,13 @@ def test_bad_paths_are_reported_before_torch_is_imported(tmp_path: Path) -> None
         f"codes = [main(argv) for argv in {cases!r}]\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))\n"
         "assert not loaded, loaded\n"
-        "sys.exit(0 if codes == [2, 2, 2, 2, 0] else 1)\n"
+        "sys.exit(0 if codes == [2, 2, 2, 2, 2, 2, 0] else 1)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "--model: expected a local Hugging Face model directory, got '/nonexistent'" in done.stderr
     assert "--task: " in done.stderr and "--digits: " in done.stderr
+    assert "--samples: expected an integer >= 1, got 0" in done.stderr and "got 'nope'" in done.stderr
     # the brief's own one-liner
     one = "import sys; from comppo_core.cli import main; rc = main(['evaluate', '--model', '/nonexistent']); "
     one += "assert 'torch' not in sys.modules; sys.exit(rc)"

@@ -1,25 +1,62 @@
-"""``comppo-core evaluate``: the held-out greedy accuracy of a saved model, nothing else.
+"""``comppo-core evaluate``: frozen evaluation of a saved policy, nothing else.
 
 ``comppo-core evaluate --model DIR`` loads the causal LM and the tokenizer saved in ``DIR``
-(:func:`comppo_core.rl.models.pretrained.load_policy`, :func:`~comppo_core.rl.models.pretrained.load_tokenizer`),
-builds the task as the trainer does (:func:`comppo_core.rl.tasks.build_task`: a registered
-task, e.g. the built-in addition task, its split fixed by ``--digits``, ``--split-seed`` and
-``--heldout-fraction``, or ``--task FILE.jsonl``), takes the same evaluation set
-(``task.heldout(--eval-size)``) and prints the accuracy of greedy decoding on it
-(:func:`comppo_core.rl.engine.evaluation.heldout_rewards`, the computation of
+(:func:`comppo_core.rl.models.pretrained.load_policy`, :func:`~comppo_core.rl.models.pretrained.load_tokenizer`:
+a run's ``warmstart/`` or ``checkpoint/actor``, a TRL output directory, any model saved with
+``save_pretrained`` beside its tokenizer), builds each task as the trainer does
+(:func:`comppo_core.rl.tasks.build_task`: a registered task, e.g. the built-in addition
+task, its split fixed by ``--digits``, ``--split-seed`` and ``--heldout-fraction``, or
+``--task FILE.jsonl``; ``--task`` may be given several times), takes the same evaluation
+set (``task.heldout(--eval-size)``) and prints the accuracy of greedy decoding on it
+(:func:`comppo_core.rl.engine.evaluation.task_evaluation`, the computation of
 :meth:`comppo_core.rl.Trainer.evaluate`)::
 
     comppo-core evaluate: runs/x/warmstart: held-out accuracy 53.9% (1091 of 2024 problems, 2-digit addition) in 12 s
 
+``--samples N`` also draws ``N`` responses per problem (``--temperature``, default 1,
+``--top-p``, default 1; keyed by ``--seed``, so a seed gives the same draws on any batch
+size: :mod:`comppo_core.rl.engine.evaluation`) and reports pass@k for k = 1, 2, 4, … ≤ N
+by the unbiased estimator (:mod:`comppo_core.experiments.pass_at_k`). One line per task,
+then, with several tasks, their macro average (each task counts once)::
+
+    comppo-core evaluate: M: held-out accuracy 68.8% (11 of 16 problems, 1-digit addition), sampled pass@1 59.4%, pass@2 67.7%, pass@4 75.0% (4 samples) in 0 s
+    comppo-core evaluate: M: held-out accuracy 0.0% (0 of 16 problems, 2-digit addition between fillers (0-16, tail 0-16)), sampled pass@1 0.0%, pass@2 0.0%, pass@4 0.0% (4 samples) in 0 s
+    comppo-core evaluate: M: macro over 2 tasks: held-out accuracy 34.4%, sampled pass@1 29.7%, pass@2 33.9%, pass@4 37.5% (4 samples) in 4 s
+
+``--batch-size`` bounds the sequences of one ``generate`` call (greedy and sampled).
+``--temperature``, ``--top-p`` or ``--seed`` without ``--samples`` is refused.
+
 A directory the trainer saved (``OUT/warmstart``) holds ``task.json``, the run's task:
-its task, digits, split seed, held-out fraction and chat-template setting are then the
-defaults, so ``comppo-core evaluate --model runs/x/warmstart`` evaluates the run's own
-held-out set. The flags given override them; without ``task.json`` the defaults are
-:class:`~comppo_core.rl.TrainConfig`'s. ``--json FILE`` also writes the numbers, the task
-and the settings as JSON (atomically: a temporary file renamed into place). Its
-``problems`` is the number of held-out problems evaluated: ``--eval-size`` is an upper
-bound (a split with fewer problems is evaluated whole: 2024 for 2-digit addition), so
-the JSON gives the requested size as ``settings.eval_size_requested``.
+without ``--task`` that task is evaluated, and for that task its digits, split seed,
+held-out fraction, evaluation size and response budget are the defaults, so
+``comppo-core evaluate --model runs/x/warmstart`` evaluates the run's own held-out set;
+its chat-template setting is the default for every task. The flags given override them
+(for every task); a task other than the run's gets :class:`~comppo_core.rl.TrainConfig`'s
+defaults, as every task does without ``task.json``.
+
+``--json FILE`` also writes the numbers (atomically: a temporary file renamed into
+place)::
+
+    {"model": DIR,
+     "tasks": {TASK: {"task": {...}, "eval_size_requested": …, "max_new_tokens": …,
+                      "problems": P, "greedy_correct": [0 or 1 per problem],
+                      "n": N, "correct": [passing samples per problem],   # with --samples N
+                      "accuracy": …, "greedy_pass@1": …,
+                      "pass@1": …, "pass@2": …, …,                          # with --samples N
+                      "seconds": …}},
+     "macro": {"accuracy": …, "greedy_pass@1": …, "pass@1": …, …},
+     "tokenizer": {...}, "settings": {"samples": {...} or None, "batch_size": …, ...}, "seconds": …}
+
+``TASK`` is the ``--task`` as given (a registered name, or the file's path). A response
+passes when its reward is at least 1 (:data:`~comppo_core.experiments.pass_at_k.PASS_REWARD`);
+``accuracy`` is the mean greedy reward, the trainer's number, and equals ``greedy_pass@1``
+for a 0/1 verifier (every built-in task). With one task and no ``--samples`` the file
+also keeps the keys of the one-task report, unchanged: ``accuracy``, ``correct`` (the
+greedy count), ``problems``, ``task`` at the top and ``eval_size_requested``,
+``max_new_tokens`` in ``settings``; with several tasks or ``--samples`` read ``tasks``
+and ``macro``. ``problems`` is the number of held-out problems evaluated:
+``--eval-size`` is an upper bound (a split with fewer problems is evaluated whole: 2024
+for 2-digit addition), so the JSON gives the requested size as ``eval_size_requested``.
 
 Exit status: 0 on success; 2 on a bad flag, a ``--model`` that is not a directory or holds
 no tokenizer, a bad task file or split (one line naming the flag), all checked before
@@ -35,13 +72,21 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ParameterError
+from ..experiments.pass_at_k import macro
 from ..rl.config import TrainConfig
+from ..rl.engine.evaluation import Sampling, TaskEvaluation, check_batch_size
 from ..rl.models.pretrained import check_model_directory
 from ..rl.runs import run_dir
-from ..rl.tasks import TASKS, build_task
+from ..rl.tasks import TASKS, Task, build_task
+from ..rl.tasks.base import Problem
 from .train import percent, require_rl_extra, usage_error
 
 __all__ = ["add_parser", "run", "saved_task_settings"]
+
+#: Rows of one ``generate`` call (``--batch-size``): greedy, and samples of several problems.
+DEFAULT_BATCH_SIZE = 256
+#: task.json's settings that hold for every task (the tokenizer's); the others are its task's.
+_MODEL_SETTINGS = ("chat_template",)
 
 
 def _integer(text: str) -> int:
@@ -62,12 +107,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Register the ``evaluate`` command on the ``comppo-core`` parser."""
     cmd = subparsers.add_parser(
         "evaluate",
-        help="held-out greedy accuracy of a saved model (a run's warmstart/ or checkpoint/actor, or yours) "
-        "(needs [rl])",
+        help="frozen evaluation of a saved model (a run's warmstart/ or checkpoint/actor, a TRL output, yours): "
+        "held-out greedy accuracy, pass@k with --samples (needs [rl])",
         description=(
-            "Load the model and tokenizer saved in --model DIR, build the task as the trainer does and print the "
-            "greedy accuracy on its held-out problems. Defaults: DIR/task.json (written with a run's warm start), "
-            "then the TrainConfig defaults; the flags given override both."
+            "Load the model and tokenizer saved in --model DIR, build each --task as the trainer does and print the "
+            "greedy accuracy on its held-out problems, with --samples N also pass@k (k = 1, 2, 4, ... <= N, the "
+            "unbiased estimator), per task and macro-averaged over the tasks. Defaults: DIR/task.json (written "
+            "with a run's warm start) for its task, then the TrainConfig defaults; the flags given override both."
         ),
     )
     cmd.add_argument(
@@ -78,12 +124,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     cmd.add_argument(
         "--task",
+        action="append",
         default=None,
         metavar="TASK",
         help=", ".join(e.name for e in TASKS.values() if e.file_suffix is None)
         + " (the registered tasks) or "
         + " or ".join(f"a {e.file_suffix} file" for e in TASKS.values() if e.file_suffix is not None)
-        + " (default: DIR/task.json's, else addition)",
+        + "; give it again for more tasks, each evaluated on its held-out split (default: DIR/task.json's, "
+        "else addition)",
     )
     cmd.add_argument(
         "--eval-size",
@@ -122,6 +170,42 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="response budget in tokens (default: the task's longest response; 256 for a .jsonl task)",
     )
     cmd.add_argument(
+        "--samples",
+        type=_integer,
+        default=None,
+        metavar="N",
+        help="also sample N responses per problem and report pass@k for k = 1, 2, 4, ... <= N (unbiased "
+        "estimator; default: greedy only)",
+    )
+    cmd.add_argument(
+        "--temperature",
+        type=_number,
+        default=None,
+        metavar="T",
+        help="sampling temperature of --samples (default: 1.0)",
+    )
+    cmd.add_argument(
+        "--top-p",
+        type=_number,
+        default=None,
+        metavar="P",
+        help="nucleus threshold of --samples (default: 1.0, off)",
+    )
+    cmd.add_argument(
+        "--seed",
+        type=_integer,
+        default=None,
+        metavar="S",
+        help="keys the --samples draws: the same seed, the same samples (default: 0)",
+    )
+    cmd.add_argument(
+        "--batch-size",
+        type=_integer,
+        default=DEFAULT_BATCH_SIZE,
+        metavar="N",
+        help=f"sequences per generate call, greedy or sampled (default: {DEFAULT_BATCH_SIZE})",
+    )
+    cmd.add_argument(
         "--chat-template",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -145,7 +229,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--json",
         default=None,
         metavar="FILE",
-        help="also write the accuracy, counts, model, task and settings to FILE as JSON",
+        help="also write every task's numbers (per-problem counts, pass@k), the macro average, the model and the "
+        "settings to FILE as JSON",
     )
     cmd.set_defaults(run=run, command_parser=cmd)
     return cmd
@@ -191,36 +276,83 @@ def saved_task_settings(model_dir: Path) -> tuple[dict[str, Any], Path | None]:
     return out, path
 
 
-def _config(args: argparse.Namespace, cmd: argparse.ArgumentParser, model_dir: Path) -> tuple[TrainConfig, Path | None]:
-    """The settings: the flags given, then ``DIR/task.json``, then the TrainConfig defaults."""
+def _task_configs(
+    args: argparse.Namespace, cmd: argparse.ArgumentParser, model_dir: Path
+) -> tuple[list[tuple[str, TrainConfig]], Path | None]:
+    """Each task's settings, ``(TASK as given, config)``: the flags given, then
+    ``DIR/task.json`` (its task's settings for its task alone, its tokenizer's for every
+    task), then the TrainConfig defaults."""
     try:
         saved, task_json = saved_task_settings(model_dir)
     except ParameterError as exc:
         usage_error(cmd, exc)
+    common = {k: v for k, v in saved.items() if k in _MODEL_SETTINGS}
+    own = {k: v for k, v in saved.items() if k not in _MODEL_SETTINGS}
+    saved_task = own.pop("task", TrainConfig.task)
     given = {
         name: getattr(args, name)
-        for name in ("task", "eval_size", "digits", "split_seed", "heldout_fraction", "max_new_tokens")
+        for name in ("eval_size", "digits", "split_seed", "heldout_fraction", "max_new_tokens")
         + ("chat_template", "device", "num_threads")
         if getattr(args, name) is not None
     }
+    names = args.task or [saved_task]
+    twice = next((t for i, t in enumerate(names) if t in names[:i]), None)
+    if twice is not None:
+        cmd.error(f"--task: expected each task once, got {twice!r} twice")
+    out = []
+    for name in names:
+        from_file = {**common, **(own if _same_task(name, saved_task) else {})}
+        try:
+            config = TrainConfig(model=str(model_dir), progress=False, task=name, **{**from_file, **given})
+        except ParameterError as exc:
+            if exc.argument in from_file and exc.argument not in given:  # the file, not a flag, is at fault
+                usage_error(cmd, ParameterError(f"model: {str(task_json)!r}: {exc}", argument="model"))
+            usage_error(cmd, exc)
+        out.append((name, config))
+    return out, task_json
+
+
+def _same_task(a: str, b: str) -> bool:
+    """Whether two ``--task`` values name the same task (a file by any spelling of its path)."""
+    return a == b or (a not in TASKS and b not in TASKS and Path(a).resolve() == Path(b).resolve())
+
+
+def _sampling(args: argparse.Namespace, cmd: argparse.ArgumentParser) -> Sampling | None:
+    """``--samples`` and its settings (None without it); a sampling flag without it is refused."""
+    rest = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
+    if args.samples is None:
+        stray = next((name for name, value in rest.items() if value is not None), None)
+        if stray is not None:
+            flag = "--" + stray.replace("_", "-")
+            cmd.error(f"{flag}: expected with --samples N (greedy decoding draws nothing), got {rest[stray]!r} alone")
+        return None
     try:
-        config = TrainConfig(model=str(model_dir), progress=False, **{**saved, **given})
+        return Sampling(args.samples, **{name: value for name, value in rest.items() if value is not None})
     except ParameterError as exc:
-        if exc.argument in saved and exc.argument not in given:  # the file, not a flag, is at fault
-            usage_error(cmd, ParameterError(f"model: {str(task_json)!r}: {exc}", argument="model"))
         usage_error(cmd, exc)
-    return config, task_json
 
 
 def _count(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
 
 
+def _line(model: str, what: str, numbers: dict[str, float], sampling: Sampling | None, seconds: float) -> str:
+    """One printed line: ``what`` is the task's accuracy and counts, or the macro's."""
+    out = f"comppo-core evaluate: {model}: {what}"
+    if numbers["greedy_pass@1"] != numbers["accuracy"]:  # a verifier with partial rewards
+        out += f", greedy pass@1 {percent(numbers['greedy_pass@1'])}"
+    if sampling is not None:
+        ks = [key for key in numbers if key.startswith("pass@")]
+        out += ", sampled " + ", ".join(f"{key} {percent(numbers[key])}" for key in ks)
+        out += f" ({sampling.samples} samples)"
+    return f"{out} in {seconds:.0f} s"
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``comppo-core evaluate``; returns the exit status."""
     cmd: argparse.ArgumentParser = args.command_parser
     t0 = time.perf_counter()
-    # ---- everything that needs no torch: the paths, the settings, the task and its held-out set
+    # ---- everything that needs no torch: the paths, the settings, the tasks and their held-out sets
     try:
         model_dir = check_model_directory(args.model)
     except ParameterError as exc:
@@ -229,57 +361,103 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if json_path is not None and (json_path.is_dir() or not json_path.parent.is_dir()):
         what = "is a directory" if json_path.is_dir() else "whose directory does not exist"
         cmd.error(f"--json: expected a file to write, got {args.json!r}, which {what}")
-    config, task_json = _config(args, cmd, model_dir)
+    sampling = _sampling(args, cmd)
     try:
-        task = build_task(config)
-        problems = task.heldout(config.eval_size)
+        batch_size = check_batch_size(args.batch_size)
     except ParameterError as exc:
         usage_error(cmd, exc)
+    configs, task_json = _task_configs(args, cmd, model_dir)
+    tasks: list[tuple[str, TrainConfig, Task, list[Problem]]] = []
+    for name, config in configs:
+        try:
+            task = build_task(config)
+            problems = task.heldout(config.eval_size)
+        except ParameterError as exc:
+            usage_error(cmd, exc)
+        if not problems:
+            cmd.error(f"--task: expected a task with held-out problems, got {name!r}, which holds none out")
+        tasks.append((name, config, task, problems))
     require_rl_extra("evaluate")
 
-    # ---- the model
+    # ---- the model, then each task
     import torch
 
     from ..rl.engine.distributed import resolve_device
-    from ..rl.engine.evaluation import heldout_rewards
+    from ..rl.engine.evaluation import task_evaluation
     from ..rl.models.pretrained import load_policy, load_tokenizer
 
+    first = configs[0][1]  # the device, the threads and the chat template are every task's
     try:
-        device = resolve_device(config.device)
-        tokenizer = load_tokenizer(model_dir, chat_template=config.chat_template)
+        device = resolve_device(first.device)
+        tokenizer = load_tokenizer(model_dir, chat_template=first.chat_template)
         actor = load_policy(model_dir).to(device)
     except ParameterError as exc:
         usage_error(cmd, exc)
-    torch.set_num_threads(1 if config.num_threads is None else config.num_threads)  # the trainer's rule on CPU
-    max_new_tokens = config.max_new_tokens or task.max_new_tokens
-    rewards = heldout_rewards(actor, tokenizer, task, problems, max_new_tokens=max_new_tokens, device=device)
-    correct = sum(rewards)
-    accuracy = correct / len(rewards)
-    seconds = time.perf_counter() - t0
-    description = task.describe()
-    print(
-        f"comppo-core evaluate: {args.model}: held-out accuracy {percent(accuracy)} ({_count(correct)} of "
-        f"{len(rewards)} problems, {description}) in {seconds:.0f} s"
-    )
-    if json_path is not None:
-        run_dir.write_json_atomic(
-            json_path,
-            {
-                "model": str(model_dir.resolve()),
-                "accuracy": accuracy,
-                "correct": int(correct) if float(correct).is_integer() else correct,
-                "problems": len(rewards),
-                "task": {**task.to_dict(), "description": description},
-                "tokenizer": tokenizer.to_dict(),
-                "settings": {
-                    "eval_size_requested": config.eval_size,
-                    "max_new_tokens": max_new_tokens,
-                    "chat_template": tokenizer.chat_template,
-                    "device": str(device),
-                    "num_threads": torch.get_num_threads(),
-                    "task_json": None if task_json is None else str(task_json.resolve()),
-                },
-                "seconds": seconds,
-            },
+    torch.set_num_threads(1 if first.num_threads is None else first.num_threads)  # the trainer's rule on CPU
+    results: dict[str, dict[str, Any]] = {}  # the JSON's tasks
+    evaluations: list[TaskEvaluation] = []
+    for name, config, task, problems in tasks:
+        t_task = time.perf_counter()
+        max_new_tokens = config.max_new_tokens or task.max_new_tokens
+        evaluation = task_evaluation(
+            actor, tokenizer, task, problems, max_new_tokens=max_new_tokens, device=device, batch_size=batch_size,
+            sampling=sampling,
+        )  # fmt: skip
+        seconds = time.perf_counter() - t_task
+        description = task.describe()
+        results[name] = {
+            "task": {**task.to_dict(), "description": description},
+            "eval_size_requested": config.eval_size,
+            "max_new_tokens": max_new_tokens,
+            **evaluation.to_dict(),
+            "seconds": seconds,
+        }
+        evaluations.append(evaluation)
+        numbers = evaluation.numbers()
+        what = (
+            f"held-out accuracy {percent(numbers['accuracy'])} ({_count(evaluation.reward_sum)} of "
+            f"{evaluation.problems} problems, {description})"
         )
+        print(_line(args.model, what, numbers, sampling, seconds), flush=True)
+    averaged = macro([e.numbers() for e in evaluations])
+    seconds = time.perf_counter() - t0
+    if len(results) > 1:
+        what = f"macro over {len(results)} tasks: held-out accuracy {percent(averaged['accuracy'])}"
+        print(_line(args.model, what, averaged, sampling, seconds))
+    if json_path is not None:
+        settings: dict[str, Any] = {
+            "samples": None if sampling is None else sampling.to_dict(),
+            "batch_size": batch_size,
+            "chat_template": tokenizer.chat_template,
+            "device": str(device),
+            "num_threads": torch.get_num_threads(),
+            "task_json": None if task_json is None else str(task_json.resolve()),
+        }
+        report = _report(model_dir, results, averaged, evaluations, sampling, settings)
+        report.update(tokenizer=tokenizer.to_dict(), settings=settings, seconds=seconds)
+        run_dir.write_json_atomic(json_path, report)
     return 0
+
+
+def _report(
+    model_dir: Path,
+    results: dict[str, dict[str, Any]],
+    averaged: dict[str, float],
+    evaluations: list[TaskEvaluation],
+    sampling: Sampling | None,
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    """The JSON's model, tasks and macro; with one task and no ``--samples`` also the
+    one-task report's keys, as before (module docstring), ``settings`` updated in place."""
+    report: dict[str, Any] = {"model": str(model_dir.resolve()), "tasks": results, "macro": averaged}
+    if len(results) == 1 and sampling is None:
+        entry = next(iter(results.values()))
+        total = evaluations[0].reward_sum
+        report.update(
+            accuracy=entry["accuracy"],
+            correct=int(total) if total.is_integer() else total,
+            problems=entry["problems"],
+            task=entry["task"],
+        )
+        settings.update(eval_size_requested=entry["eval_size_requested"], max_new_tokens=entry["max_new_tokens"])
+    return report
