@@ -41,10 +41,21 @@ def config_for(entry: TaskEntry, tmp_path: Path, **changes: Any) -> TrainConfig:
     """A TrainConfig of ``entry`` at its small sizes (a file task: a small file in ``tmp_path``)."""
     settings: dict[str, Any] = {**SMALL.get(entry.name, {}), **changes}
     if entry.file_suffix is not None:
-        assert entry.file_suffix == ".jsonl", f"no test file for a {entry.file_suffix} task: add one here"
         path = tmp_path / f"rows{entry.file_suffix}"
         rows = [{"prompt": f"What is {i} times 3?", "answer": 3 * i} for i in range(200)]
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if entry.file_suffix == ".jsonl":
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        elif entry.file_suffix == ".hf.json":  # a saved Hugging Face dataset and a named reward function
+            datasets = pytest.importorskip("datasets")
+            if not (tmp_path / "rows").is_dir():
+                datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "rows"))
+            (tmp_path / "rows_reward.py").write_text(
+                "def exact(completions, answer, **kwargs):\n"
+                "    return [float(c == str(a)) for c, a in zip(completions, answer)]\n"
+            )
+            path.write_text(json.dumps({"dataset": "rows", "reward": "rows_reward.py:exact"}))
+        else:
+            raise AssertionError(f"no test file for a {entry.file_suffix} task: add one here")
         settings["task"] = str(path)
     else:
         settings["task"] = entry.name

@@ -11,6 +11,7 @@ trainer, ``comppo-core evaluate``), and the run's ``task.json`` names it::
     chain            ChainTask           chain_digits, chain_steps, chain_filler_*, chain_tail_*
     filler_addition  FillerAdditionTask  digits, addition_filler_*, addition_tail_*
     *.jsonl          JsonlTask           (the file is config.task; needs config.model)
+    *.hf.json        HFDatasetTask       (a saved HF dataset and a reward; needs config.model)
 
 A task is built as ``cls(**sizes, split_seed=..., heldout_fraction=..., validation_fraction=...)``
 (a file task gets the path first, and ``max_new_tokens``). A new task is a module of this
@@ -31,6 +32,7 @@ from .addition import AdditionTask
 from .base import PivotalTask, Problem, Task, Tokenizer
 from .chain import ChainTask
 from .filler_addition import FillerAdditionTask
+from .hf_dataset import HFDatasetTask
 from .jsonl import JsonlTask
 
 if TYPE_CHECKING:
@@ -119,6 +121,14 @@ TASKS: dict[str, TaskEntry] = {
             'a .jsonl file of {"prompt", "answer"} rows (comppo_core.rl.tasks.jsonl; needs model)',
             JsonlTask,
             file_suffix=".jsonl",
+            needs_model=True,
+        ),
+        TaskEntry(
+            "hf_dataset",
+            "a .hf.json spec: a saved Hugging Face dataset and a reward function (comppo_core.rl.tasks.hf_dataset; "
+            "needs model)",
+            HFDatasetTask,
+            file_suffix=".hf.json",
             needs_model=True,
         ),
     )
