@@ -4,8 +4,10 @@ What is pinned: after k steps the actor's and the critic's parameters of a ``tor
 --nproc-per-node 2`` run equal those of a one-process run within float tolerance, and so
 does every metric (they are over the global batch), for an arm with TAC and concentration
 gates and for a control arm with batch-normalised gates, a seq-mean loss and the KL as a
-loss (the batch-wide paths: controls, whitening, the minibatch shares); a resume on 2 ranks
-continues bit for bit; a row's samples are
+loss (the batch-wide paths: controls, whitening, the minibatch shares), and under FSDP2
+(``fsdp``: every parameter of the policy, its reference and a standard critic asserted a
+DTensor) for a TAC arm and a standard-critic arm; a resume on 2 ranks continues bit for bit,
+also under FSDP2; a row's samples are
 a function of (seed, step, prompt, sample) alone; the inverse-CDF sampler draws from the right
 distribution; the collectives are the identity on one process. When rank 1 fails at step 2
 (its verifier raises, its rewards or its loss are non-finite), every rank stops at once,
@@ -109,17 +111,22 @@ CASES = {
         "kl_mode": "loss",
         "kl_coef": 0.1,
     },
+    # FSDP2 (fsdp: policy, reference and standard critic sharded) against one unsharded process
+    "comppo_fsdp": {"arm": "comppo", "fsdp": True},
+    "comp_gae_fsdp": {"arm": "comp_gae", "fsdp": True, "kl_mode": "loss", "kl_coef": 0.1},
 }
 
 
 @pytest.mark.slow
 def test_two_gloo_processes_equal_one_process(tmp_path: Path, monkeypatch: Any) -> None:
     configs = {name: tiny(**case, out=str(tmp_path / f"{name}-2")) for name, case in CASES.items()}
-    # resume on 2 ranks: 4 steps straight, and 2 steps then a resume to 4
-    straight = tiny(arm="comppo", steps=4, save_every=2, eval_every=2, out=str(tmp_path / "straight-2"))
-    half = straight.replace(steps=2, out=str(tmp_path / "resumed-2"))
-    resumed = straight.replace(out=str(tmp_path / "resumed-2"), resume=True)
-    runs = [*configs.values(), straight, half, resumed]
+    # resume on 2 ranks: 4 steps straight, and 2 steps then a resume to 4 (unsharded, and under FSDP2)
+    resumes = []
+    for name, case in (("", {"arm": "comppo"}), ("-fsdp", {"arm": "comp_gae", "fsdp": True})):
+        straight = tiny(**case, steps=4, save_every=2, eval_every=2, out=str(tmp_path / f"straight{name}-2"))
+        half = straight.replace(steps=2, out=str(tmp_path / f"resumed{name}-2"))
+        resumes += [straight, half, straight.replace(out=str(tmp_path / f"resumed{name}-2"), resume=True)]
+    runs = [*configs.values(), *resumes]
     (tmp_path / "configs.json").write_text(json.dumps([c.to_json() for c in runs]))
     (tmp_path / "worker.py").write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -137,12 +144,13 @@ def test_two_gloo_processes_equal_one_process(tmp_path: Path, monkeypatch: Any) 
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert (tmp_path / "error.txt").read_text().startswith("prompts_per_step: expected a multiple of the 2 processes")
-    a, b = checkpoint_params(tmp_path / "straight-2"), checkpoint_params(tmp_path / "resumed-2")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
     drop = {k for k in METRIC_KEYS if k.startswith("time_")}
-    assert [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "straight-2")] == [
-        {k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "resumed-2")
-    ]
+    for name in ("", "-fsdp"):
+        a, b = checkpoint_params(tmp_path / f"straight{name}-2"), checkpoint_params(tmp_path / f"resumed{name}-2")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name  # bit for bit
+        assert [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / f"straight{name}-2")] == [
+            {k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / f"resumed{name}-2")
+        ], name
 
     monkeypatch.setattr(AdditionTask, "reward", parity_reward)
     torch.set_num_threads(1)
@@ -150,8 +158,19 @@ def test_two_gloo_processes_equal_one_process(tmp_path: Path, monkeypatch: Any) 
         one = tmp_path / f"{name}-1"
         Trainer(cfg.replace(out=str(one))).train()
         two = Path(cfg.out or "")
-        assert json.loads((two / "summary.json").read_text())["world_size"] == 2
+        summary_two = json.loads((two / "summary.json").read_text())
+        assert summary_two["world_size"] == 2
         assert json.loads((one / "summary.json").read_text())["world_size"] == 1
+        if cfg.fsdp:  # FSDP2 really ran: every parameter of the actor, its reference (and a standard critic) a DTensor
+            sharded = summary_two["fsdp"]
+            assert sharded["actor"][0] == sharded["actor"][1] > 0, sharded
+            assert sharded["reference"][0] == sharded["reference"][1] > 0, sharded
+            standard = cfg.arm == "comp_gae"
+            assert (sharded["critic"][0] == sharded["critic"][1]) is standard and (
+                sharded["critic"][0] == 0
+            ) is not standard
+        else:
+            assert summary_two["fsdp"] is None
         p1, p2 = checkpoint_params(one), checkpoint_params(two)
         start = warmstart_params(one)
         assert p1.keys() == p2.keys() and any(k.startswith("critic.") for k in p1)
@@ -159,6 +178,7 @@ def test_two_gloo_processes_equal_one_process(tmp_path: Path, monkeypatch: Any) 
         assert moved > 1e-3, name  # the run did something the comparison can see
         for k in p1:
             torch.testing.assert_close(p2[k], p1[k], rtol=0, atol=2e-5, msg=f"{name}: {k}")
+        print(f"{name}: 2 processes vs 1, max |difference| {max(float((p2[k] - p1[k]).abs().max()) for k in p1):.1e}")
         r1, r2 = rows(one), rows(two)
         assert [r["step"] for r in r2] == [0, 1]
         for a, b in zip(r1, r2):

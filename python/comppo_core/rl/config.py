@@ -260,6 +260,11 @@ class TrainConfig:
         "autocast, the weights the optimisers step kept float32 (their master copy), the frozen ones (the "
         "KL reference; with LoRA the base model) stored in bfloat16",
     )
+    fsdp: bool = _f(
+        False,
+        "under torchrun, shard the policy, its KL reference and a standard critic with FSDP2 (fully_shard on "
+        "each decoder layer and the model) instead of holding them whole on every process; the TAC stays replicated",
+    )
     model: str | None = _f(
         None,
         "a local Hugging Face model directory: the policy (AutoModelForCausalLM) and its "
@@ -390,6 +395,12 @@ class TrainConfig:
         # devices, a user's model and data, LoRA
         _integer("lora_rank", self.lora_rank, 0)
         _number("lora_alpha", self.lora_alpha, 0.0, math.inf, low_open=True)
+        if self.fsdp and self.lora_rank:
+            raise ParameterError(
+                "fsdp: expected False with lora_rank > 0 (sharding a LoRA run is not wired: its reference is the "
+                "base model with the adapter disabled, and its trained weights are small), got True",
+                argument="fsdp",
+            )
         for name in ("device", "lora_target_modules"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
                 raise ParameterError(f"{name}: expected a non-empty string, got {getattr(self, name)!r}", argument=name)

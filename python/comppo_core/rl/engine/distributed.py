@@ -73,28 +73,27 @@ rank may hold no row of a minibatch (the permutation is global), and DDP's reduc
 expects every rank to run a forward and a backward over every parameter; (3) the critic
 warm-up steps train the critic alone, where DDP would wait for the actor's gradients.
 
-**FSDP2 (``torch.distributed.fsdp.fully_shard``)**, for policies that do not fit one
-device, is *not wired into the trainer*: every rank holds the whole policy. What was tried
-(CPU, 2 gloo processes under torchrun, torch 2.15, transformers 5, a 2-layer Llama with
-``fully_shard`` on each decoder layer and then on the model, default mesh):
+**FSDP2 (``TrainConfig.fsdp``)**, for policies that do not fit one device:
+:func:`shard_model` applies ``torch.distributed.fsdp.fully_shard`` to each decoder layer
+and then the model, for the policy, its KL reference and a standard critic (the TAC is
+small and stays replicated, all-reduced as above). What changes in the step:
 
-* works: the sharded forward and backward (gradients equal the unsharded model's bit for bit
-  on the same batch); AdamW and ``clip_grad_norm_`` on the DTensor parameters; ``generate``
-  with ``synced_gpus=True``, also when the ranks' prompts and lengths differ;
-  :func:`comppo_core.rl.forward` with the probe and a TAC's taps on the sharded model, with and
-  without grad (``set_attn_implementation`` and the layer hooks go through); the full state
-  dict for ``save_pretrained`` (``get_model_state_dict(..., full_state_dict=True,
-  cpu_offload=True)``).
-* the gradient reduction is the *mean* over ranks; ``set_gradient_divide_factor(1.0)``
-  (for a sum) fails on gloo ("Cannot use ReduceOp.PREMUL_SUM with Gloo"); multiplying each
-  rank's loss share by W instead gives the gradient of the global minibatch (within 2e-8 of
-  the one-process gradient in the experiment).
-* what the trainer would still need: ``synced_gpus=True`` in every ``generate``, a forward
-  and backward on every rank for every minibatch (a rank without rows runs one with a zero
-  loss, since FSDP's collectives are in the forward and the backward), the loss share × W,
-  no :meth:`Dist.all_reduce_gradients` for the sharded parameters, the full state dict
-  gathered for the checkpoint and scattered back on resume, and a sharded reference (or
-  LoRA's disabled adapter). Not done; untested on GPUs (no device was lent to this work).
+* every ``generate`` runs with ``synced_gpus`` (the all-gathers sit in each forward, so a
+  process whose responses ended early keeps stepping until all have);
+* every process runs a forward and a backward for every minibatch: one without a row of it
+  runs one of its rows with a zero loss (FSDP's collectives are in both);
+* FSDP reduce-scatters the sharded gradients as the mean over processes; the step's loss
+  shares want the sum, so :meth:`Dist.all_reduce_gradients` scales them by W instead of
+  all-reducing them (``set_gradient_divide_factor(1.0)`` would say the same, but gloo
+  refuses its ``PREMUL_SUM``);
+* checkpoints hold the full state dicts (gathered with
+  ``torch.distributed.checkpoint.state_dict``, a collective, and written by rank 0), in the
+  same files as an unsharded run's; a resume reads them and shards them again;
+* evaluation gives a process without a held-out problem one to answer and discard.
+
+Proven on CPU (``tests/rl/test_rl_distributed.py``): 2 gloo processes with ``fsdp`` equal
+one unsharded process on the same global batch, with the parameters asserted to be
+DTensors; a resume continues exactly. Not tried on GPUs (NCCL, bf16 mixed precision).
 """
 
 from __future__ import annotations
@@ -113,7 +112,16 @@ from torch import nn
 from ...errors import NonFiniteError, ParameterError
 from ..runs.interrupts import RankFailed
 
-__all__ = ["ANNOUNCE_WAIT_S", "BUCKET_BYTES", "Dist", "describe_error", "resolve_device", "shard_bounds"]
+__all__ = [
+    "ANNOUNCE_WAIT_S",
+    "BUCKET_BYTES",
+    "Dist",
+    "describe_error",
+    "is_sharded",
+    "resolve_device",
+    "shard_bounds",
+    "shard_model",
+]
 
 #: Bytes of gradients all-reduced in one call (DDP's default bucket is 25 MiB).
 BUCKET_BYTES = 25 * 2**20
@@ -391,7 +399,9 @@ class Dist:
 
         A parameter with a gradient on some rank but not on this one (the rank held no row
         of the minibatch) gets a zero gradient first; one without a gradient on any rank
-        keeps ``grad = None``, as in one process. One process: only returns 0 or None."""
+        keeps ``grad = None``, as in one process. A parameter FSDP2 shards (a DTensor) was
+        reduced in the backward as the mean over ranks: its gradient is scaled by W to the
+        sum instead (module docstring). One process: only returns 0 or None."""
         if not self.distributed:
             return 0 if nonfinite else None
         import torch.distributed as td
@@ -405,6 +415,10 @@ class Dist:
             for p, has in zip(params, present):
                 if not has:
                     continue
+                if is_sharded(p):
+                    if p.grad is not None:
+                        p.grad.mul_(self.world_size)
+                    continue
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 grads.append(p.grad)
@@ -417,6 +431,37 @@ class Dist:
                     g.copy_(flat[offset : offset + n].view_as(g))
                     offset += n
         return None if flags[0] == 0 else int(flags[0].item()) - 1
+
+
+def is_sharded(p: torch.Tensor) -> bool:
+    """Whether ``p`` is a DTensor (a parameter :func:`shard_model` sharded)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - a torch without DTensor
+        return False
+    return isinstance(p, DTensor)
+
+
+def shard_model(module: nn.Module) -> nn.Module:
+    """FSDP2 over the default process group: ``fully_shard`` each decoder layer (the classes
+    its transformers models name in ``_no_split_modules``), then ``module`` itself; in place.
+    Every process must hold the same weights before (they are broadcast first)."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers: set[str] = set()
+    for m in module.modules():
+        layers.update(getattr(m, "_no_split_modules", None) or ())
+    if not layers:
+        raise ParameterError(
+            f"fsdp: expected a transformers model that names its decoder layers (_no_split_modules), got "
+            f"{type(module).__name__}",
+            argument="fsdp",
+        )
+    for m in list(module.modules()):
+        if m is not module and type(m).__name__ in layers:
+            fully_shard(m)
+    fully_shard(module)
+    return module
 
 
 def describe_error(exc: BaseException, limit: int = 2000) -> str:

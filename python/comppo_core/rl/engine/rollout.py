@@ -96,12 +96,15 @@ def generate(
     top_p: float = 1.0,
     keys: torch.Tensor | None = None,
     width: int | None = None,
+    synced: bool = False,
 ) -> Generated:
     """Prompts left-padded to ``width`` (default: the widest) →
     ``(ids, attention_mask, width, in_response)``; the response is each token up to and
     including the first EOS (``in_response`` ``[B, R]``). ``sample`` draws at
     ``temperature`` and ``top_p`` with the rows' ``keys``
-    (:func:`~comppo_core.rl.engine.sampling.row_keys`), else greedy."""
+    (:func:`~comppo_core.rl.engine.sampling.row_keys`), else greedy. ``synced``: every
+    process keeps stepping until all are done (``synced_gpus``; FSDP2's all-gathers sit in
+    each forward, so a process that stopped early would leave the others waiting)."""
     prompt_ids, prompt_mask = left_pad(
         [tokenizer.encode_prompt(p.prompt) for p in problems], tokenizer.pad_token_id, width
     )
@@ -118,6 +121,7 @@ def generate(
         attention_mask=prompt_mask.long(),
         generation_config=_generation_config(tokenizer, max_new_tokens),
         logits_processor=processors,
+        **({"synced_gpus": True} if synced else {}),
     )
     is_eos = ids[:, width:] == tokenizer.eos_token_id
     in_response = (is_eos.long().cumsum(-1) - is_eos.long()) == 0

@@ -48,6 +48,7 @@ from ..config import TrainConfig
 from ..core import oracle, step
 from ..core.arms import Arm, get_arm
 from ..core.step import Batch, terminal_rewards
+from ..critics.standard import StandardCritic
 from ..critics.warmup import warm_up_critic
 from ..models import lora
 from ..models.pretrained import load_policy
@@ -57,7 +58,7 @@ from ..runs.metrics import METRIC_KEYS, Timer
 from ..tasks.base import Problem, Task, Tokenizer
 from . import rollout as rollouts
 from .build import build_policy, initial_policy, make_critic, make_reference, make_task, sft_warm_start
-from .distributed import Dist, shard_bounds
+from .distributed import Dist, is_sharded, shard_bounds, shard_model
 from .evaluation import heldout_rewards
 from .optimize import Optimizers
 from .rollout import Rollout
@@ -143,6 +144,9 @@ class Trainer:
         #: bfloat16 with ``dtype="bfloat16"``: the RL forwards' autocast dtype and the frozen
         #: weights' storage (the optimisers' weights stay float32); None: float32 throughout
         self.low_precision = torch.bfloat16 if config.dtype == "bfloat16" else None
+        #: FSDP2 holds the policy, its reference and a standard critic sharded over the ranks
+        #: (``fsdp`` under torchrun; rl.engine.distributed)
+        self.sharded = bool(config.fsdp) and self.dist.distributed
         local = config.batch_size // self.dist.world_size
         #: this rank's share of the global rollout batch: its sequences (``local``, a slice of
         #: the global batch's) and how to gather every rank's (``gather``), which the step's
@@ -173,7 +177,7 @@ class Trainer:
             warm = actor if cfg.model is None else None  # a user's model is its own warm start
             checkpoint.start_run(self.out, cfg, warm, self.tokenizer, self._task_record())
         self.dist.barrier()
-        self.reference = make_reference(actor, self.low_precision) if self._keeps_reference_copy() else None
+        self.reference = self._make_reference(actor) if self._keeps_reference_copy() else None
         # the critic and the RL stream get their own seeds, so every arm of a seed starts
         # its rollouts from the same RNG state (paired comparisons)
         torch.manual_seed(cfg.seed * 1000 + 1)
@@ -198,6 +202,12 @@ class Trainer:
     def _keeps_reference_copy(self) -> bool:
         """A KL is used or logged, without LoRA (whose reference is the adapter disabled)."""
         return self.uses_reference and not self.config.lora_rank
+
+    def _make_reference(self, actor: Any) -> Any:
+        """The frozen KL reference: a copy of ``actor`` (stored in bfloat16 under
+        ``dtype="bfloat16"``), sharded like the policy under ``fsdp``."""
+        reference = make_reference(actor, self.low_precision)
+        return shard_model(reference) if self.sharded else reference
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The RL forwards' precision: bfloat16 autocast with ``dtype="bfloat16"`` (the
@@ -229,6 +239,10 @@ class Trainer:
                 for p in self.lora_model.parameters():
                     if not p.requires_grad:
                         p.data = p.data.to(self.low_precision)
+        if self.sharded:  # before the optimisers: they step the sharded (DTensor) parameters
+            shard_model(self.actor)
+            if isinstance(self.critic, StandardCritic):
+                shard_model(self.critic)
         owner = self.actor if self.lora_model is None else self.lora_model
         self.optim = Optimizers(
             [p for p in owner.parameters() if p.requires_grad],
@@ -251,9 +265,13 @@ class Trainer:
 
     def save_checkpoint(self, next_step: int) -> None:
         """Write ``OUT/checkpoint`` for a run that continues at ``next_step`` (rank 0;
-        :func:`comppo_core.rl.runs.checkpoint.save_checkpoint`)."""
+        :func:`comppo_core.rl.runs.checkpoint.save_checkpoint`; under ``fsdp`` every rank
+        first gathers the full state dicts with rank 0)."""
         self._saved_at = next_step
-        if self.out is None or not self.dist.is_main:
+        if self.out is None:
+            return
+        states = self._full_states() if self.sharded else None  # a collective
+        if not self.dist.is_main:
             return
         checkpoint.save_checkpoint(
             self.out,
@@ -268,7 +286,42 @@ class Trainer:
             rng=self.rng,
             config=self.config,
             warm_start=self.warm_start,
+            states=states,
         )
+
+    def _full_states(self) -> dict[str, Any]:
+        """The full (unsharded) state dicts of the actor, the critic and their optimisers, on
+        CPU on rank 0 (``torch.distributed.checkpoint.state_dict``: every rank calls it)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        states = {
+            "actor": get_model_state_dict(self.actor, options=options),
+            "actor_opt": get_optimizer_state_dict(self.actor, self.actor_opt, options=options),
+        }
+        if self.critic is not None and self.critic_opt is not None:
+            states["critic"] = get_model_state_dict(self.critic, options=options)
+            states["critic_opt"] = get_optimizer_state_dict(self.critic, self.critic_opt, options=options)
+        return states
+
+    def _load_optimizer_states(self, state: dict[str, Any]) -> None:
+        """The optimisers' states from a checkpoint (under ``fsdp``: full state dicts, sharded
+        again over the ranks)."""
+        if not self.sharded:
+            self.actor_opt.load_state_dict(state["actor_opt"])
+            if self.critic_opt is not None:
+                self.critic_opt.load_state_dict(state["critic_opt"])
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(self.actor, self.actor_opt, state["actor_opt"], options=options)
+        if self.critic is not None and self.critic_opt is not None:
+            set_optimizer_state_dict(self.critic, self.critic_opt, state["critic_opt"], options=options)
 
     def _resume(self) -> None:
         assert self.out is not None
@@ -276,17 +329,13 @@ class Trainer:
         ckpt = checkpoint.find_checkpoint(self.out)
         checkpoint.check_resumable(ckpt, cfg)
         base = self._initial_policy().eval() if cfg.lora_rank else self._load_actor(ckpt / "actor").eval()
-        self.reference = (
-            make_reference(self._initial_policy(), self.low_precision) if self._keeps_reference_copy() else None
-        )
+        self.reference = self._make_reference(self._initial_policy()) if self._keeps_reference_copy() else None
         self.critic = make_critic(self.arm, base, cfg)
         state, self.rng, self.warm_start = checkpoint.load_state(ckpt)
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
         self._attach_actor(base, ckpt / "actor" if cfg.lora_rank else None)
-        self.actor_opt.load_state_dict(state["actor_opt"])
-        if self.critic_opt is not None:
-            self.critic_opt.load_state_dict(state["critic_opt"])
+        self._load_optimizer_states(state)
         torch.set_rng_state(state["torch_rng"])
         self.start_step = self._saved_at = int(state["next_step"])
         self.dist.barrier()  # every rank has read the checkpoint before rank 0 rewrites the outputs
@@ -323,6 +372,7 @@ class Trainer:
             top_p=cfg.top_p,
             keys=keys,
             width=prompt_width,
+            synced=self.sharded,
         )
 
     def _prompt_width(self, problems: Sequence[Problem]) -> int:
@@ -463,12 +513,16 @@ class Trainer:
                         token_share=token_share,
                     )
                     entries.update(got)
+                elif self.sharded:  # FSDP's collectives sit in the forward and the backward: join them
+                    loss = self._zero_loss(batch, train_actor=train_actor)
                 norms = self.optim.step(loss, dist=dist, train_actor=train_actor, where=f"epoch {epoch}, minibatch {k}")
                 sums += torch.tensor([entries[key] for key in keys], dtype=torch.float64)
                 for name, norm in norms.items():
                     norm_sums[name] = norm_sums.get(name, 0.0) + norm
                 count += 1
         self.actor.eval()
+        if self.sharded and not train_actor:  # the actor ran forwards without a backward: free its gathered weights
+            self.actor.reshard()
         totals = dist.sum(sums).tolist()  # each rank's shares of the minibatch statistics, summed
         out: dict[str, Any] = {}
         if count:
@@ -476,6 +530,19 @@ class Trainer:
             out.update({name: total / count for name, total in norm_sums.items()})
         out["actor_updated"] = train_actor
         return out
+
+    def _zero_loss(self, batch: Batch, *, train_actor: bool) -> torch.Tensor | None:
+        """The minibatch loss of one of this rank's rows at share 0: the forward and the
+        backward, through the same modules as the other ranks' losses (so FSDP's collectives
+        match), that a sharded rank runs for a minibatch it holds no row of; its gradients
+        are 0."""
+        mb = batch.select(torch.zeros(1, dtype=torch.long, device=self.device))
+        s = self._forward(mb, grad=True, gates=None)
+        settings = self.loss_settings
+        loss, _ = step.minibatch_loss(
+            mb, s.logprobs, s.values, settings, train_actor=train_actor, share=0.0, token_share=0.0
+        )
+        return loss
 
     # ---- evaluation
 
@@ -490,6 +557,8 @@ class Trainer:
         lo, hi = shard_bounds(len(problems), self.dist.rank, self.dist.world_size)
         width = self._prompt_width(problems)
         kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "device": self.device, "width": width}
+        if hi <= lo and self.sharded:  # every rank runs generate's collectives: answer one, discard it
+            self._heldout_rewards(problems[:1], **kw)
         correct = float(sum(self._heldout_rewards(problems[lo:hi], **kw))) if hi > lo else 0.0
         total = self.dist.sum(torch.tensor([correct], dtype=torch.float64))
         return float(total.item()) / len(problems)
@@ -598,11 +667,28 @@ class Trainer:
             "critic": 0 if self.critic is None else sum(p.numel() for p in self.critic.parameters()),
         }
         run = {"arm": cfg.arm, "seed": cfg.seed, "steps": cfg.steps, "parameters": parameters}
-        run.update(world_size=self.dist.world_size, warm_start=self.warm_start)
+        run.update(world_size=self.dist.world_size, warm_start=self.warm_start, fsdp=self._fsdp_record())
         out = self.out if self.dist.is_main else None
         return metrics.summarize(
             metric_rows, out=out, final_step=max(cfg.steps, self.start_step), final_eval=final_eval, run=run
         )
+
+    def _fsdp_record(self) -> dict[str, Any] | None:
+        """Under ``fsdp``, what FSDP2 holds sharded (DTensor) at the end of the run: the
+        parameters of the actor, its reference and the critic, sharded / all; else None.
+        (The sharded modules are resharded first: FSDP2 keeps the root's own weights, the
+        embeddings and the head, gathered after a forward.)"""
+        if not self.sharded:
+            return None
+        modules = {"actor": self.actor, "reference": self.reference, "critic": self.critic}
+        for m in modules.values():
+            if hasattr(m, "reshard"):
+                m.reshard()
+        return {
+            name: [sum(is_sharded(p) for p in m.parameters()), sum(1 for _ in m.parameters())]
+            for name, m in modules.items()
+            if m is not None
+        }
 
 
 def train(config: TrainConfig, *, overwrite: bool = False) -> dict[str, Any]:
@@ -612,8 +698,9 @@ def train(config: TrainConfig, *, overwrite: bool = False) -> dict[str, Any]:
     Keys: ``arm, seed, steps, initial_eval_accuracy`` (step 0, the warm start),
     ``final_eval_accuracy`` (after the last step), ``eval`` (``[step, accuracy]`` pairs),
     ``final_reward_mean``, ``mean_step_s`` (per phase, over the run's steps),
-    ``parameters`` (actor, its trainable part, critic), ``world_size`` and ``warm_start``
-    (SFT steps, seconds, final loss). Under ``torchrun`` every rank calls it and gets the
+    ``parameters`` (actor, its trainable part, critic), ``world_size``, ``warm_start``
+    (SFT steps, seconds, final loss) and ``fsdp`` (under ``fsdp``: ``[sharded, all]``
+    parameters of the actor, its reference and the critic; else None). Under ``torchrun`` every rank calls it and gets the
     summary; a process group it initialised is destroyed before it returns."""
     trainer = Trainer(config, overwrite=overwrite)
     try:

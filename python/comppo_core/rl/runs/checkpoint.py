@@ -70,21 +70,26 @@ def save_checkpoint(
     rng: np.random.Generator,
     config: TrainConfig,
     warm_start: dict[str, Any],
+    states: dict[str, Any] | None = None,
 ) -> None:
     """Write ``out/checkpoint`` for a run that continues at ``next_step`` (atomically;
     ``actor`` is what ``save_pretrained`` writes: the model, or its peft adapter; the
-    ``tokenizer`` and the ``task`` record are saved beside it)."""
+    ``tokenizer`` and the ``task`` record are saved beside it). ``states``: the full state
+    dicts of ``actor``, ``actor_opt``, ``critic`` and ``critic_opt`` when the modules are
+    sharded (FSDP2), written instead of the modules' own."""
+    full = states or {}
     final, tmp, old = out / "checkpoint", out / "checkpoint.tmp", out / "checkpoint.old"
     shutil.rmtree(tmp, ignore_errors=True)
     with quiet_transformers():
-        actor.save_pretrained(tmp / "actor")
+        actor.save_pretrained(tmp / "actor", **({"state_dict": full["actor"]} if "actor" in full else {}))
     save_tokenizer(tokenizer, tmp / "actor")
     write_json_atomic(tmp / "actor" / "task.json", task)
-    state: dict[str, Any] = {"next_step": next_step, "torch_rng": torch_rng, "actor_opt": actor_opt.state_dict()}
+    state: dict[str, Any] = {"next_step": next_step, "torch_rng": torch_rng}
+    state["actor_opt"] = full["actor_opt"] if "actor_opt" in full else actor_opt.state_dict()
     if critic is not None:
         assert critic_opt is not None
-        state["critic"] = critic.state_dict()
-        state["critic_opt"] = critic_opt.state_dict()
+        state["critic"] = full["critic"] if "critic" in full else critic.state_dict()
+        state["critic_opt"] = full["critic_opt"] if "critic_opt" in full else critic_opt.state_dict()
     torch.save(state, tmp / "state.pt")
     (tmp / "rng.json").write_text(json.dumps(rng.bit_generator.state))
     (tmp / "progress.json").write_text(json.dumps({"next_step": next_step}))
