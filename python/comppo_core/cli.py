@@ -4,9 +4,9 @@
   the ``[hf]`` extra);
 * ``comppo-core train``: PPO for one arm on the built-in task or a user's model and data,
   ``metrics.jsonl`` and checkpoints (needs the ``[rl]`` extra);
-* ``comppo-core evaluate --model DIR``: the held-out greedy accuracy of a saved model
-  (a run's ``warmstart/`` or ``checkpoint/actor``, or a user's model) on the trainer's
-  evaluation set (needs the ``[rl]`` extra);
+* ``comppo-core evaluate --model DIR``: the frozen evaluation of a saved model (a run's
+  ``warmstart/`` or ``checkpoint/actor``, a TRL output, or a user's model) on each task's
+  held-out set: greedy accuracy, and pass@k with ``--samples`` (needs the ``[rl]`` extra);
 * ``comppo-core compare``: every arm × seed from paired warm starts, ``results.md`` and
   ``curves.png`` (needs the ``[rl]`` extra);
 * ``comppo-core synthetic``: GAE vs Comp-GAE on a synthetic batch and a speed check
