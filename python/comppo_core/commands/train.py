@@ -70,10 +70,16 @@ def require_rl_extra(command: str) -> None:
     """Exit with status 1 and the one-line :data:`MISSING_EXTRA` unless torch and
     transformers import; a command that trains calls it once its flags are checked."""
     try:
-        import torch  # noqa: F401
+        import torch
         import transformers  # noqa: F401
     except ImportError:
         raise SystemExit("comppo-core: error: " + MISSING_EXTRA.format(command=command)) from None
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        # With DeepSpeed installed, accelerate imports it inside save_pretrained; on a machine
+        # without CUDA its auto-detection prints "[WARNING] ... Setting accelerator to CPU" on
+        # stdout, among the command's own lines. Naming the accelerator it picks anyway keeps
+        # the output the command's (the environment of this command's process only).
+        os.environ["DS_ACCELERATOR"] = "cpu"
 
 
 class _Default:

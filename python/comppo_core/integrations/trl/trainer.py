@@ -354,9 +354,9 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             chunk["comppo_share"], chunk["comppo_token_share"] = share, token_share
         del n_proc
 
-    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
-        if self.critic is None:
-            return super()._compute_loss(model, inputs)
+    def _update_forward(self, inputs: dict[str, Any], *, critic_only: bool = False) -> tuple[step.Batch, step.Scored]:
+        """A micro-batch's ``step.Batch`` (its ``comppo_*`` fields) and the update's forward on
+        it; ``critic_only``: the actor without gradients, the critic with them (the warm-up)."""
         fields: dict[str, Any] = {name: inputs.get("comppo_" + name) for name in _BATCH_FIELDS}
         mb = step.Batch(**fields)
         with self.accelerator.autocast():
@@ -368,9 +368,16 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
                 mb.response_mask,
                 arm=self.arm,
                 settings=self.scoring,
-                grad=True,
+                grad=not critic_only,
+                critic_grad=True if critic_only else None,
                 gates=None,
             )
+        return mb, s
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        if self.critic is None:
+            return super()._compute_loss(model, inputs)
+        mb, s = self._update_forward(inputs)
         shares = {
             "share": float(inputs.get("comppo_share", 1.0)),
             "token_share": float(inputs.get("comppo_token_share", 1.0)),

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import dataclasses
 from typing import Any
 
 import torch
@@ -86,28 +85,13 @@ def _critic_round(trainer: Any, out: dict[str, Any]) -> float:
     trainer._set_shares(chunks)
     world = trainer.accelerator.num_processes
     accumulation = args.gradient_accumulation_steps
-    fields = [f.name for f in dataclasses.fields(step.Batch)]
     total, steps = 0.0, 0
     for _ in range(args.num_iterations):
         for w in range(0, len(chunks), accumulation):
             window = 0.0
             for k in range(w, w + accumulation):
                 chunk: dict[str, Any] = chunks[k]
-                batch_fields: dict[str, Any] = {name: chunk.get("comppo_" + name) for name in fields}
-                mb = step.Batch(**batch_fields)
-                with trainer.accelerator.autocast():
-                    s = step.score(
-                        trainer._base_model(),
-                        trainer.critic,
-                        mb.input_ids,
-                        mb.attention_mask,
-                        mb.response_mask,
-                        arm=trainer.arm,
-                        settings=trainer.scoring,
-                        grad=False,
-                        critic_grad=True,
-                        gates=None,
-                    )
+                mb, s = trainer._update_forward(chunk, critic_only=True)
                 loss, entries = step.minibatch_loss(
                     mb,
                     s.logprobs,

@@ -213,6 +213,28 @@ class HashSplit:
             out[self.side(key)].append(item)
         return out
 
+    def split_file_rows(self, rows: Sequence[Problem], where: str) -> dict[Side, list[Problem]]:
+        """A file task's rows on each side, keyed by prompt (the held-out list shuffled with
+        ``rng(7)``); a ParameterError naming ``task`` when a side of the held-out split is
+        empty, or ``validation_fraction`` when a requested validation split is."""
+        sides = self.split([(p.prompt, p) for p in rows])
+        if self.validation_fraction and not sides["validation"]:
+            raise ParameterError(
+                f"validation_fraction: {where!r}: expected rows in the validation split (validation_fraction="
+                f"{self.validation_fraction}), got none of {len(rows)} rows",
+                argument="validation_fraction",
+            )
+        if not sides["train"] or not sides["heldout"]:
+            raise ParameterError(
+                f"task: {where!r}: expected rows on both sides of the held-out split (heldout_fraction="
+                f"{self.heldout_fraction}), got {len(sides['train'])} training and {len(sides['heldout'])} held-out "
+                f"of {len(rows)} rows",
+                argument="task",
+            )
+        order = self.rng(7).permutation(len(sides["heldout"]))
+        sides["heldout"] = [sides["heldout"][i] for i in order]
+        return sides
+
 
 def distinct_problems(
     n: int,

@@ -137,23 +137,8 @@ class JsonlTask:
         #: a user's model brings the tokenizer (``config.model``)
         self.tokenizer = None
         self.rows = read_rows(self.path)
-        sides = self.split.split([(p.prompt, p) for p in self.rows])
+        sides = self.split.split_file_rows(self.rows, str(self.path))
         self.train_rows, self.heldout_rows, self.validation_rows = sides["train"], sides["heldout"], sides["validation"]
-        if self.validation_fraction and not self.validation_rows:
-            raise ParameterError(
-                f"validation_fraction: {str(self.path)!r}: expected rows in the validation split (validation_fraction="
-                f"{self.validation_fraction}), got none of {len(self.rows)} rows",
-                argument="validation_fraction",
-            )
-        if not self.train_rows or not self.heldout_rows:
-            raise ParameterError(
-                f"task: {str(self.path)!r}: expected rows on both sides of the held-out split (heldout_fraction="
-                f"{self.heldout_fraction}), got {len(self.train_rows)} training and {len(self.heldout_rows)} held-out "
-                f"of {len(self.rows)} rows",
-                argument="task",
-            )
-        order = self.split.rng(7).permutation(len(self.heldout_rows))
-        self.heldout_rows = [self.heldout_rows[i] for i in order]
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
         """``n`` training rows drawn uniformly with replacement with ``rng``."""
