@@ -420,6 +420,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ImportError:
         print(f"comppo-core: error: {MISSING_EXTRA}", file=sys.stderr)
         return 1
+    from .train import quiet_deepspeed_on_cpu
+
+    quiet_deepspeed_on_cpu()
     threads = torch.get_num_threads()
     try:
         return _run(args)

@@ -56,6 +56,7 @@ __all__ = [
     "config_from_args",
     "describe_start",
     "percent",
+    "quiet_deepspeed_on_cpu",
     "require_rl_extra",
     "run",
     "show_log_lines",
@@ -70,15 +71,21 @@ def require_rl_extra(command: str) -> None:
     """Exit with status 1 and the one-line :data:`MISSING_EXTRA` unless torch and
     transformers import; a command that trains calls it once its flags are checked."""
     try:
-        import torch
+        import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError:
         raise SystemExit("comppo-core: error: " + MISSING_EXTRA.format(command=command)) from None
+    quiet_deepspeed_on_cpu()
+
+
+def quiet_deepspeed_on_cpu() -> None:
+    """Name DeepSpeed's CPU accelerator (``DS_ACCELERATOR=cpu``) in this command's process
+    when CUDA is absent and none is named: with DeepSpeed installed, accelerate imports it
+    inside ``save_pretrained``, and its auto-detection then prints "[WARNING] ... Setting
+    accelerator to CPU" on stdout among the command's own lines; it picks the CPU anyway."""
+    import torch
+
     if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
-        # With DeepSpeed installed, accelerate imports it inside save_pretrained; on a machine
-        # without CUDA its auto-detection prints "[WARNING] ... Setting accelerator to CPU" on
-        # stdout, among the command's own lines. Naming the accelerator it picks anyway keeps
-        # the output the command's (the environment of this command's process only).
         os.environ["DS_ACCELERATOR"] = "cpu"
 
 
