@@ -115,6 +115,24 @@ def test_compare_writes_the_table_curves_and_every_run(
     assert parse_table((out / "results.md").read_text()) == table
 
 
+def test_a_resumed_compare_keeps_the_defaults_it_was_made_under(tmp_path: Path, signal: None) -> None:
+    """A compare made before a default changed (here gate_causal, causal by default now)
+    continues with the settings it recorded when the same command is rerun with --resume;
+    a flag given against them is still refused."""
+    out = tmp_path / "cmp"
+    argv = ["compare", "--arms", "comppo", "--seeds", "1", *TINY, "--out", str(out)]
+    assert TrainConfig().gate_causal is True
+    assert cli.main([*argv, "--no-gate-causal"]) == 0  # as the earlier default made it
+    run = json.loads((out / "comppo" / "seed0" / "config.json").read_text())
+    assert run["gate_causal"] is False
+    table = (out / "results.md").read_text()
+    assert cli.main([*argv, "--resume"]) == 0  # the old command line, under the new default
+    assert json.loads((out / "compare.json").read_text())["settings"]["gate_causal"] is False
+    assert parse_table((out / "results.md").read_text()) == parse_table(table)  # the runs reused as they were
+    assert "`gate_causal=False`" in table  # and the report names the setting that is not today's default
+    assert cli.main([*argv, "--resume", "--gate-causal"]) == 2  # given against the record: named, refused
+
+
 def test_compare_starts_every_arm_of_a_seed_from_the_same_parameters(tmp_path: Path, signal: None) -> None:
     from safetensors.torch import load_file
 

@@ -289,10 +289,12 @@ def test_one_step_equals_the_package_trainer_step(tmp_path: Path, arm: str, beta
     for ours, theirs in zip(trainer.critic_warmup_log, tr.warm_start.get("critic_warmup", [])):
         for key in ("value_loss", "value_explained_var"):
             figures[f"warmup {ours['round']} {key}"] = abs(ours[key] - theirs[key])
+    # Adam's first step moves each weight by about lr whatever its gradient's size, so where a
+    # gradient is small (a sum that nearly cancels, or near Adam's ε), float32 rounding of the
+    # warmed-up critic (~1e-7 in the values and advantages, within 1e-6 below) shows in the
+    # weight: up to 1.7e-5 of a 1e-3 step (comp_gae, β = 0.05, causal gates)
     print(arm, beta, warmup, figures)
-    # float32 rounding of the warmed-up critic (~1e-7 in the values) reaches the actor's
-    # weights through Adam's normalised step (each weight moves ~lr whatever its gradient)
-    weights = 5e-6 if warmup else 1e-6
+    weights = 5e-5 if warmup else 1e-6
     assert max(v for k, v in figures.items() if k not in ("actor", "critic")) < 1e-6, figures
     assert max(figures["actor"], figures["critic"]) < weights, figures
     assert max_diff(params(tr.actor), start) > 1e-4  # the step moved the weights

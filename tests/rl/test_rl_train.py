@@ -368,14 +368,15 @@ def test_each_arm_gets_its_gates(monkeypatch: Any) -> None:
     assert scored.old_values is not None and torch.equal(scored.old_values, values)
 
 
-def test_causal_gates_are_the_running_mapping_and_read_only_the_prefix() -> None:
-    """``gate_causal``: Comp-GAE's gates are the gate mapping of the row's running z-score
-    (``rl.tac.causal_gates``), so g_t does not move when later tokens change; the
-    whole-row gates do."""
+def test_default_gates_are_the_running_mapping_and_read_only_the_prefix() -> None:
+    """By default (``gate_causal``) Comp-GAE's gates are the gate mapping of the row's
+    running z-score (``rl.tac.causal_gates``), so g_t does not move when later tokens
+    change; the whole-row gates (``gate_causal=False``) do."""
     from comppo_core.rl.critics.tac import causal_gates
 
-    trainer = Trainer(tiny(arm="comppo", gate_causal=True, gate_low=0.2, prompts_per_step=8))
-    whole = Trainer(tiny(arm="comppo", gate_low=0.2, prompts_per_step=8))
+    assert TrainConfig().gate_causal is True
+    trainer = Trainer(tiny(arm="comppo", gate_low=0.2, prompts_per_step=8))
+    whole = Trainer(tiny(arm="comppo", gate_causal=False, gate_low=0.2, prompts_per_step=8))
     r = trainer.rollout()
     m = r.response_mask
     out = rl.forward(

@@ -70,8 +70,11 @@ while training (a non-finite value in a reporting run), 130/143 when interrupted
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..errors import ParameterError
 from ..experiments import report
@@ -80,7 +83,16 @@ from ..experiments.protocol import Experiment
 from ..experiments.runs import Stopped
 from ..experiments.settings import DEFAULT_ARMS, DEFAULT_SEEDS, OWN_FIELDS, CompareSettings, parse_arms
 from ..experiments.tuning import DEFAULT_REPORTING_SEEDS, DEFAULT_TUNING_SEEDS, FIRST_TUNING_SEED
-from .train import _Default, add_config_arguments, config_from_args, require_rl_extra, show_log_lines, usage_error
+from ..rl.config import PRESETS, TrainConfig
+from .train import (
+    _Default,
+    add_config_arguments,
+    config_fields,
+    config_from_args,
+    require_rl_extra,
+    show_log_lines,
+    usage_error,
+)
 
 __all__ = ["DEFAULT_ARMS", "add_parser", "run", "settings_from_args"]
 
@@ -168,6 +180,26 @@ def _count(flag: str, text: str | None, cmd: argparse.ArgumentParser) -> int | N
     return n
 
 
+def recorded_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """With ``--resume``: the shared settings ``OUT/compare.json`` recorded, for every field
+    neither a flag given nor the preset given sets, so a compare made under older defaults
+    continues with its own (a default changed since, such as ``gate_causal``, is not a
+    mismatch). Without ``--resume`` or a readable record: nothing (the protocol then
+    reports what it finds)."""
+    path = Path(args.out) / "compare.json"
+    if args.resume is not True or not path.is_file():
+        return {}
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))["settings"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return {}
+    if not isinstance(recorded, dict):
+        return {}
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    set_here = {*config_fields(args), *PRESETS.get(args.preset or "default", {})}
+    return {k: v for k, v in recorded.items() if k in names and k not in set_here}
+
+
 def settings_from_args(args: argparse.Namespace, cmd: argparse.ArgumentParser) -> CompareSettings:
     """The experiment's :class:`CompareSettings` from compare's flags; a bad flag is a
     usage error naming it (exit status 2)."""
@@ -184,7 +216,7 @@ def settings_from_args(args: argparse.Namespace, cmd: argparse.ArgumentParser) -
     seeds = _count("--seeds", args.seeds, cmd)
     jobs = _count("--jobs", args.jobs, cmd)
     tuning = _count("--tuning-seeds", args.tuning_seeds, cmd)
-    base = config_from_args(args, cmd, arm=arms[0], seed=0, resume=False)
+    base = config_from_args(args, cmd, **recorded_defaults(args), arm=arms[0], seed=0, resume=False)
     given = not isinstance(args.validation_fraction, _Default)
     return CompareSettings(
         base=base,

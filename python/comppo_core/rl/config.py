@@ -199,9 +199,9 @@ class TrainConfig:
         "cc.controls.constant)",
     )
     gate_causal: bool = _f(
-        False,
-        "Comp-GAE's gates from the row's running z-score of the concentration (tokens up to t) instead of "
-        "the whole row's",
+        True,
+        "Comp-GAE's gates from the row's running z-score of the concentration, so the gate at a token reads "
+        "the response up to it (False: the whole row's z-score, the earlier default)",
     )
     gate_in_bootstrap: bool = _f(
         True,

@@ -12,7 +12,8 @@ The fields added to ``GRPOConfig`` (each named as in :class:`comppo_core.rl.Trai
 ``gate_params``         the concentration → gate mapping, one :class:`~comppo_core.GateParams`
 ``fixed_gate``          the constant gate of ``tac_fixed`` and ``ppo_fixed`` (None: the batch mean of the gates)
 ``statistic``           the probe's attention-concentration statistic
-``gate_causal``         Comp-GAE's gates from the running z-score of the row (tokens up to t)
+``gate_causal``         Comp-GAE's gates from the running z-score of the row, tokens up to t
+                        (the default; False: the whole row's z-score)
 ``gate_in_bootstrap``   the gates enter Comp-GAE's bootstrap as well as its trace (False: the
                         trace only, an ablation)
 ``whiten_advantages``   whiten the advantages over the global batch (verl's GAE)
@@ -95,8 +96,10 @@ class CompPOConfig(GRPOConfig):  # type: ignore[misc]  # trl ships no type hints
         },
     )
     gate_causal: bool = dataclasses.field(
-        default=False,
-        metadata={"help": "Comp-GAE's gates from the row's running z-score of the concentration (tokens up to t)"},
+        default=True,
+        metadata={
+            "help": "Comp-GAE's gates from the row's running z-score of the concentration (tokens up to t; False: the whole row's)"
+        },
     )
     gate_in_bootstrap: bool = dataclasses.field(
         default=True,
