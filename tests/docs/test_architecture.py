@@ -1,11 +1,12 @@
-"""docs/architecture.md names only code that exists.
+"""docs/architecture.md and docs/claims.md name only code and tests that exist.
 
 The map names code in two forms, each in backticks: a file path (``rl/engine/trainer.py``,
 relative to ``python/comppo_core/`` or to the repository) optionally followed by the names
 it defines (``rl/core/step.py: step_gates, score``; ``Class.method`` for a method), and a
 dotted module path (``comppo_core.rl.tasks``). Every path must be a file or package, every
 name a top-level definition (``def``, ``class`` or assignment) of that file, or a method
-or attribute of a class there. A rename that forgets the map fails here.
+or attribute of a class there. A test named ``tests/x/test_y.py::test_z`` must be a
+top-level test function of that file. A rename that forgets the map or the claims fails here.
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "comppo_core"
 DOC = ROOT / "docs" / "architecture.md"
+#: the documents whose references are checked (the map, and the abstract's claims against the code)
+DOCS = (DOC, ROOT / "docs" / "claims.md")
 
 #: `path.py` or `path.py: name, name` inside backticks
 FILE_REF = re.compile(r"`((?:[\w.]+/)*[\w]+\.(?:py|rs|pyi))(?::\s*([\w.,\s]+))?`")
 #: `comppo_core.a.b` inside backticks
 MODULE_REF = re.compile(r"`(comppo_core(?:\.\w+)+)`")
+#: `tests/.../test_x.py::test_name` inside backticks
+TEST_REF = re.compile(r"`(tests/(?:[\w.]+/)*test_\w+\.py)::(\w+)`")
 
 
 def _resolve(path: str) -> Path | None:
@@ -58,25 +63,38 @@ def _definitions(source: Path) -> dict[str, set[str]]:
     return names
 
 
-def _file_refs() -> list[tuple[str, list[str]]]:
-    text = DOC.read_text(encoding="utf-8")
+def _file_refs(doc: Path | None = None) -> list[tuple[str, list[str]]]:
     refs = []
-    for m in FILE_REF.finditer(text):
-        names = [n.strip() for n in (m.group(2) or "").split(",") if n.strip()]
-        refs.append((m.group(1), names))
+    for d in DOCS if doc is None else (doc,):
+        for m in FILE_REF.finditer(d.read_text(encoding="utf-8")):
+            names = [n.strip() for n in (m.group(2) or "").split(",") if n.strip()]
+            refs.append((m.group(1), names))
     return refs
 
 
+def _test_refs() -> list[tuple[str, str]]:
+    return sorted({(m.group(1), m.group(2)) for d in DOCS for m in TEST_REF.finditer(d.read_text(encoding="utf-8"))})
+
+
 def test_the_map_names_code() -> None:
-    # the map is not empty of references (a reformatting that broke the patterns fails here)
-    assert len(_file_refs()) >= 30
+    # each document is not empty of references (a reformatting that broke the patterns fails here)
+    for doc in DOCS:
+        assert len(_file_refs(doc)) >= 30, doc.name
     assert len(MODULE_REF.findall(DOC.read_text(encoding="utf-8"))) >= 1
+    assert len(_test_refs()) >= 30
+
+
+@pytest.mark.parametrize(("path", "name"), _test_refs(), ids=lambda x: x)
+def test_every_named_test_exists(path: str, name: str) -> None:
+    source = ROOT / path
+    assert source.is_file(), f"the docs name {path}, which is not a file"
+    assert name in _definitions(source), f"the docs name {path}::{name}, which that file does not define"
 
 
 @pytest.mark.parametrize("path, names", _file_refs(), ids=lambda x: x if isinstance(x, str) else ",".join(x))
 def test_every_file_and_name_exists(path: str, names: list[str]) -> None:
     source = _resolve(path)
-    assert source is not None, f"docs/architecture.md names {path}, which is not a file"
+    assert source is not None, f"the docs name {path}, which is not a file"
     if not names or source.suffix != ".py":
         return
     defined = _definitions(source)
