@@ -171,7 +171,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
     @property
     def critic_warmup_rounds(self) -> int:
         """Rounds of critic-only training before the first PPO step (``CompPOConfig.critic_warmup``)."""
-        return int(self._cfg.critic_warmup_rounds) if self.arm.critic is not None else 0
+        return int(self._cfg.critic_warmup_rounds)
 
     @property
     def _training(self) -> bool:

@@ -137,13 +137,6 @@ class ValueModel:
             self.module = acc.prepare(self.critic)
             self.optimizer = self._adamw(self.module)
 
-    def unwrapped(self) -> StandardCritic:
-        """The critic inside whatever accelerate wrapped it in (parameters as the backend holds them)."""
-        return self.critic
-
-    def trainable(self) -> list[nn.Parameter]:
-        return [p for p in self.module.parameters() if p.requires_grad]
-
     def backward(self, loss: torch.Tensor, *, boundary: bool) -> None:
         """Backward the critic's part of a micro-batch's loss (module docstring); under
         DeepSpeed its engine also steps when ``boundary``."""
@@ -162,7 +155,7 @@ class ValueModel:
             norm = self.engine.get_global_grad_norm()
             return float(norm) if norm is not None else float("nan")
         assert self.optimizer is not None
-        params = self.trainable()
+        params = [p for p in self.module.parameters() if p.requires_grad]
         norm = torch.nn.utils.clip_grad_norm_(params, self.clip)
         if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
             norm = norm.full_tensor()
