@@ -122,6 +122,8 @@ ARM_NAMES = (
     "comppo_position",
     "comppo_inverted",
     "comppo_oracle",
+    "comppo_policy_entropy",
+    "comppo_token_nll",
 )
 #: The split a run's periodic evaluation reads: the held-out problems (what a result
 #: reports) or the validation problems (what a tuning protocol selects settings on); each

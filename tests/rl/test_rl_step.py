@@ -68,7 +68,8 @@ def test_every_arm_is_a_critic_and_a_gate_source() -> None:
     for arm in ARMS.values():
         assert arm.critic in (None, *CRITICS) and arm.gates in GATE_SOURCES, arm
         assert arm.uses_gae == (arm.critic is not None)
-        assert arm.reads_routing == (arm.gates != "none" or arm.critic == "tac")
+        uncertainty = arm.gates in ("policy_entropy", "token_nll")  # the policy's own statistics need no probe
+        assert arm.reads_routing == ((arm.gates != "none" and not uncertainty) or arm.critic == "tac")
         assert arm.replaces_gates == (arm.gates not in ("none", "concentration"))
         assert arm.diagnostic == (arm.gates == "oracle")
         assert arm.critic_reads_routing == (arm.critic == "tac")
@@ -92,12 +93,26 @@ def _expected_gates(name: str, own: torch.Tensor, resp: torch.Tensor, low: float
         "by_position": torch.as_tensor(controls.by_position(own, mask=resp)),
         "inverted": torch.where(resp, (low + high) - own, 1.0).clamp(0.0, 1.0),
         "oracle": "pivotal",
+        # the mapping of the policy's own statistic: the scoring forward's own gates, nothing to replace
+        # (tests/rl/test_gate_sources.py pins them against the full logits)
+        "policy_entropy": None,
+        "token_nll": None,
     }[name]
 
 
 def test_every_gate_source_has_a_definition_here() -> None:
     # a source added to the registry must say here what it computes
-    names = ("none", "concentration", "constant", "shuffle", "by_position", "inverted", "oracle")
+    names = (
+        "none",
+        "concentration",
+        "constant",
+        "shuffle",
+        "by_position",
+        "inverted",
+        "oracle",
+        "policy_entropy",
+        "token_nll",
+    )
     assert tuple(GATE_SOURCES) == names
 
 

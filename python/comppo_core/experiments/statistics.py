@@ -73,6 +73,8 @@ CONTRASTS: tuple[tuple[str, str, str], ...] = (
     ("comppo", "comppo_shuffle", "the gates' placement within a response"),
     ("comppo", "comppo_position", "the gates beyond their per-position mean"),
     ("comppo_inverted", "comppo", "the gate mapping's direction"),
+    ("comppo", "comppo_policy_entropy", "concentration gates vs the policy's entropy as the gate (GACA's signal)"),
+    ("comppo", "comppo_token_nll", "concentration gates vs the token's NLL as the gate"),
     ("comppo_oracle", "tac_fixed", "gates high on the pivotal tokens vs a constant gate (diagnostic)"),
     ("comppo", "grpo", "CompPO vs GRPO"),
 )

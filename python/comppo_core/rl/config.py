@@ -23,6 +23,7 @@ import json
 import math
 import types
 import typing
+import warnings
 from typing import Any
 
 from ..errors import ParameterError
@@ -41,10 +42,11 @@ from ..options import (
     TEMPORAL_MIXERS,
     check_choice,
 )
+from .core.gate_sources import GATE_DIRECTIONS
 from .runs.run_dir import absolute
 from .tasks import TASKS, size_fields, task_entry
 
-__all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig"]
+__all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig", "recommended_direction", "upgrade_fields"]
 
 # This module imports no torch (nor transformers): every closed set a field is checked
 # against comes from comppo_core.options (KL_MODES is re-exported from there), so that
@@ -192,7 +194,14 @@ class TrainConfig:
     gate_high: float = _f(1.0, "highest gate (GateParams.high)")
     gate_sharpness: float = _f(1.0, "slope of the gate sigmoid (GateParams.sharpness)")
     gate_normalize: str = _f("sequence", "z-score of the concentration: sequence, batch or none (GateParams.normalize)")
-    gate_invert: bool = _f(False, "map high concentration to low gates (GateParams.invert)")
+    gate_direction: str = _f(
+        "as_is",
+        "the gate mapping's direction: as_is (a high concentration, a high gate; with the policy_entropy and "
+        "token_nll gates, an uncertain token, a low gate), inverted (the mirror image, GateParams.invert), "
+        "none (only for an arm whose gates have no direction: a constant gate, the oracle, none), or the path "
+        "of a diagnosis.json (comppo-core diagnose) whose recommendation for the arm's gates is applied (read "
+        "whenever the config is made, so keep it with the runs)",
+    )
     fixed_gate: float | None = _f(
         None,
         "the constant gate of tac_fixed and ppo_fixed (None: the batch mean of the concentration gates, "
@@ -285,8 +294,19 @@ class TrainConfig:
         "head) or comma-separated module names such as q_proj,v_proj",
     )
 
-    def __post_init__(self) -> None:
+    #: replaced by ``gate_direction`` (True: ``"inverted"``); accepted with a DeprecationWarning
+    gate_invert: dataclasses.InitVar[bool | None] = None
+
+    def __post_init__(self, gate_invert: bool | None) -> None:
         check_choice("arm", self.arm, ARM_NAMES)
+        if gate_invert is not None:
+            warnings.warn(
+                "TrainConfig(gate_invert=...) is replaced by gate_direction='inverted' or 'as_is'",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            given = None if self.gate_direction == "as_is" else self.gate_direction  # as_is: the default
+            self.gate_direction = _direction_of_gate_invert(gate_invert, given)
         task = task_entry(self.task)  # the registry's entry, or a ParameterError naming task
         check_choice("group_method", self.group_method, GROUP_METHODS)
         check_choice("statistic", self.statistic, STATISTICS)
@@ -370,7 +390,6 @@ class TrainConfig:
             "resume",
             "progress",
             "whiten_advantages",
-            "gate_invert",
             "gate_causal",
             "gate_in_bootstrap",
             "log_kl",
@@ -429,6 +448,15 @@ class TrainConfig:
                 f"critic_warmup: expected 0 for the {self.arm} arm, which has no critic, got {self.critic_warmup}",
                 argument="critic_warmup",
             )
+        if not isinstance(self.gate_direction, str) or not self.gate_direction.strip():
+            raise ParameterError(
+                f"gate_direction: expected one of {', '.join(map(repr, GATE_DIRECTIONS))} or the path of a "
+                f"diagnosis.json, got {self.gate_direction!r}",
+                argument="gate_direction",
+            )
+        if self.gate_direction not in GATE_DIRECTIONS:  # a diagnosis: stored absolute, as out is
+            self.gate_direction = absolute(self.gate_direction)
+        _ = self.applied_gate_direction  # the file's recommendation for this arm, or a ParameterError
         try:  # low <= high etc., named as this config's fields
             _ = self.gate_params
         except ParameterError as exc:
@@ -445,8 +473,23 @@ class TrainConfig:
             high=self.gate_high,
             sharpness=self.gate_sharpness,
             normalize=self.gate_normalize,
-            invert=self.gate_invert,
+            invert=self.applied_gate_direction == "inverted",
         )
+
+    @property
+    def applied_gate_direction(self) -> str:
+        """The direction this run's gates use: ``gate_direction`` itself, or the recommendation
+        of the diagnosis.json it names for this arm's gate source
+        (:func:`recommended_direction`); a :class:`~comppo_core.errors.ParameterError` naming
+        ``gate_direction`` for an unreadable file or ``"none"`` on an arm whose gates have a
+        direction."""
+        key = (self.gate_direction, self.arm, self.statistic)
+        cached = self.__dict__.get("_applied_gate_direction")
+        if cached is not None and cached[0] == key:
+            return str(cached[1])
+        direction = recommended_direction(self.gate_direction, self.arm, self.statistic)
+        self.__dict__["_applied_gate_direction"] = (key, direction)
+        return direction
 
     @property
     def critic_warmup_rounds(self) -> int:
@@ -488,6 +531,7 @@ class TrainConfig:
             raise ParameterError(
                 f"config: expected a JSON object of fields, got {type(data).__name__}", argument="config"
             )
+        data = upgrade_fields(data)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -555,6 +599,137 @@ PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"steps": 40},
     "demo": {"steps": 40, "warmup_sft_steps": 240, "sft_carry_noise": 0.5},
 }
+
+
+def _direction_of_gate_invert(invert: Any, direction: Any) -> str:
+    """The ``gate_direction`` an old ``gate_invert`` value means, or a ParameterError naming
+    ``gate_invert`` when it is not a bool or contradicts ``direction``, a ``gate_direction``
+    given too (None: not given)."""
+    if not isinstance(invert, bool):
+        raise ParameterError(
+            f"gate_invert: expected a bool (replaced by gate_direction), got {invert!r}", argument="gate_invert"
+        )
+    old = "inverted" if invert else "as_is"
+    if direction is not None and direction != old:
+        raise ParameterError(
+            f"gate_invert: {invert!r} means gate_direction={old!r}, but gate_direction={direction!r} is given too "
+            "(gate_invert is replaced by gate_direction: give that alone)",
+            argument="gate_invert",
+        )
+    return old
+
+
+def upgrade_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """A saved config's fields (a ``config.json``, a compare's recorded settings) as this
+    version names them, in a new dict: ``gate_invert`` (before ``gate_direction``) becomes
+    ``gate_direction`` ``"inverted"`` (True) or ``"as_is"`` (False). Anything else is kept
+    as it is (:meth:`TrainConfig.from_dict` then checks it)."""
+    out = dict(data)
+    if "gate_invert" in out:
+        invert = out.pop("gate_invert")
+        out["gate_direction"] = _direction_of_gate_invert(invert, out.get("gate_direction"))
+    return out
+
+
+def recommended_direction(gate_direction: str, arm: str, statistic: str | None = None) -> str:
+    """The direction (:data:`~comppo_core.rl.core.gate_sources.GATE_DIRECTIONS`) that
+    ``gate_direction`` gives the gates of ``arm``.
+
+    ``"as_is"``, ``"inverted"`` or ``"none"`` is itself; anything else is the path of a
+    ``diagnosis.json`` written by ``comppo-core diagnose`` (a JSON object), read now:
+
+    * an arm whose gates map the concentration (and ``tac_fixed``/``ppo_fixed``, whose constant
+      is the concentration gates' batch mean) takes its ``"direction"``, the recommendation
+      for the attention statistic the diagnosis names (``"statistic"``, or
+      ``"recommendation"["statistic"]``), which must be ``statistic`` (the run's) when given;
+    * an arm whose gates map a policy statistic (``comppo_policy_entropy``,
+      ``comppo_token_nll``) takes ``"directions"[statistic]`` (``"policy_entropy"``,
+      ``"token_nll"``), in that source's own orientation (``as_is``: an uncertain token, a low
+      gate); a diagnosis without it is refused, not read as the concentration's;
+    * an arm with no gates reads nothing from it (the file must still be a diagnosis).
+
+    ``"none"`` (no direction: the interval covers chance) is refused for an arm whose gates
+    have a direction (:attr:`~comppo_core.rl.core.gate_sources.GateSource.directed`), naming
+    the arm with the same critic and a constant gate to run instead. Every refusal is a
+    :class:`~comppo_core.errors.ParameterError` naming ``gate_direction``."""
+    from .core.arms import ARMS  # torch-free, one-way (arms imports nothing from here)
+
+    name = "gate_direction"
+    spec = ARMS[arm]
+    source = spec.gate_source
+    direction: Any
+    if gate_direction in GATE_DIRECTIONS:
+        direction, where = gate_direction, f"gate_direction={gate_direction!r}"
+    else:
+        data = _read_diagnosis(gate_direction)
+        where = f"the diagnosis {gate_direction!r}"
+        if source.policy_statistic is None:
+            direction = data.get("direction")
+            key = "'direction'"
+            recommendation = data.get("recommendation")
+            measured = data.get(
+                "statistic", recommendation.get("statistic") if isinstance(recommendation, dict) else None
+            )
+            if source.reads_concentration and statistic is not None and measured not in (None, statistic):
+                raise ParameterError(
+                    f"{name}: {where} recommends a direction for the concentration statistic {measured!r}, but the "
+                    f"{arm} arm's gates read statistic={statistic!r}; diagnose with --statistic {statistic} or run "
+                    f"with --statistic {measured}",
+                    argument=name,
+                )
+        else:
+            directions = data.get("directions")
+            if not isinstance(directions, dict) or source.policy_statistic not in directions:
+                raise ParameterError(
+                    f"{name}: {where} recommends no direction for the {source.policy_statistic} gates of the {arm} "
+                    f"arm (expected 'directions': {{{source.policy_statistic!r}: ...}}; its 'direction' is the "
+                    "concentration's); pass --gate-direction as_is or inverted",
+                    argument=name,
+                )
+            direction = directions[source.policy_statistic]
+            key = f"'directions'[{source.policy_statistic!r}]"
+        if direction not in GATE_DIRECTIONS:
+            raise ParameterError(
+                f"{name}: {where}: expected {key} to be one of {', '.join(map(repr, GATE_DIRECTIONS))}, "
+                f"got {direction!r}",
+                argument=name,
+            )
+    if direction == "none" and source.directed:
+        what = source.policy_statistic or "concentration"
+        instead = spec.constant_gate_arm
+        raise ParameterError(
+            f"{name}: {where} gives the {what} gates no direction, so the {arm} arm's gates would order tokens "
+            f"by noise; run {instead} (the same critic with a constant gate) instead, or pass --gate-direction "
+            "as_is or inverted to override",
+            argument=name,
+        )
+    return str(direction)
+
+
+def _read_diagnosis(path: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (a diagnosis.json), or a ParameterError naming ``gate_direction``."""
+    name = "gate_direction"
+    expected = f"expected one of {', '.join(map(repr, GATE_DIRECTIONS))} or the path of a diagnosis.json"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise ParameterError(f"{name}: {expected}, got {path!r} (no such file)", argument=name) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParameterError(f"{name}: {expected}, got {path!r}, which cannot be read ({exc})", argument=name) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParameterError(
+            f"{name}: {path!r}: expected a diagnosis.json (JSON), got a parse error at line {exc.lineno}: {exc.msg}",
+            argument=name,
+        ) from None
+    if not isinstance(data, dict):
+        raise ParameterError(
+            f"{name}: {path!r}: expected a diagnosis.json (a JSON object with 'direction'), got {type(data).__name__}",
+            argument=name,
+        )
+    return data
 
 
 def _unwrap(tp: Any) -> tuple[type, bool]:

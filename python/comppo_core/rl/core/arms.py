@@ -11,7 +11,12 @@ names are :data:`comppo_core.options.ARM_NAMES`; :data:`ARMS` maps each to its
 
 The four cells ``ppo_fixed``, ``comp_gae``, ``tac_fixed``, ``comppo`` are the paper's 2×2
 {standard critic, TAC} × {constant gate, concentration gates}; ``ppo_fixed`` and
-``tac_fixed`` use the same constant gate, chosen the same way.
+``tac_fixed`` use the same constant gate, chosen the same way. ``comppo_policy_entropy``
+and ``comppo_token_nll`` are the ``comppo`` cell with the policy's uncertainty in place of
+the concentration (GACA's signal; :mod:`~comppo_core.rl.core.gate_sources` says how it maps
+to gates and why uncertain tokens get low gates): "is the concentration better than plain
+uncertainty?" is ``compare --arms comppo,comppo_policy_entropy,comppo_token_nll``. They are
+baselines, not part of ``compare``'s default arms (:attr:`Arm.in_default_compare`).
 
 **The critic is a baseline in every arm: it reads only the prefix.** An arm's gate
 source changes Comp-GAE's gates and nothing else. A TAC reads, in every arm, the causal
@@ -43,7 +48,7 @@ GATE_SETTINGS = (
     "gate_high",
     "gate_sharpness",
     "gate_normalize",
-    "gate_invert",
+    "gate_direction",
     "gate_causal",
     "fixed_gate",
 )
@@ -79,14 +84,17 @@ class Arm:
 
     @property
     def reads_routing(self) -> bool:
-        """Whether the scoring pass needs the probe: concentration gates or a TAC's routing features."""
-        return self.gate_source.gated or self.critic == "tac"
+        """Whether the scoring pass needs the probe: gates from the concentration (or the
+        oracle's, which replace them) or a TAC's routing features; gates of the policy's own
+        statistics need none."""
+        source = self.gate_source
+        return (source.gated and source.policy_statistic is None) or self.critic == "tac"
 
     def ignores(self, field: str) -> bool:
         """Whether a run of this arm never reads the TrainConfig ``field`` (a gate setting
-        of an arm that reads no routing), so that two settings differing only there are the
-        same run."""
-        return field in GATE_SETTINGS and not self.reads_routing
+        of an arm with no gates that reads no routing), so that two settings differing only
+        there are the same run."""
+        return field in GATE_SETTINGS and not self.reads_routing and not self.gate_source.gated
 
     @property
     def critic_reads_routing(self) -> bool:
@@ -110,6 +118,18 @@ class Arm:
         """A diagnostic arm, not a method (its gates read what a policy cannot know)."""
         return self.gate_source.pivotal
 
+    @property
+    def in_default_compare(self) -> bool:
+        """Whether ``compare`` runs the arm by default: every arm but the diagnostics and the
+        baselines of other gate sources (the policy's uncertainty), which ``--arms`` names."""
+        return not self.diagnostic and not self.gate_source.baseline
+
+    @property
+    def constant_gate_arm(self) -> str | None:
+        """The arm with the same critic and a constant gate (``tac_fixed``, ``ppo_fixed``):
+        what to run when a diagnosis finds no direction for the gates; None without a critic."""
+        return {"tac": "tac_fixed", "standard": "ppo_fixed"}.get(self.critic or "")
+
 
 #: Every arm by name (the ``arm`` setting of :class:`~comppo_core.rl.TrainConfig`).
 ARMS: dict[str, Arm] = {
@@ -125,6 +145,8 @@ ARMS: dict[str, Arm] = {
         Arm("comppo_position", "tac", "by_position", "CompPO with gates replaced by their per-position batch mean"),
         Arm("comppo_inverted", "tac", "inverted", "CompPO with the gate mapping reversed"),
         Arm("comppo_oracle", "tac", "oracle", "diagnostic: gates high on the task's pivotal tokens"),
+        Arm("comppo_policy_entropy", "tac", "policy_entropy", "CompPO with gates from the policy's entropy"),
+        Arm("comppo_token_nll", "tac", "token_nll", "CompPO with gates from the sampled token's NLL"),
     )
 }
 

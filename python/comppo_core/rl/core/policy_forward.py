@@ -7,6 +7,7 @@
     per_layer[b, j, l]   = the same, layer l alone                      (detached)
     gates[b, j]          = gates_from_concentration(concentration, mask=response_mask, **gate_params)
     values[b, j]         = critic(prefix ids[b, :j+1])                  (grad into the critic iff critic_grad)
+    entropy[b, j]        = −Σ_v π_τ(v | ids[b, :j+1])·log π_τ(v | ids[b, :j+1])   (policy_statistic="policy_entropy")
 
 ``π_τ = softmax(logits / τ)`` is the policy at the sampling temperature ``τ``, the
 distribution the rollout drew from (verl and TRL score with the same division).
@@ -24,6 +25,14 @@ row's z-score (``GateParams.normalize``), or with ``causal=True`` its running z-
 also be a function of this forward's own concentration gates (a control:
 ``gates(concentration_gates, concentration, response_mask) -> [B, T−1]``), called after
 the actor's forward, so a control costs no second actor forward.
+
+With ``policy_statistic`` (a gate source of the policy's uncertainty,
+:data:`~comppo_core.rl.core.gate_sources.POLICY_STATISTICS`) Comp-GAE's own gates are the same
+mapping applied to ``−u`` instead of the concentration, ``u`` the next-token entropy
+``H_t`` or the token's NLL ``−logprobs`` (detached): an uncertain token gets a low gate.
+``H_t`` is computed from the final hidden states (the LM head's input, kept by a forward
+pre-hook on the head) by :func:`policy_entropy`, ``chunk`` response tokens at a time:
+one more LM-head matmul over the response columns, never the ``[B, T, V]`` logits.
 
 The critic is a baseline and reads only the prefix, whatever the gates of Comp-GAE: a
 TAC's gate features are always :func:`~comppo_core.rl.critics.tac.causal_gates` of this forward's
@@ -43,14 +52,17 @@ from torch import nn
 from ... import gating
 from ...errors import OutOfRangeError, ParameterError, ShapeError
 from ...gate_params import GateParams, as_gate_params
-from ...hf.lm import check_ids, default_position_ids, scored_columns
-from ...hf.scoring import score
+from ...hf.lm import check_ids, default_position_ids, logprob_chunk_tokens, scored_columns
+from ...hf.probe import UnsupportedModelError, unwrap_model
+from ...hf.scoring import _post_head, score
 from ...hf.statistics import DEFAULT_QUERY_CHUNK
+from ...options import check_choice
 from ..critics.inputs import CriticInputs
 from ..critics.tac import causal_gates
 from ..critics.taps import TapRecorder
+from .gate_sources import POLICY_STATISTICS
 
-__all__ = ["ForwardOutput", "GatesFromConcentration", "forward"]
+__all__ = ["ForwardOutput", "GatesFromConcentration", "forward", "policy_entropy"]
 
 #: ``gates(concentration_gates, concentration, response_mask) -> gates``, all ``[B, T−1]``.
 GatesFromConcentration = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -69,6 +81,96 @@ class ForwardOutput(NamedTuple):
     critic_gates: torch.Tensor | None
     #: ``[B, T−1]`` bool: the response columns used (``response_mask``, or every scored column)
     response_mask: torch.Tensor
+    #: what Comp-GAE's own gates map (0 outside the response): the concentration, or ``−u`` of
+    #: the ``policy_statistic`` (``−H_t`` or ``logprobs``); None where there are no gates
+    gate_statistic: torch.Tensor | None = None
+
+
+def policy_entropy(
+    hidden: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int,
+    post: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """``[N]`` float32 next-token entropies of ``π_τ = softmax(post(head(hidden)) / τ)``, no grad.
+
+    ::
+
+        z[n, v] = float32(post(head(hidden[n]))[v]) / τ
+        H[n]    = −Σ_v p[n, v]·log p[n, v],   log p = log_softmax(z)   (0·log 0 = 0)
+
+    ``chunk_tokens`` rows at a time, so the ``[N, V]`` logits never exist at once (about
+    three ``[chunk_tokens, V]`` float32 blocks at a time), as
+    :func:`comppo_core.hf.lm.head_logprobs` computes the log-probs from the same inputs.
+
+    Args:
+      hidden: ``[N, H]`` final hidden states (the LM head's input).
+      head: the LM head, ``[n, H] → [n, V]``.
+      temperature: ``τ`` (> 0).
+      chunk_tokens: rows per chunk (integer ≥ 1).
+      post: optional map the model applies to the head's output (a soft-capping or scale).
+    """
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2 or not hidden.is_floating_point():
+        got = f"{hidden.dtype} {tuple(hidden.shape)}" if isinstance(hidden, torch.Tensor) else type(hidden).__name__
+        raise ShapeError(f"hidden: expected a 2-D float tensor [N, H], got {got}", argument="hidden")
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+        raise ParameterError(f"chunk_tokens: expected an integer >= 1, got {chunk_tokens!r}", argument="chunk_tokens")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ParameterError(f"temperature: expected a finite float > 0, got {temperature!r}", argument="temperature")
+    parts = []
+    with torch.no_grad():
+        for i in range(0, hidden.shape[0], chunk_tokens):
+            z = head(hidden[i : i + chunk_tokens].detach())
+            if post is not None:
+                z = post(z)
+            logp = torch.log_softmax(z.float() / float(temperature), dim=-1)
+            # a −inf logit (a masked vocabulary entry) has p = 0: its term is 0, not 0·(−inf)
+            parts.append(-(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(-1))
+    return torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
+
+
+class _HeadHidden:
+    """Forward pre-hook on the LM head that keeps its first ``[B, T, H]`` input (the final
+    hidden states) and then removes itself, so the scoring forward's own head calls (its
+    chunked log-probs) run exactly as without it. Registered before the scoring forward,
+    it runs before the scoring forward's own hook on the head."""
+
+    def __init__(self, head: torch.nn.Module, shape: tuple[int, int]) -> None:
+        self.shape = shape
+        self.hidden: torch.Tensor | None = None
+        self._handle = head.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.dim() == 3 and tuple(x.shape[:2]) == self.shape:
+            self.hidden = x.detach()
+        self.remove()
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def _entropy_columns(model: Any, capture: _HeadHidden | None, resp: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``[B, T−1]`` float32: the policy's next-token entropy at each response column (0 elsewhere)."""
+    inner = unwrap_model(model)
+    head = inner.get_output_embeddings() if callable(getattr(inner, "get_output_embeddings", None)) else None
+    if capture is None or capture.hidden is None or not isinstance(head, torch.nn.Module):
+        raise UnsupportedModelError(
+            f"model: {type(inner).__name__}'s LM head (get_output_embeddings) was not called on the final hidden "
+            "states [B, T, H], so the policy's entropy cannot be computed (the policy_entropy gates need it)",
+            argument="model",
+        )
+    weight = getattr(head, "weight", None)
+    vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 1
+    h = capture.hidden[:, :-1][resp.to(capture.hidden.device)]
+    entropy = policy_entropy(
+        h, head, temperature=temperature, chunk_tokens=logprob_chunk_tokens(None, vocab), post=_post_head(inner)
+    )
+    return torch.zeros(resp.shape, dtype=torch.float32, device=entropy.device).masked_scatter(
+        resp.to(entropy.device), entropy
+    )
 
 
 def _column_mask(name: str, x: Any, shape: tuple[int, int], columns: torch.Tensor) -> torch.Tensor:
@@ -128,6 +230,7 @@ def forward(
     routing: bool = True,
     causal: bool = False,
     critic_grad: bool | None = None,
+    policy_statistic: str | None = None,
 ) -> ForwardOutput:
     """Run the actor once; return log-probs, concentration, gates and values (module docstring).
 
@@ -163,6 +266,11 @@ def forward(
       causal: Comp-GAE's own gates with the row's running z-score instead of the whole
         row's (:func:`~comppo_core.rl.critics.tac.causal_gates`; a ``"batch"`` normalisation is then
         per row too).
+      policy_statistic: None (Comp-GAE's own gates map the concentration), or one of
+        :data:`~comppo_core.rl.core.gate_sources.POLICY_STATISTICS`: they map ``−u``, ``u`` the
+        policy's next-token entropy (``"policy_entropy"``) or the token's NLL ``−logprobs``
+        (``"token_nll"``), with the same mapping and normalisation (module docstring);
+        detached, with or without ``routing``. The critic's inputs do not change.
 
     Returns:
       :class:`ForwardOutput`; values outside the scored columns are 0.
@@ -183,38 +291,67 @@ def forward(
             argument="routing",
         )
 
+    if policy_statistic is not None:
+        check_choice("policy_statistic", policy_statistic, POLICY_STATISTICS)
+    capture: _HeadHidden | None = None
+    if policy_statistic == "policy_entropy":
+        inner = unwrap_model(model)
+        head = inner.get_output_embeddings() if callable(getattr(inner, "get_output_embeddings", None)) else None
+        if isinstance(head, torch.nn.Module):
+            capture = _HeadHidden(head, (ids.shape[0], ids.shape[1]))
+
     recorder = TapRecorder(model, taps)
-    with recorder if taps else contextlib.nullcontext():
-        scored = score(
-            model,
-            ids,
-            mask,
-            temperature=temperature,
-            per_layer=routing,
-            statistic=statistic,
-            layers=layers,
-            method=method,
-            query_chunk=query_chunk,
-            grad=grad,
-            position_ids=pos,
-        )
+    try:
+        with recorder if taps else contextlib.nullcontext():
+            scored = score(
+                model,
+                ids,
+                mask,
+                temperature=temperature,
+                per_layer=routing,
+                statistic=statistic,
+                layers=layers,
+                method=method,
+                query_chunk=query_chunk,
+                grad=grad,
+                position_ids=pos,
+            )
+    finally:
+        if capture is not None:
+            capture.remove()
     lp, conc, per = scored.logprobs, scored.concentration, scored.per_layer
+
+    # what Comp-GAE's own gates map: the concentration, or −u of the policy's statistic u
+    signal: torch.Tensor | None = conc
+    if policy_statistic == "token_nll":
+        signal = torch.where(resp, lp.detach().float(), 0.0)
+    elif policy_statistic == "policy_entropy":
+        signal = -_entropy_columns(model, capture, resp, temperature).to(lp.device)
+        if capture is not None:
+            capture.hidden = None
 
     comp_gates: torch.Tensor | None = None
     critic_gates: torch.Tensor | None = None
+    causal_features: torch.Tensor | None = None
     if conc is None:  # no probe: no routing features; a critic reads gates of 1
         critic_gates = torch.ones_like(lp)
     else:
-        causal_features = causal_gates(conc, resp, params) if critic is not None or causal else None
-        if causal:
+        own_causal = causal and policy_statistic is None
+        causal_features = causal_gates(conc, resp, params) if critic is not None or own_causal else None
+        critic_gates = causal_features
+    if signal is not None:
+        if causal and policy_statistic is None:
             assert causal_features is not None
             own = causal_features
+        elif causal:
+            own = causal_gates(signal, resp, params)
         else:
-            own = torch.as_tensor(gating.gates_from_concentration(conc, mask=resp, params=params), dtype=torch.float32)
+            own = torch.as_tensor(
+                gating.gates_from_concentration(signal, mask=resp, params=params), dtype=torch.float32
+            )
         if callable(gates):
-            given = _given_gates(gates(own, conc, resp), shape, ids.device)
+            given = _given_gates(gates(own, signal, resp), shape, ids.device)
         comp_gates = own if given is None else torch.where(resp, given, 1.0)
-        critic_gates = causal_features
     values = None
     if critic is not None:
         assert critic_gates is not None
@@ -230,4 +367,4 @@ def forward(
         )
         with torch.enable_grad() if (grad if critic_grad is None else critic_grad) else torch.no_grad():
             values = critic(inputs)
-    return ForwardOutput(lp, conc, per, comp_gates, values, critic_gates if critic is not None else None, resp)
+    return ForwardOutput(lp, conc, per, comp_gates, values, critic_gates if critic is not None else None, resp, signal)

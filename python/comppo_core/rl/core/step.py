@@ -221,9 +221,10 @@ def _batch_gates(
     settings: ScoringSettings,
     rows: Rows,
 ) -> torch.Tensor:
-    """The concentration gates as the global batch defines them: with ``normalize="batch"``
-    the z-score is over every process's rows (recomputed from the gathered concentration);
-    otherwise (or with causal gates, which are per row) each row's own (``gates`` as they are)."""
+    """The gates of a statistic as the global batch defines them: with ``normalize="batch"``
+    the z-score is over every process's rows (recomputed from the gathered statistic, the
+    concentration or the mapped policy statistic); otherwise (or with causal gates, which
+    are per row) each row's own (``gates`` as they are)."""
     params = settings.gate_params
     if params.normalize != "batch" or settings.causal or not rows.distributed:  # the batch is its rows
         return gates
@@ -264,11 +265,15 @@ def step_gates(
       mapping ``low + high − g`` for ``inverted`` (the sigmoid's mirror image: high
       concentration gives a low gate).
 
+    A source of the policy's uncertainty (``policy_entropy``, ``token_nll``) gives None too:
+    its gates are the scoring forward's own, the mapping of that statistic
+    (:func:`score` passes it as ``policy_statistic``).
+
     Each source's computation is its entry in
     :data:`~comppo_core.rl.core.gate_sources.GATE_SOURCES`. A replacing gate is what
     Comp-GAE reads; no critic reads it (the critic is causal)."""
     source = arm.gate_source
-    if not source.replaces:
+    if not source.replaces or source.policy_statistic is not None:
         return None
     params = settings.gate_params
     if source.pivotal:
@@ -323,7 +328,10 @@ def score(
     alone (a critic warm-up). The critic reads the prefix only, in every arm
     (:func:`~comppo_core.rl.forward`). The probe runs only when the pass needs routing:
     the scoring pass of an arm with gates or a TAC, the update of a TAC arm; the others
-    score with a plain forward, at the baseline's own cost."""
+    score with a plain forward, at the baseline's own cost. The scoring pass of an arm whose
+    gates map a policy statistic (``policy_entropy``, ``token_nll``) computes it and maps it
+    (:func:`~comppo_core.rl.forward`'s ``policy_statistic``); the update's forward does not."""
+    statistic = arm.gate_source.policy_statistic if not grad else None
     routing = arm.critic_reads_routing or (not grad and arm.reads_routing)
     out = forward(
         actor,
@@ -339,10 +347,11 @@ def score(
         routing=routing,
         causal=settings.causal,
         critic_grad=critic_grad,
+        policy_statistic=statistic,
     )
     comp_gates = out.gates
-    if not grad and gates is None and comp_gates is not None and out.concentration is not None:
-        comp_gates = _batch_gates(comp_gates, out.concentration, response_mask, settings, rows)
+    if not grad and gates is None and comp_gates is not None and out.gate_statistic is not None:
+        comp_gates = _batch_gates(comp_gates, out.gate_statistic, response_mask, settings, rows)
     values = None if out.values is None else out.values.float()  # float32 under a bfloat16 autocast too
     return Scored(logprobs=out.logprobs.float(), values=values, gates=comp_gates if arm.gate_source.gated else None)
 
