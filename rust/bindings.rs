@@ -610,6 +610,7 @@ fn gates_from_concentration<'py>(
         return Ok(None);
     };
     let normalize = match normalize.extract::<&str>() {
+        Ok("causal") => Normalize::Causal,
         Ok("sequence") => Normalize::Sequence,
         Ok("batch") => Normalize::Batch,
         Ok("none") => Normalize::Fixed { center, scale },

@@ -1,19 +1,23 @@
 //! Gate mapping: per-token concentration → bounded retention gate (docs/design.md §4).
 //!
 //! ```text
-//! z = normalize(c)     Sequence: (c − μ_row)/(σ_row + ε)   over the row's valid tokens
+//! z = normalize(c)     Causal:   (c_t − μ_≤t)/(σ_≤t + ε)   over the row's valid tokens s ≤ t
+//!                      Sequence: (c − μ_row)/(σ_row + ε)   over the row's valid tokens
 //!                      Batch:    (c − μ)/(σ + ε)           over all valid tokens
 //!                      Fixed:    (c − center)/scale
 //! z = −z if invert
 //! g = low + (high − low) · sigmoid(sharpness · z)
 //! ```
 //!
-//! σ is the population standard deviation (ddof 0), ε = [`STD_EPS`]; a row (or batch)
-//! with one valid token or zero spread (max = min) gets `z = 0`. Masked positions get
-//! `g = 1`. Statistics are summed in `f64`, row by row in row order, so results do not
-//! depend on the thread count. Float32 concentration takes its moments from
-//! [`crate::whiten`]'s one-pass row moments; the sigmoid uses [`crate::exp`], plain
-//! arithmetic within a few ulp of libm, so the token loop vectorizes.
+//! σ is the population standard deviation (ddof 0), ε = [`STD_EPS`]; a row (or batch,
+//! or for `Causal` a row's valid prefix up to t) with one valid token or zero spread
+//! (max = min) gets `z = 0`. Masked positions get `g = 1`. `Causal` makes one pass over
+//! each row with running Welford statistics (see [`causal_row`]), so the gate at t
+//! depends on nothing after t. Statistics are summed in `f64`, row by row in row order,
+//! so results do not depend on the thread count. Float32 concentration takes its
+//! `Sequence`/`Batch` moments from [`crate::whiten`]'s one-pass row moments; the sigmoid
+//! uses [`crate::exp`], plain arithmetic within a few ulp of libm, so the token loop
+//! vectorizes.
 
 use crate::checks::{check_len, first_offender, KernelErrorAt};
 use crate::element::{Float, Mask};
@@ -25,8 +29,11 @@ use crate::whiten::{batch_moments, row_moments, Moments};
 /// The ε added to the standard deviation of the z-score.
 pub const STD_EPS: f64 = 1e-8;
 
+/// The z-score of the mapping (`Causal`: at t, against the mean and spread of the row's
+/// valid tokens ≤ t).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Normalize {
+    Causal,
     Sequence,
     Batch,
     Fixed { center: f64, scale: f64 },
@@ -206,7 +213,7 @@ fn f32_affines<F: Float, M: Mask>(
     };
     let finite = |m: &Moments| m.mean.is_finite() && m.m2.is_finite();
     Ok(match params.normalize {
-        Normalize::Fixed { .. } => None,
+        Normalize::Fixed { .. } | Normalize::Causal => None,
         Normalize::Sequence => {
             let moments = pool::map_rows(layout, parallel, |b| row_moments(conc, mask, layout.row(b)));
             moments.iter().all(finite).then(|| moments.iter().map(affine).collect())
@@ -232,6 +239,9 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
     check_len("concentration", Some(conc.len()), n)?;
     check_len("mask", mask.len(), n)?;
     check_len("out", Some(out.len()), n)?;
+    if params.normalize == Normalize::Causal {
+        return causal_gates(layout, conc, mask, params, out);
+    }
     let rows = layout.rows();
 
     let parallel = n >= pool::PARALLEL_MIN;
@@ -258,6 +268,7 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
             }
             Ok(match params.normalize {
                 Normalize::Fixed { center, scale } => vec![Affine { k: 1.0, center, scale, zero: false }; rows],
+                Normalize::Causal => unreachable!("causal gates take causal_gates"),
                 Normalize::Sequence => pool::map_rows(layout, parallel, |b| {
                     let r = &ranges[b];
                     if r.flat() {
@@ -339,6 +350,183 @@ fn write_row_body<F: Float, M: Mask>(
     }
 }
 
+/// Positions whose running statistics [`causal_row`] collects before it maps them to
+/// gates: the statistics are a sequential recursion, the square roots, divisions and
+/// sigmoids are not, so a block on the stack (64 × 17 bytes) lets those vectorize with no
+/// per-token buffer: the kernel reads the concentration and mask once and writes the gates
+/// once, its memory floor.
+const CAUSAL_BLOCK: usize = 64;
+
+/// Causal gates: every row by [`causal_row`], written into `out`.
+fn causal_gates<F: Float, M: Mask>(
+    layout: &Layout,
+    conc: &[F],
+    mask: M,
+    params: &GateParams,
+    out: &mut [F],
+) -> Result<()> {
+    let finite = pool::map_pieces(layout, out, |task, piece| {
+        let mut finite = true;
+        for b in task.rows.clone() {
+            let span = layout.row(b);
+            let o = &mut piece[span.start - task.span.start..span.end - task.span.start];
+            finite &= causal_row(&conc[span.clone()], &mask, span.start, params, o);
+        }
+        finite
+    });
+    if finite.iter().all(|&f| f) {
+        return Ok(());
+    }
+    let e = first_offender(layout, &mask, |i, valid| {
+        let c = conc[i].to_f64();
+        (valid && !c.is_finite()).then_some(KernelErrorAt::NonFinite("concentration", c))
+    });
+    // causal_row reports false only for a non-finite valid value, which the scan finds;
+    // the fallback only keeps this path panic-free.
+    Err(e.unwrap_or(KernelError::Parameter {
+        arg: "concentration",
+        expected: "finite values at valid positions".into(),
+        got: "a non-finite value".into(),
+    }))
+}
+
+/// The causal gates of one row; false when a valid value is not finite (`out` is then
+/// left partly written and the caller raises the error).
+///
+/// One pass with running statistics of the valid prefix (Welford's recursion, which
+/// never subtracts two large nearly equal sums, so the spread of values far from 0 keeps
+/// its precision). For the n-th valid value x (scaled by `k`, below):
+///
+/// ```text
+/// δ = x − μ;   μ += δ/n;   M2 += δ·(x − μ)          (M2 = Σ (x_s − μ)² over the prefix)
+/// z = (x − μ)/(sqrt(M2/n) + ε·k)                   0 while the prefix's max == min
+/// ```
+///
+/// (`δ/n` is taken as `δ·(1/n)`, which keeps the division off the recursion's chain of
+/// dependent operations.) The running min and max give the zero-spread rule exactly, as
+/// `Sequence` applies it to the whole row. The statistics are kept for `c·k` with `k = 1`;
+/// a row of finite values so large that `δ` or `M2` overflow (|c| beyond ~1e150, float64
+/// only) is computed again with `k` a power of two that brings every |c·k| to at most 1,
+/// which changes no z-score except through `ε·k` (as `Sequence` scales huge rows).
+fn causal_row<F: Float, M: Mask>(conc: &[F], mask: &M, base: usize, params: &GateParams, out: &mut [F]) -> bool {
+    match causal_row_scaled(conc, mask, base, params, 1.0, out) {
+        RowEnd::Done => true,
+        RowEnd::NonFinite => false,
+        RowEnd::Overflow(amax) => {
+            // a power of two that brings every value to |c·k| <= 1 (exact)
+            let k = (-(amax.log2().ceil())).exp2();
+            matches!(causal_row_scaled(conc, mask, base, params, k, out), RowEnd::Done)
+        }
+    }
+}
+
+/// How a pass of [`causal_row_scaled`] ended.
+enum RowEnd {
+    Done,
+    /// A valid value is NaN or ±inf.
+    NonFinite,
+    /// Every valid value is finite but the running statistics overflowed; the row's
+    /// largest |c|.
+    Overflow(f64),
+}
+
+/// The running statistics of a row's valid prefix (see [`causal_row`]).
+struct Running {
+    n: f64,
+    mean: f64,
+    m2: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Running {
+    /// Takes in the next valid value `x` (already scaled) and returns `(x − μ, M2/n)` of
+    /// the prefix that ends with it: `z = (x − μ)/(sqrt(M2/n) + ε·k)`. `x − μ` is 0 while
+    /// the prefix's max == min, so that z is then 0 exactly.
+    #[inline(always)]
+    fn push(&mut self, x: f64) -> (f64, f64) {
+        self.n += 1.0;
+        let delta = x - self.mean;
+        self.mean += delta * (1.0 / self.n);
+        let dev = x - self.mean;
+        self.m2 += delta * dev;
+        self.min = self.min.min(x);
+        self.max = self.max.max(x);
+        (if self.min == self.max { 0.0 } else { dev }, self.m2 / self.n)
+    }
+}
+
+fn causal_row_scaled<F: Float, M: Mask>(
+    conc: &[F],
+    mask: &M,
+    base: usize,
+    params: &GateParams,
+    k: f64,
+    out: &mut [F],
+) -> RowEnd {
+    let mut run = Running { n: 0.0, mean: 0.0, m2: 0.0, min: f64::INFINITY, max: f64::NEG_INFINITY };
+    let mut finite = true;
+    // per position of the block: x − μ and M2/n of its prefix (0 and 0 when masked)
+    let mut dev = [0.0f64; CAUSAL_BLOCK];
+    let mut var = [0.0f64; CAUSAL_BLOCK];
+    let mut valid = [false; CAUSAL_BLOCK];
+    for (block, (cs, os)) in conc.chunks(CAUSAL_BLOCK).zip(out.chunks_mut(CAUSAL_BLOCK)).enumerate() {
+        let at = base + block * CAUSAL_BLOCK;
+        for (j, c) in cs.iter().enumerate() {
+            // SAFETY: at + j lies inside the validated layout.
+            let v = unsafe { mask.valid(at + j) };
+            valid[j] = v;
+            (dev[j], var[j]) = (0.0, 0.0);
+            if v {
+                let x = c.to_f64();
+                finite &= x.is_finite();
+                (dev[j], var[j]) = run.push(x * k);
+            }
+        }
+        let n = cs.len();
+        write_block(&dev[..n], &var[..n], &valid[..n], STD_EPS * k, params, os);
+    }
+    if !finite {
+        RowEnd::NonFinite
+    } else if !(run.mean.is_finite() && run.m2.is_finite()) {
+        RowEnd::Overflow(run.min.abs().max(run.max.abs()))
+    } else {
+        RowEnd::Done
+    }
+}
+
+/// `out[j] = gate(dev[j]/(sqrt(var[j]) + eps))` where `valid[j]`, 1 elsewhere: the square
+/// roots, divisions and sigmoids of a block, which the AVX2 build vectorizes.
+fn write_block<F: Float>(dev: &[f64], var: &[f64], valid: &[bool], eps: f64, params: &GateParams, out: &mut [F]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::avx2() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { write_block_avx2(dev, var, valid, eps, params, out) };
+    }
+    write_block_body(dev, var, valid, eps, params, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn write_block_avx2<F: Float>(
+    dev: &[f64],
+    var: &[f64],
+    valid: &[bool],
+    eps: f64,
+    params: &GateParams,
+    out: &mut [F],
+) {
+    write_block_body(dev, var, valid, eps, params, out)
+}
+
+#[inline(always)]
+fn write_block_body<F: Float>(dev: &[f64], var: &[f64], valid: &[bool], eps: f64, params: &GateParams, out: &mut [F]) {
+    for (((o, &d), &v2), &ok) in out.iter_mut().zip(dev).zip(var).zip(valid) {
+        let g = params.gate(d / (v2.sqrt() + eps));
+        *o = F::from_f64(if ok { g } else { 1.0 });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,6 +561,81 @@ mod tests {
             gates_from_concentration(&layout, &[0.0, 0.0, 0.0, f64::NAN], AllValid, &params(Normalize::Batch), &mut g)
                 .unwrap_err();
         assert!(matches!(e, KernelError::NonFinite { at, .. } if at.row == 1 && at.pos == 1));
+    }
+
+    /// The causal z-score of a row's valid values, straight from the definition.
+    fn prefix_z(vals: &[f64]) -> Vec<f64> {
+        (1..=vals.len())
+            .map(|t| {
+                let p = &vals[..t];
+                let (lo, hi) = p.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+                if lo == hi {
+                    return 0.0;
+                }
+                let mean = p.iter().sum::<f64>() / t as f64;
+                let var = p.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / t as f64;
+                (vals[t - 1] - mean) / (var.sqrt() + STD_EPS)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn causal_is_the_running_zscore_and_ignores_the_future() {
+        // row 0 valid [2, 2, 5, 1, 7] with a masked 100 inside; row 1: one valid token
+        let conc = [2.0, 2.0, 100.0, 5.0, 1.0, 7.0, 3.0, 9.0, 9.0, 9.0, 9.0, 9.0];
+        let mask = [1u8, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0];
+        let layout = Layout::padded(2, 6, 12).unwrap();
+        let p = GateParams { low: 0.0, high: 1.0, ..params(Normalize::Causal) };
+        let mut g = [0.0; 12];
+        gates_from_concentration(&layout, &conc, &mask[..], &p, &mut g).unwrap();
+        let z = prefix_z(&[2.0, 2.0, 5.0, 1.0, 7.0]);
+        assert_eq!(&z[..2], &[0.0, 0.0]); // one token, then zero spread
+        let want = [z[0], z[1], f64::NAN, z[2], z[3], z[4]].map(|z| 1.0 / (1.0 + (-z).exp()));
+        for j in [0, 1, 3, 4, 5] {
+            assert!((g[j] - want[j]).abs() < 1e-12, "{j}: {} vs {}", g[j], want[j]);
+        }
+        assert_eq!(g[2], 1.0);
+        assert_eq!(g[6], 0.5);
+        assert!(g[7..].iter().all(|&x| x == 1.0));
+        // changing the last value moves no earlier gate
+        let mut later = conc;
+        later[5] = -40.0;
+        let mut g2 = [0.0; 12];
+        gates_from_concentration(&layout, &later, &mask[..], &p, &mut g2).unwrap();
+        assert_eq!(g[..5], g2[..5]);
+        assert_ne!(g[5], g2[5]);
+        // a NaN at a valid position is the error of the other modes
+        later[4] = f64::NAN;
+        let e = gates_from_concentration(&layout, &later, &mask[..], &p, &mut g2).unwrap_err();
+        assert!(matches!(e, KernelError::NonFinite { at, .. } if at.row == 0 && at.pos == 4));
+    }
+
+    #[test]
+    fn causal_welford_keeps_precision_far_from_zero() {
+        // values 1e9 + steps of 0.25: Σx² − (Σx)²/n would be off by ~1e2 in n·σ² ≈ 1e2
+        // (one ulp of Σx² ≈ 3e20); Welford's error is the roundoff of μ (~1e-7 of σ ≈ 1)
+        let vals: Vec<f64> = (0..300).map(|i| 1e9 + ((i * 37) % 11) as f64 * 0.25).collect();
+        let centered: Vec<f64> = vals.iter().map(|v| v - 1e9).collect();
+        let layout = Layout::padded(1, 300, 300).unwrap();
+        let p = params(Normalize::Causal);
+        let (mut g, mut g0) = (vec![0.0; 300], vec![0.0; 300]);
+        gates_from_concentration(&layout, &vals, AllValid, &p, &mut g).unwrap();
+        gates_from_concentration(&layout, &centered, AllValid, &p, &mut g0).unwrap();
+        for (a, b) in g.iter().zip(&g0) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn causal_huge_values_are_rescaled() {
+        let layout = Layout::padded(1, 4, 4).unwrap();
+        let p = params(Normalize::Causal);
+        let (mut g, mut small) = ([0.0f64; 4], [0.0f64; 4]);
+        gates_from_concentration(&layout, &[1.7e308, -1.7e308, 1.7e308, 0.0], AllValid, &p, &mut g).unwrap();
+        gates_from_concentration(&layout, &[1.7, -1.7, 1.7, 0.0], AllValid, &p, &mut small).unwrap();
+        for (a, b) in g.iter().zip(small) {
+            assert!((a - b).abs() < 1e-8, "{g:?} vs {small:?}");
+        }
     }
 
     #[test]

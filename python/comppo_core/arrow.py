@@ -853,9 +853,10 @@ def gates_from_concentration(
         z = normalize(c);  z = −z if invert;  g = low + (high − low)·sigmoid(sharpness·z)
 
     with the mapping ``params``, a :class:`~comppo_core.GateParams` (None:
-    ``GateParams()``). ``normalize="sequence"`` z-scores each row, ``"batch"`` all valid
-    tokens of the column (every chunk; or the data ``batch_moments`` were computed over),
-    ``"none"`` uses ``(c − center)/scale``. Masked tokens get 1. Returns a list column of
+    ``GateParams()``). ``normalize="causal"`` (the default) z-scores each token against its
+    row's valid tokens up to it, ``"sequence"`` each row, ``"batch"`` all valid tokens of
+    the column (every chunk; or the data ``batch_moments`` were computed over), ``"none"``
+    uses ``(c − center)/scale``; all but ``"batch"`` work row by row, whatever the chunks. Masked tokens get 1. Returns a list column of
     the concentration's type and chunking, sharing its offsets.
     """
     _check_column(concentration, "concentration", "concentration")

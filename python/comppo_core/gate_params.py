@@ -2,7 +2,7 @@
 
 ::
 
-    z = normalize(c)                     "sequence" | "batch" | "none" ((c − center)/scale)
+    z = normalize(c)                     "causal" | "sequence" | "batch" | "none" ((c − center)/scale)
     z = −z if invert
     g = low + (high − low) · sigmoid(sharpness · z)
 
@@ -47,8 +47,10 @@ class GateParams:
     Args:
       low, high: gate bounds, ``0 <= low <= high <= 1`` (``low == high``: constant gate).
       sharpness: slope of the sigmoid (finite).
-      normalize: ``"sequence"`` (z-score over each row's valid tokens), ``"batch"``
-        (over all valid tokens) or ``"none"`` (``(c − center)/scale``).
+      normalize: ``"causal"`` (the default: the row's running z-score, at token t over
+        its valid tokens up to and including t, so the gate at t depends on nothing after
+        t), ``"sequence"`` (z-score over each row's valid tokens; the earlier default),
+        ``"batch"`` (over all valid tokens) or ``"none"`` (``(c − center)/scale``).
       center, scale: finite; used by ``normalize="none"``, which needs ``scale > 0``
         (other modes ignore them, so there any finite scale is accepted, as by
         :func:`comppo_core.gates_from_concentration`).
@@ -62,7 +64,7 @@ class GateParams:
     low: float = 0.9
     high: float = 1.0
     sharpness: float = 1.0
-    normalize: str = "sequence"
+    normalize: str = "causal"
     center: float = 0.0
     scale: float = 1.0
     invert: bool = False

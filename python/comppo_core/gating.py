@@ -2,15 +2,21 @@
 
 ::
 
-    z = normalize(c)     "sequence": z-score over the row's valid tokens
+    z = normalize(c)     "causal":   z_t = (c_t − μ_≤t)/(σ_≤t + 1e-8), over the row's valid tokens ≤ t
+                         "sequence": z-score over the row's valid tokens
                          "batch":    z-score over all valid tokens of the batch
                          "none":     (c − center) / scale
     z = −z if invert
     g = low + (high − low) · sigmoid(sharpness · z)
 
 z-scores use the population std (ddof 0): ``z = (c − μ)/(σ + 1e-8)``; a row (or
-batch) with one valid token or zero spread gets ``z = 0``, i.e. the midpoint gate.
-Masked positions get ``g = 1``. ``low == high`` is a constant gate.
+batch, or for ``"causal"`` a row's valid prefix up to t) with one valid token or zero
+spread gets ``z = 0``, i.e. the midpoint gate. Masked positions get ``g = 1``.
+``low == high`` is a constant gate.
+
+``"causal"``, the default of :class:`~comppo_core.GateParams`, makes the gate at token t
+a function of the row's tokens up to t only (the first valid token of a row always gets
+the midpoint gate); the kernel keeps running (Welford) statistics in one pass per row.
 """
 
 from __future__ import annotations
@@ -44,8 +50,9 @@ def gates_from_concentration(
       mask: optional validity mask shaped like ``conc``; masked positions get gate 1.
       cu_seqlens: ``[B+1]`` sequence offsets of the packed layout, else None.
       params: the mapping, a :class:`~comppo_core.GateParams` (bounds ``low``/``high``,
-        ``sharpness``, ``normalize`` = ``"sequence"``, ``"batch"`` or ``"none"`` with
-        ``center``/``scale``, ``invert``); None is ``GateParams()``. Anything else is a
+        ``sharpness``, ``normalize`` = ``"causal"`` (the default), ``"sequence"``,
+        ``"batch"`` or ``"none"`` with ``center``/``scale``, ``invert``); None is
+        ``GateParams()``. Anything else is a
         :class:`~comppo_core.errors.ParameterError` naming ``params``.
 
     Returns:

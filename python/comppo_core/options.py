@@ -76,9 +76,10 @@ SINGLETON_MODES = ("zero", "raw")
 #: A nonzero reward on a masked token is an error (``"error"``) or ignored (``"drop"``).
 MASKED_REWARD_MODES = ("error", "drop")
 
-#: The gate mapping's normalisation of the concentration (docs/design.md §4): z-score
-#: over each row's valid tokens, over the batch's, or ``(c − center)/scale``.
-NORMALIZE_MODES = ("sequence", "batch", "none")
+#: The gate mapping's normalisation of the concentration (docs/design.md §4): the row's
+#: running z-score over its valid tokens up to each token (the default), the z-score over
+#: each row's valid tokens, over the batch's, or ``(c − center)/scale``.
+NORMALIZE_MODES = ("causal", "sequence", "batch", "none")
 #: Controls of the gates: each row's gates permuted, the batch mean gate at each
 #: response position, the batch mean gate everywhere.
 GATE_CONTROLS = ("shuffle", "by_position", "constant")

@@ -22,7 +22,10 @@ Two ways to use it::
     out = ds.map_batches(cc_ray.advantages_batch, batch_format="pyarrow", batch_size=None,
                          zero_copy_batch=True, fn_kwargs={"lam": 0.95})
 
-``GateParams.normalize="batch"`` (z-scores of the concentration over all valid tokens) is global:
+The default mapping, ``GateParams()`` (``normalize="causal"``: each token's z-score against
+its row's valid tokens up to it), and ``"sequence"`` and ``"none"`` work row by row, so
+blocks change nothing. ``GateParams.normalize="batch"`` (z-scores of the concentration over
+all valid tokens) is global:
 :func:`compute_advantages` first runs a pass over the concentration and mask columns
 to get their moments (:func:`dataset_moments`), then hands them to every block. With
 ``map_batches`` directly, "batch" would mean each batch; pass ``batch_moments=`` there.

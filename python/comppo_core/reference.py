@@ -127,6 +127,14 @@ def _next_valid_values(v_flat: np.ndarray, positions: np.ndarray, v_end: float) 
     return values[1:] + [v_end]
 
 
+def _causal_zscore(vals: np.ndarray) -> np.ndarray:
+    """``z_t = _zscore(vals[: t + 1])[-1]``: each value's z-score among the values up to
+    and including it (the first value, and any value whose prefix has zero spread, get 0).
+    """
+    vals = np.asarray(vals, dtype=np.float64)
+    return np.array([_zscore(vals[: t + 1])[-1] for t in range(vals.size)], dtype=np.float64)
+
+
 def _zscore(vals: np.ndarray) -> np.ndarray:
     """``(c - mean) / (std + GATE_STD_EPS)`` in float64, population std (ddof 0).
 
@@ -343,16 +351,19 @@ def gates_from_concentration(
     On valid tokens, in float64::
 
       z = normalize(c)
+            "causal":   (c_t - mean_{s<=t}) / (std_{s<=t} + GATE_STD_EPS)
             "sequence": (c - mean_row) / (std_row + GATE_STD_EPS)
             "batch":    (c - mean_all) / (std_all + GATE_STD_EPS)
             "none":     (c - center) / scale
       z = -z                       if invert
       g = low + (high - low) * (1 / (1 + exp(-sharpness * z)))
 
-    mean/std are over the valid tokens of the row ("sequence") or of the whole
-    batch ("batch"); std is the population std (ddof 0). A row (or batch) with
-    a single valid token, or whose valid values are all equal (max == min),
-    gets ``z = 0`` exactly, i.e. ``g = low + (high - low) / 2``.
+    mean/std are over the valid tokens s <= t of the row ("causal": token t's
+    prefix, so its gate depends on nothing after it), over the valid tokens of
+    the row ("sequence") or of the whole batch ("batch"); std is the population
+    std (ddof 0). A row (or batch, or prefix) with a single valid token, or
+    whose valid values are all equal (max == min), gets ``z = 0`` exactly, i.e.
+    ``g = low + (high - low) / 2``.
     ``low == high`` gives a constant gate. Masked positions get ``g = 1``.
 
     Args:
@@ -363,7 +374,7 @@ def gates_from_concentration(
         as in :func:`comppo_core.gates_from_concentration`; its fields are:
         ``low``, ``high``: gate range, ``0 <= low <= high <= 1``;
         ``sharpness``: slope of the sigmoid;
-        ``normalize``: "sequence", "batch" or "none";
+        ``normalize``: "causal" (the default), "sequence", "batch" or "none";
         ``center``, ``scale``: used only by ``normalize="none"``;
         ``invert``: flip the sign of z (high concentration -> low gate).
         (GateParams validates them; the oracle does not check them again.)
@@ -383,7 +394,11 @@ def gates_from_concentration(
     seqs = list(_sequences(conc.shape, mask, cu_seqlens))
 
     z = np.zeros(c_flat.shape, dtype=np.float64)
-    if normalize == "sequence":
+    if normalize == "causal":
+        for _, idx, valid in seqs:
+            positions = idx[valid]
+            z[positions] = _causal_zscore(c_flat[positions])
+    elif normalize == "sequence":
         for _, idx, valid in seqs:
             positions = idx[valid]
             z[positions] = _zscore(c_flat[positions])

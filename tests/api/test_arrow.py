@@ -290,7 +290,7 @@ def test_zero_rows_and_empty_rows() -> None:
 # --------------------------------------------------------------------------- #
 
 
-@pytest.mark.parametrize("normalize", ["sequence", "none"])
+@pytest.mark.parametrize("normalize", ["causal", "sequence", "none"])
 def test_gates_from_concentration_column(normalize: str) -> None:
     d = packed_batch(10, 30, 40)
     p = GateParams(low=0.3, high=0.9, sharpness=2.0, normalize=normalize, center=0.4, scale=0.2, invert=True)
@@ -299,10 +299,27 @@ def test_gates_from_concentration_column(normalize: str) -> None:
     np.testing.assert_array_equal(flat(got), want)
 
 
+def test_default_mapping_is_causal_in_any_chunking() -> None:
+    """params=None is GateParams(): the row's running z-score, per row, so cutting the
+    column into chunks (at any row) changes nothing."""
+    d = packed_batch(13, 30, 40)
+    want = cc.gates_from_concentration(
+        d["concentration"], mask=d["mask"], cu_seqlens=d["cu"], params=GateParams(normalize="causal")
+    )
+    whole = cc.gates_from_concentration(
+        d["concentration"], mask=d["mask"], cu_seqlens=d["cu"], params=GateParams(normalize="sequence")
+    )
+    assert not np.array_equal(want, whole)
+    c, m = lists(d["cu"], d["concentration"]), lists(d["cu"], d["mask"])
+    np.testing.assert_array_equal(flat(arrow.gates_from_concentration(c, mask=m)), want)
+    chunked = pa.chunked_array([c.slice(0, 7), c.slice(7, 0), c.slice(7)])
+    np.testing.assert_array_equal(flat(arrow.gates_from_concentration(chunked, mask=m)), want)
+
+
 def test_table_with_concentration_equals_kernels() -> None:
     d = packed_batch(11, 40, 50)
     t = table_of(d)
-    p = GateParams(low=0.5, high=1.0, sharpness=1.5, normalize="sequence")
+    p = GateParams(low=0.5, high=1.0, sharpness=1.5)  # the default normalisation, "causal"
     out = arrow.compute_advantages(
         t, concentration_col="concentration", gamma=0.99, lam=0.95, lam_critic=1.0, gate_params=p
     )

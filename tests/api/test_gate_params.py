@@ -17,6 +17,7 @@ import comppo_core as cc
 from comppo_core import _core, gate_params
 from comppo_core.commands import _argtypes
 from comppo_core.gate_params import DEFAULTS, GateParams, as_gate_params
+from comppo_core.options import NORMALIZE_MODES
 
 C = np.array([[0.1, 0.5, 0.2, 0.9], [0.3, 0.3, 0.7, 0.0]])
 M = np.array([[True, True, True, False], [True, True, True, True]])
@@ -31,7 +32,7 @@ def test_defaults_and_kwargs() -> None:
             "low": 0.9,
             "high": 1.0,
             "sharpness": 1.0,
-            "normalize": "sequence",
+            "normalize": "causal",
             "center": 0.0,
             "scale": 1.0,
             "invert": False,
@@ -64,7 +65,7 @@ def test_defaults_and_kwargs() -> None:
         ({"sharpness": float("inf")}, "sharpness", "sharpness: expected a finite number, got inf"),
         ({"sharpness": "2"}, "sharpness", "sharpness: expected a finite number, got '2'"),
         ({"low": True}, "low", "low: expected a finite number, got True"),
-        ({"normalize": "z"}, "normalize", "normalize: expected one of 'sequence', 'batch', 'none', got 'z'"),
+        ({"normalize": "z"}, "normalize", "normalize: expected one of 'causal', 'sequence', 'batch', 'none', got 'z'"),
         ({"normalize": "none", "scale": 0.0}, "scale", "scale: expected a finite number > 0, got 0.0"),
         ({"normalize": "none", "center": float("nan")}, "center", "center: expected a finite number, got nan"),
         ({"invert": 1}, "invert", "invert: expected a bool, got 1"),
@@ -96,7 +97,7 @@ def test_accepts_what_the_kernel_accepts() -> None:
         (0.0, 0.5, 1.0, 1.5),  # low
         (0.4, 1.0),  # high
         (-2.0, 0.0, float("inf")),  # sharpness
-        ("sequence", "batch", "none"),
+        NORMALIZE_MODES,
         (0.0, float("inf")),  # center
         (1.0, 0.0, -1.0),  # scale
     )

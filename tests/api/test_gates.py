@@ -1,6 +1,6 @@
 """Gate mapping, concentration → retention gate (docs/design.md §4): kernel == reference for the
-three normalizations, both layouts, the range/mask/invert/constant properties, and
-worked examples."""
+four normalizations, both layouts, the range/mask/invert/constant properties, causality of
+the default ("causal"), and worked examples."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import comppo_core as cc
 from comppo_core import GateParams, reference
+from comppo_core.options import NORMALIZE_MODES
 from comppo_core.testing.strategies import ConcentrationBatch, assert_unchanged, concentration_batches
 
 
@@ -30,7 +32,7 @@ def gate_params(draw: st.DrawFn) -> GateParams:
         low=low,
         high=high,
         sharpness=draw(st.one_of(st.sampled_from([0.0, 1.0, -1.0]), st.floats(-5.0, 5.0))),
-        normalize=draw(st.sampled_from(["sequence", "batch", "none"])),
+        normalize=draw(st.sampled_from(NORMALIZE_MODES)),
         center=draw(st.floats(-5.0, 5.0)),
         scale=draw(st.one_of(st.just(1.0), st.floats(0.1, 10.0))),
         invert=draw(st.booleans()),
@@ -99,10 +101,15 @@ def test_invert_is_negated_z(batch: ConcentrationBatch, params: GateParams) -> N
     np.testing.assert_allclose(inv, want, rtol=1e-9, atol=1e-12)
 
 
-@given(batch=concentration_batches(dtypes="float64", junk=False), shift=st.integers(-5, 5))
-def test_sequence_normalization_is_shift_invariant(batch: ConcentrationBatch, shift: int) -> None:
-    """Per-row z-scores do not change under c → c + shift; rows are independent."""
-    p = GateParams(sharpness=3.0, low=0.0, high=1.0)
+@given(
+    batch=concentration_batches(dtypes="float64", junk=False),
+    shift=st.integers(-5, 5),
+    normalize=st.sampled_from(["causal", "sequence"]),
+)
+def test_row_normalizations_are_shift_invariant(batch: ConcentrationBatch, shift: int, normalize: str) -> None:
+    """Per-row (and running per-row) z-scores do not change under c → c + shift; rows are
+    independent."""
+    p = GateParams(sharpness=3.0, low=0.0, high=1.0, normalize=normalize)
     g = cc.gates_from_concentration(batch.conc, mask=batch.mask, params=p)
     g2 = cc.gates_from_concentration(batch.conc + shift, mask=batch.mask, params=p)
     # c + shift rounds by ~1e-15 while every non-flat row has σ >= ~3e-4 (1/1000 grid)
@@ -130,19 +137,32 @@ def test_gates_worked_example(dtype: type, packed: bool) -> None:
         return out.reshape(3, 3).astype(np.float64)
 
     tol = {"rtol": 1e-12, "atol": 0} if dtype == np.float64 else {"rtol": 1e-6, "atol": 0}
-    # Defaults: low=0.9, high=1, sharpness=1, normalize="sequence".
+    # Default bounds: low=0.9, high=1, sharpness=1; the whole-row z-score, normalize="sequence".
     # row 0: μ = 2, σ = sqrt(((−1)² + 0² + 1²)/3) = sqrt(2/3) = 0.81649658...
     #        z = ±1/(σ + 1e-8) = ±1.2247448...;  g = 0.9 + 0.1·sigmoid(z)
     #        = [0.9 + 0.1·0.2271025, 0.95, 0.9 + 0.1·0.7728975]
     # row 1: zero spread → z = 0 → g = 0.9 + 0.1·0.5 = 0.95
     # row 2: one valid token → z = 0 → 0.95; masked positions → 1
-    g = run()
+    g = run(normalize="sequence")
     np.testing.assert_allclose(g[0], [0.9227102522068589, 0.95, 0.9772897477931412], **tol)
     sigma = math.sqrt(2.0 / 3.0)
     np.testing.assert_allclose(g[0, 0], 0.9 + 0.1 * sigmoid(-1.0 / (sigma + 1e-8)), **tol)
     np.testing.assert_allclose(g[1], [0.95, 0.95, 0.95], **tol)
     np.testing.assert_allclose(g[2, 0], 0.95, **tol)
     np.testing.assert_array_equal(g[2, 1:], [1.0, 1.0])
+
+    # the default, normalize="causal": z_t over the row's valid tokens up to t
+    # row 0: t=0 one token → 0; t=1: [1, 2], μ = 1.5, σ = 0.5 → z = 0.5/(0.5 + 1e-8);
+    #        t=2: [1, 2, 3], μ = 2, σ = sqrt(2/3) → z = 1/(σ + 1e-8)
+    # row 1: every prefix has zero spread → 0.95; row 2: one valid token → 0.95
+    gd = run()
+    want_causal = [0.95, 0.9 + 0.1 * sigmoid(0.5 / (0.5 + 1e-8)), 0.9 + 0.1 * sigmoid(1.0 / (sigma + 1e-8))]
+    np.testing.assert_allclose(gd[0], want_causal, **tol)
+    np.testing.assert_allclose(gd[0], [0.95, 0.9731058574697766, 0.9772897477931412], **tol)
+    np.testing.assert_allclose(gd[1], [0.95, 0.95, 0.95], **tol)
+    np.testing.assert_allclose(gd[2, 0], 0.95, **tol)
+    np.testing.assert_array_equal(gd[2, 1:], [1.0, 1.0])
+    np.testing.assert_array_equal(gd, run(normalize="causal"))
 
     # normalize="none", center=2, scale=0.5, sharpness=2, low=0, high=1:
     # z = (c − 2)/0.5;  g = sigmoid(2·z)
@@ -174,7 +194,7 @@ def test_gates_worked_example(dtype: type, packed: bool) -> None:
 def test_gates_defaults_are_documented_values() -> None:
     c = np.array([[0.0, 10.0]])
     g = cc.gates_from_concentration(c)
-    documented = GateParams(low=0.9, high=1.0, sharpness=1.0, normalize="sequence", center=0.0, scale=1.0, invert=False)
+    documented = GateParams(low=0.9, high=1.0, sharpness=1.0, normalize="causal", center=0.0, scale=1.0, invert=False)
     assert GateParams() == documented
     np.testing.assert_array_equal(g, cc.gates_from_concentration(c, params=documented))
     np.testing.assert_array_equal(g, cc.gates_from_concentration(c, params=None))
@@ -184,7 +204,7 @@ def test_gates_defaults_are_documented_values() -> None:
 def test_gates_no_valid_tokens_and_empty() -> None:
     c = np.array([[3.0, np.nan], [np.inf, 1.0]])
     m = np.zeros((2, 2), dtype=bool)
-    for normalize in ("sequence", "batch", "none"):
+    for normalize in NORMALIZE_MODES:
         np.testing.assert_array_equal(
             cc.gates_from_concentration(c, mask=m, params=GateParams(normalize=normalize)), np.ones((2, 2))
         )
@@ -210,7 +230,7 @@ def test_gates_nan_at_masked_position_is_fine() -> None:
         [[-1e308, -1e308, -1e308]],
     ],
 )
-@pytest.mark.parametrize("normalize", ["sequence", "batch", "none"])
+@pytest.mark.parametrize("normalize", NORMALIZE_MODES)
 def test_huge_finite_concentration_never_panics(conc: list[list[float]], normalize: str) -> None:
     """Finite inputs whose running sum overflows must not crash the kernel (docs/design.md §8:
     no Rust panic ever reaches Python); the zero-spread row gets the midpoint gate."""
@@ -238,3 +258,86 @@ def test_the_mapping_is_one_value(fn: object, keyword: str) -> None:
     with pytest.raises(cc.ParameterError, match="^params: expected a comppo_core.GateParams, got dict") as info:
         fn(c, params={"low": 0.5})  # type: ignore[operator]
     assert info.value.argument == "params"
+
+
+@given(
+    batch=concentration_batches(dtypes=["float32", "float64"]),
+    params=gate_params(),
+    data=st.data(),
+)
+def test_causal_gates_ignore_the_future(batch: ConcentrationBatch, params: GateParams, data: st.DataObject) -> None:
+    """normalize="causal": changing the concentration (and the mask) from column k on moves no
+    gate before column k, bit for bit, in both layouts."""
+    params = dataclasses.replace(params, normalize="causal")
+    b, t = batch.shape
+    k = data.draw(st.integers(0, t), label="k")
+    later = batch.conc.copy()
+    later[:, k:] = data.draw(
+        hnp.arrays(batch.dtype, (b, t - k), elements=st.floats(-1e6, 1e6, width=8 * batch.dtype.itemsize)),
+        label="new values",
+    )
+    mask = batch.mask
+    later_mask = None
+    if mask is not None:
+        later_mask = mask.copy()
+        later_mask[:, k:] = data.draw(hnp.arrays(np.bool_, (b, t - k)), label="new mask")
+    g = cc.gates_from_concentration(batch.conc, mask=mask, params=params)
+    g2 = cc.gates_from_concentration(later, mask=later_mask, params=params)
+    np.testing.assert_array_equal(g2[:, :k], g[:, :k])
+    want = reference.gates_from_concentration(later, mask=later_mask, params=params)
+    np.testing.assert_allclose(g2.astype(np.float64), want.astype(np.float64), **gate_tolerance(batch.dtype))
+
+    # packed: the same rows, cut at each row's length; offsets < k inside a sequence stay put
+    pm = None if mask is None else batch.packed_mask
+    pm2 = None if later_mask is None else batch.pack(later_mask)
+    gp = cc.gates_from_concentration(batch.pack(batch.conc), mask=pm, cu_seqlens=batch.cu_seqlens, params=params)
+    gp2 = cc.gates_from_concentration(batch.pack(later), mask=pm2, cu_seqlens=batch.cu_seqlens, params=params)
+    np.testing.assert_array_equal(batch.unpack(gp2, fill=1.0)[:, :k], batch.unpack(gp, fill=1.0)[:, :k])
+    np.testing.assert_array_equal(batch.unpack(gp, fill=1.0), g)
+
+
+def test_causal_differs_from_sequence_and_reads_the_prefix() -> None:
+    """The whole-row z-score of token 0 reads the tokens after it; the causal one does not."""
+    c = np.array([[1.0, 2.0, 3.0, 10.0]])
+    causal = cc.gates_from_concentration(c, params=GateParams(low=0.0, normalize="causal"))
+    whole = cc.gates_from_concentration(c, params=GateParams(low=0.0, normalize="sequence"))
+    # causal: [0, 1, 1.2247, ...]; the last token is the whole-row one, the earlier are not
+    assert causal[0, 0] == 0.5 and not np.isclose(whole[0, 0], 0.5)
+    np.testing.assert_allclose(causal[0, -1], whole[0, -1], rtol=1e-15)
+    c2 = c.copy()
+    c2[0, 3] = -50.0
+    assert (
+        cc.gates_from_concentration(c2, params=GateParams(low=0.0, normalize="sequence"))[0, :3] != whole[0, :3]
+    ).all()
+    np.testing.assert_array_equal(
+        cc.gates_from_concentration(c2, params=GateParams(low=0.0, normalize="causal"))[0, :3], causal[0, :3]
+    )
+
+
+def test_causal_running_statistics_keep_their_precision() -> None:
+    """Values far from 0 (1e9 + steps of 1/4): the running statistics are Welford's, so the
+    z-scores match those of the centered values (a running Σc² − (Σc)²/n would be off by
+    ~1e2 in n·σ²)."""
+    rng = np.random.default_rng(5)
+    steps = rng.integers(0, 12, size=(3, 500)) * 0.25
+    far = cc.gates_from_concentration(1e9 + steps, params=GateParams(low=0.0))
+    near = cc.gates_from_concentration(steps, params=GateParams(low=0.0))
+    np.testing.assert_allclose(far, near, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(near, reference.gates_from_concentration(steps, params=GateParams(low=0.0)), atol=1e-12)
+
+
+@given(batch=concentration_batches(dtypes=["float32", "float64"], junk=False), params=gate_params())
+def test_causal_equals_the_trainers_causal_gates(batch: ConcentrationBatch, params: GateParams) -> None:
+    """normalize="causal" is the mapping the trainers use (rl/critics/tac.py ``causal_gates``:
+    the row's running z-score, then the sigmoid), on the same inputs; tac.causal_gates
+    computes in float64 on differences to the row's first value and returns float32."""
+    torch = pytest.importorskip("torch")
+    from comppo_core.rl.critics.tac import causal_gates
+
+    params = dataclasses.replace(params, normalize="causal")
+    got = cc.gates_from_concentration(batch.conc, mask=batch.mask, params=params).astype(np.float64)
+    valid = torch.as_tensor(batch.valid)
+    conc = torch.as_tensor(batch.conc)
+    for trainers in (params, dataclasses.replace(params, normalize="sequence")):  # tac reads any z-score as running
+        want = causal_gates(conc, valid, trainers).numpy().astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)

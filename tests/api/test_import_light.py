@@ -63,7 +63,11 @@ def cli_after(argv: list[str], block: tuple[str, ...] = ()) -> tuple[int, str, s
         (["train", "--help"], 0, ""),
         (["compare", "--help"], 0, ""),
         (["train", "--arm", "foo"], 2, "--arm: expected one of 'grpo', 'ppo', "),
-        (["train", "--gate-normalize", "rows"], 2, "--gate-normalize: expected one of 'sequence', 'batch', 'none'"),
+        (
+            ["train", "--gate-normalize", "rows"],
+            2,
+            "--gate-normalize: expected one of 'causal', 'sequence', 'batch', 'none'",
+        ),
         (["compare", "--arms", "grpo,foo", "--out", "X"], 2, "--arms: expected arms among grpo, "),
         (["synthetic", "--help"], 0, ""),
     ],

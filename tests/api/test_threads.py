@@ -13,6 +13,7 @@ import pytest
 
 import comppo_core as cc
 from comppo_core import reference
+from comppo_core.options import NORMALIZE_MODES
 
 THREADS = (1, 2, 3)
 
@@ -75,7 +76,7 @@ def run_all(d: dict[str, np.ndarray]) -> list[np.ndarray]:
     adv1, ret1 = cc.gae(d["rewards"], d["values"], gamma=1.0, lam=1.0, **lay)
     y = cc.td_targets(d["rewards"], d["values"], gates=d["gates"], last_values=d["last_values"], gamma=0.99, **lay)
     outs = [adv, ret, adv1, ret1, y]
-    for normalize in ("sequence", "batch", "none"):
+    for normalize in NORMALIZE_MODES:
         outs.append(
             cc.gates_from_concentration(
                 d["conc"], params=cc.GateParams(normalize=normalize, low=0.2, sharpness=2.0), **lay
@@ -114,6 +115,10 @@ def test_big_batch_matches_reference(restore_threads: int) -> None:
     batch = cc.GateParams(normalize="batch")
     g = cc.gates_from_concentration(d["conc"], mask=d["mask"], cu_seqlens=d["cu_seqlens"], params=batch)
     want_g = reference.gates_from_concentration(d["conc"], mask=d["mask"], cu_seqlens=d["cu_seqlens"], params=batch)
+    np.testing.assert_allclose(g, want_g, rtol=1e-9, atol=1e-12)
+    causal = cc.GateParams(normalize="causal", low=0.2, sharpness=2.0)
+    g = cc.gates_from_concentration(d["conc"], mask=d["mask"], cu_seqlens=d["cu_seqlens"], params=causal)
+    want_g = reference.gates_from_concentration(d["conc"], mask=d["mask"], cu_seqlens=d["cu_seqlens"], params=causal)
     np.testing.assert_allclose(g, want_g, rtol=1e-9, atol=1e-12)
 
 
@@ -236,19 +241,24 @@ def test_avx2_and_baseline_builds_are_bit_identical() -> None:
         # mean far from the spread: rows take the two-pass fallback of the moments
         "w2 = cc.masked_whiten(a + np.float32(300.0), mask=m)\n"
         "s = np.array(list(cc.credit_stats(a, mask=m).values()), dtype=np.float64)\n"
-        # gates: the vectorized sigmoid, float32 moments (sequence and batch) and float64
+        # gates: the vectorized sigmoid, float32 moments (sequence and batch) and float64;
+        # causal (the default): the running statistics and the blocks of sigmoids, f32 and f64
         "P = cc.GateParams\n"
-        "q = cc.gates_from_concentration(g, mask=m, params=P(low=0.3))\n"
+        "q = cc.gates_from_concentration(g, mask=m, params=P(low=0.3, normalize='sequence'))\n"
         "q2 = cc.gates_from_concentration(g, mask=m, params=P(low=0.3, normalize='batch'))\n"
-        "q3 = cc.gates_from_concentration(g.astype(np.float64), mask=m, params=P(low=0.3, sharpness=4.0))\n"
+        "q3 = cc.gates_from_concentration(g.astype(np.float64), mask=m, params=P(low=0.3, sharpness=4.0,\n"
+        "                                 normalize='sequence'))\n"
+        "q4 = cc.gates_from_concentration(g, mask=m, params=P(low=0.3))\n"
+        "q5 = cc.gates_from_concentration(g.astype(np.float64), mask=m, params=P(low=0.3, sharpness=4.0))\n"
         # TD targets: four-position blocks and single steps
         "y = cc.td_targets(r, v, mask=m, gates=g, gamma=0.99)\n"
         "sys.stdout.buffer.write(a.tobytes() + ret.tobytes() + w.tobytes() + w2.tobytes() + s.tobytes()\n"
-        "                        + q.tobytes() + q2.tobytes() + q3.tobytes() + y.tobytes())\n"
+        "                        + q.tobytes() + q2.tobytes() + q3.tobytes() + q4.tobytes() + q5.tobytes()\n"
+        "                        + y.tobytes())\n"
     )
     outs = []
     for disable in ("0", "1"):
         env = {**__import__("os").environ, "COMPPO_DISABLE_AVX2": disable}
         outs.append(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, check=True).stdout)
-    assert len(outs[0]) == 7 * 64 * 700 * 4 + 8 * 7 + 64 * 700 * 8
+    assert len(outs[0]) == 8 * 64 * 700 * 4 + 8 * 7 + 2 * 64 * 700 * 8
     assert outs[0] == outs[1]

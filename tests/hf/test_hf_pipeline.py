@@ -100,6 +100,39 @@ def test_gates_and_advantages_follow_the_library(model: Any, data: dict[str, Any
     assert not torch.allclose(out.advantages, out.gae_advantages)
 
 
+def test_default_gates_are_causal(model: Any, data: dict[str, Any]) -> None:
+    """gate_params=None is GateParams(): the running z-score of each row's response columns
+    (the trainers' causal gates); "sequence" stays available by name. Rewriting the end of
+    a response moves no earlier gate: the probe's concentration at a column reads only the
+    tokens up to it, and so does the gate."""
+    from comppo_core.rl.critics.tac import causal_gates
+
+    out = run(model, data)
+    m = out.mask
+    want = cc.gates_from_concentration(out.concentration, mask=m, params=GateParams(normalize="causal"))
+    assert torch.equal(out.gates, want)
+    assert torch.allclose(out.gates, causal_gates(out.concentration, m, GateParams()), atol=1e-6, rtol=0)
+    whole = run(model, data, gate_params=GateParams(normalize="sequence"))
+    assert torch.equal(
+        whole.gates, cc.gates_from_concentration(whole.concentration, mask=m, params=GateParams(normalize="sequence"))
+    )
+    assert not torch.allclose(whole.gates, out.gates)
+
+    cut = 12  # token 12 on: inside the response of rows 0 and 2 (columns 11 on)
+    ids = data["ids"].clone()
+    ids[:, cut:] = torch.where(data["am"][:, cut:].bool(), (ids[:, cut:] + 7) % (VOCAB - 3) + 3, ids[:, cut:])
+    later = hf.comp_gae_batch(model, ids, data["am"], data["rm"], data["scores"], gamma=0.99, lam=0.95)
+    assert not torch.allclose(later.concentration[:, cut - 1 :], out.concentration[:, cut - 1 :])
+    torch.testing.assert_close(later.gates[:, : cut - 1], out.gates[:, : cut - 1], atol=1e-6, rtol=0)
+    torch.testing.assert_close(later.concentration[:, : cut - 1], out.concentration[:, : cut - 1], atol=1e-6, rtol=0)
+    # the whole-row z-score reads ahead: the same change moves row 0's earlier gates
+    seq = GateParams(normalize="sequence")
+    later_whole = hf.comp_gae_batch(
+        model, ids, data["am"], data["rm"], data["scores"], gamma=0.99, lam=0.95, gate_params=seq
+    )
+    assert not torch.allclose(later_whole.gates[0, : cut - 1], whole.gates[0, : cut - 1], atol=1e-4)
+
+
 def test_unit_gate_is_gae(model: Any, data: dict[str, Any]) -> None:
     out = run(model, data, values=data["values"], gate_params=GateParams.constant(1.0))
     assert torch.all(out.gates == 1)

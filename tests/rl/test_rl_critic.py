@@ -189,7 +189,7 @@ def test_causality_test_catches_a_row_normalised_gate(monkeypatch: Any) -> None:
     """Feeding TAC the whole-row z-scored gates (what Comp-GAE uses) breaks causality,
     and the check above sees it: the reason TAC normalises causally. Given gates (a
     control, a constant) replace Comp-GAE's gates only, so they cannot do this."""
-    params = cc.GateParams(low=0.2, high=1.0, sharpness=4.0)
+    params = cc.GateParams(low=0.2, high=1.0, sharpness=4.0, normalize="sequence")
 
     def row_normalised(model: Any, ids: Any, am: Any, resp: Any) -> Any:
         conc = rl.forward(model, ids, am).concentration
@@ -242,7 +242,7 @@ def test_causal_gates_end_at_the_row_gate_and_none_is_unchanged() -> None:
     conc = torch.from_numpy(rng.random((3, 12)).astype(np.float32))
     mask = torch.ones(3, 12, dtype=torch.bool)
     mask[1, 8:] = False
-    params = rl.GateParams(low=0.5, high=1.0, sharpness=2.0)
+    params = rl.GateParams(low=0.5, high=1.0, sharpness=2.0, normalize="sequence")
     causal = rl.causal_gates(conc, mask, params)
     row = cc.gates_from_concentration(conc, mask=mask, params=params)
     # at a row's last valid token the running statistics are the whole row's

@@ -126,8 +126,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--normalize",
         choices=NORMALIZE_MODES,
         default=None,
-        help="z-score per response ('sequence', default), over every valid token of the file "
-        "('batch': one extra streaming pass over the concentration column), or (c - center)/scale ('none')",
+        help="z-score of each token against its response up to it ('causal', default), over the whole response "
+        "('sequence'), over every valid token of the file ('batch': one extra streaming pass over the "
+        "concentration column), or (c - center)/scale ('none')",
     )
     gm.add_argument("--center", type=finite_float, default=None, help="center with --normalize none (default: 0)")
     gm.add_argument("--scale", type=finite_float, default=None, help="scale > 0 with --normalize none (default: 1)")

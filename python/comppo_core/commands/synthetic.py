@@ -200,7 +200,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     print(
         f"gamma={args.gamma:g}  lam={args.lam:g}  gates from concentration: "
-        f"low={gate.low:g} high={gate.high:g} (z-score per sequence, sharpness {gate.sharpness:g})"
+        f"low={gate.low:g} high={gate.high:g} ({gate.normalize} z-score, sharpness {gate.sharpness:g})"
     )
 
     gates = gates_from_concentration(conc, mask=mask, params=gate)

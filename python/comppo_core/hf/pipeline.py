@@ -4,7 +4,7 @@
 
     logprobs, c  = score(model, input_ids, attention_mask, concentration=True)   [B, T−1]
     m            = response_mask ∧ attention_mask[:, 1:] ∧ attention_mask[:, :-1]  [B, T−1]
-    g            = gates_from_concentration(c, mask=m, params=gate_params)   (GateParams)
+    g            = gates_from_concentration(c, mask=m, params=gate_params)   (GateParams; causal by default)
     g            = control(g)          "none" | "shuffle" | "by_position" | "constant"
     A, R         = gae(r, V, mask=m, gates=g, γ, λ)                 Comp-GAE
     A⁰, R⁰       = gae(r, V, mask=m, γ, λ)                          plain GAE, for comparison
@@ -205,8 +205,11 @@ def comp_gae_batch(
       statistic, layers, method, query_chunk, precision, position_ids: as
         :func:`~comppo_core.hf.logprobs_and_concentration`.
       gate_params: the gate mapping of :func:`comppo_core.gates_from_concentration`
-        over the response columns (default ``GateParams()``);
-        ``GateParams.constant(c)`` is a constant gate (Comp-GAE = GAE(γ·c, λ)).
+        over the response columns (default ``GateParams()``, ``normalize="causal"``: a
+        column's gate z-scores its concentration against the row's response columns up to
+        it, so it reads nothing after its token; ``GateParams(normalize="sequence")``
+        z-scores the whole response); ``GateParams.constant(c)`` is a constant gate
+        (Comp-GAE = GAE(γ·c, λ)).
       control: ``"none"``, ``"shuffle"`` (each row's gates permuted, seeded by ``seed``),
         ``"by_position"`` (batch mean gate at each response-position index) or
         ``"constant"`` (batch mean gate), as :mod:`comppo_core.controls`.

@@ -13,7 +13,9 @@ steps through *every* position: a masked token inside a response contributes val
 and reward 0 but still decays the trace by γ·λ (and its "value" 0 is bootstrapped
 from). verl instead skips masked tokens. So this drop-in is ``comppo_core.gae`` with
 no mask on the masked-multiplied inputs; it returns values at every position, as
-OpenRLHF does. With ``gates`` the per-step discount becomes γ·g_t (Comp-GAE).
+OpenRLHF does. With ``gates`` the per-step discount becomes γ·g_t (Comp-GAE); map
+concentration to gates with ``cc.gates_from_concentration(c, mask=action_mask)``, causal by
+default (the gate at a token reads the response up to it only).
 """
 
 from __future__ import annotations

@@ -21,6 +21,11 @@ verl calls estimators other than GAE with rewards and masks only (no values), so
 ``"comp_gae"`` estimator that :func:`register` adds reads values and gates from
 :func:`set_inputs`, which the trainer code calls with the batch's tensors before
 ``compute_advantage``.
+
+These drop-ins take gates, not concentration: map the probe's concentration with
+``cc.gates_from_concentration(c, mask=response_mask)`` first, whose default
+(``GateParams()``, ``normalize="causal"``) makes the gate at a token read the response
+up to it only; ``params=cc.GateParams(normalize="sequence")`` z-scores the whole response.
 """
 
 from __future__ import annotations

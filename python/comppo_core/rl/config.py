@@ -193,7 +193,11 @@ class TrainConfig:
     gate_low: float = _f(0.9, "lowest gate of the concentration → gate mapping (GateParams.low)")
     gate_high: float = _f(1.0, "highest gate (GateParams.high)")
     gate_sharpness: float = _f(1.0, "slope of the gate sigmoid (GateParams.sharpness)")
-    gate_normalize: str = _f("sequence", "z-score of the concentration: sequence, batch or none (GateParams.normalize)")
+    gate_normalize: str = _f(
+        "sequence",
+        "z-score of the concentration: sequence, batch, none or causal (GateParams.normalize; gate_causal replaces "
+        "it by the running z-score)",
+    )
     gate_direction: str = _f(
         "as_is",
         "the gate mapping's direction: as_is (a high concentration, a high gate; with the policy_entropy and "

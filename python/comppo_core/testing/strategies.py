@@ -1019,10 +1019,11 @@ def concentration_batches(
     ``comppo_core.gates_from_concentration`` (:class:`ConcentrationBatch`).
 
     Concentrations lie on a 1/1000 grid in [-10, 10], with a few levels drawn often so
-    that flat rows and ties occur. The grid keeps every row's spread either exactly 0 or
-    at least 1e-3, so a z-score computed with sequential sums and one computed with
-    pairwise sums agree to about 1e-12 instead of amplifying the rounding noise of nearly
-    equal values by 1/(σ + ε).
+    that flat rows and ties occur. The grid keeps every row's spread (and every prefix's,
+    which ``normalize="causal"`` z-scores against) either exactly 0 or at least 1e-3, so a
+    z-score computed with sequential (or running) sums and one computed with pairwise sums
+    agree to about 1e-12 instead of amplifying the rounding noise of nearly equal values
+    by 1/(σ + ε).
 
     Args:
       dtypes: float dtypes to draw, names from :data:`RAGGED_DTYPES` or NumPy dtypes.

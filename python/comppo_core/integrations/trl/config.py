@@ -87,7 +87,13 @@ class CompPOConfig(GRPOConfig):  # type: ignore[misc]  # trl ships no type hints
         default=1.0, metadata={"help": "λ of the critic's returns (decoupled GAE; None: lam)"}
     )
     gate_params: GateParams = dataclasses.field(
-        default_factory=GateParams, metadata={"help": "concentration → gate mapping (comppo_core.GateParams)"}
+        # the whole-row z-score, which gate_causal=True replaces by the running one: so
+        # gate_causal=False means the whole row's, as the trainer's TrainConfig does
+        default_factory=lambda: GateParams(normalize="sequence"),
+        metadata={
+            "help": "concentration → gate mapping (comppo_core.GateParams; normalize='sequence', which "
+            "gate_causal=True replaces by the running z-score)"
+        },
     )
     fixed_gate: float | None = dataclasses.field(
         default=None,
