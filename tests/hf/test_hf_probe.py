@@ -436,7 +436,13 @@ def test_unsupported_models() -> None:
     assert model.config._attn_implementation == "eager"
 
     class FixedAttentionLlama(transformers.LlamaForCausalLM):
-        _can_set_attn_implementation_cached_value = False  # as transformers marks legacy models
+        """A model transformers deems legacy: ``set_attn_implementation`` leaves it as it is.
+        The classmethod is what every transformers 5 asks (5.10 reads the model's source
+        file, 5.25 caches the answer in ``_can_set_attn_implementation_cached_value``)."""
+
+        @classmethod
+        def _can_set_attn_implementation(cls) -> bool:
+            return False
 
     model2 = FixedAttentionLlama(build("llama").config)
     with pytest.raises(hf.UnsupportedModelError, match="does not support setting its attention implementation"):

@@ -11,6 +11,23 @@ tokens, so that the ``[N, V]`` logits never exist at once (the scoring forward's
 
 Columns: a ``[B, T]`` batch gives ``[B, T−1]`` per-token values; column j scores token
 ``input_ids[:, j+1]`` from query position j.
+
+**Packed rows** (several sequences end to end in one row, as verl's ``NO_PADDING`` layout
+and flash-attention's varlen kernels take them): the sequences are described by
+``cu_seqlens`` ``[S+1]`` (the offsets of the package's packed layout, README "packed
+layout": sequence i is tokens ``cu_seqlens[i] .. cu_seqlens[i+1]−1`` of a ``[1, N]`` row)
+or by ``position_ids`` that restart::
+
+    position_ids[0, t] = t − cu_seqlens[i]        for cu_seqlens[i] <= t < cu_seqlens[i+1]
+    starts[b, t]       = real token t whose position is not the previous real token's + 1
+    columns[b, j]      = query j and target j+1 real, and j+1 not a start
+
+A column whose target starts the next sequence scores nothing (0), so sequence i keeps
+its ``L_i − 1`` columns ``cu_seqlens[i] .. cu_seqlens[i+1]−2``: :func:`column_cu_seqlens`
+gives their offsets among the scored columns, the ``cu_seqlens`` of
+``comppo_core.gae(x[columns], cu_seqlens=...)``. :func:`unpack_columns` and
+:func:`pack_columns` move per-column values between a packed row and one right-padded
+row per sequence.
 """
 
 from __future__ import annotations
@@ -20,21 +37,29 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..errors import ParameterError, ShapeError
+from ..errors import LayoutError, ParameterError, ShapeError
 
 __all__ = [
     "HEAD_CHUNK_ELEMENTS",
     "LOGPROB_CHUNK_ELEMENTS",
     "LOGPROB_CHUNK_ENV",
+    "check_cu_seqlens",
     "check_ids",
+    "column_cu_seqlens",
     "default_position_ids",
     "head_logprobs",
     "logprob_chunk_tokens",
+    "pack_columns",
+    "packed_position_ids",
     "scored_columns",
+    "sequence_starts",
     "token_logprobs",
+    "unpack_columns",
+    "unpack_tokens",
 ]
 
 #: Most logits elements :func:`token_logprobs` converts to float32 at once (2^26: 256 MiB
@@ -315,3 +340,167 @@ def scored_columns(attention_mask: torch.Tensor) -> torch.Tensor:
     both real (``mask[:, :-1] & mask[:, 1:]``); per-token values are 0 outside them."""
     m = attention_mask.to(torch.bool)
     return m[:, :-1] & m[:, 1:]
+
+
+# --------------------------------------------------------------------------- #
+# Packed rows
+# --------------------------------------------------------------------------- #
+
+
+def check_cu_seqlens(cu_seqlens: Any, total: int, device: Any = None) -> torch.Tensor:
+    """``cu_seqlens`` as an int64 tensor ``[S+1]`` on ``device``, or a
+    :class:`~comppo_core.errors.LayoutError` (``argument="cu_seqlens"``, ``index`` its first
+    offending entry), the checks and messages of ``comppo_core.gae(cu_seqlens=...)``:
+    1-D integer offsets, ``S >= 1``, starting at 0, non-decreasing, ending at ``total``
+    (the packed row's length N). Empty sequences (equal offsets) are allowed. Accepts a
+    tensor, a NumPy array or a sequence of ints; the input is not modified."""
+    if isinstance(cu_seqlens, torch.Tensor):
+        cu = cu_seqlens.detach()
+    else:
+        try:
+            cu = torch.as_tensor(np.asarray(cu_seqlens))
+        except (TypeError, ValueError, RuntimeError):
+            raise LayoutError(
+                f"cu_seqlens: expected a 1-D array of S+1 integer offsets, got {type(cu_seqlens).__name__}",
+                argument="cu_seqlens",
+            ) from None
+    if cu.dim() != 1 or cu.shape[0] < 2:
+        raise LayoutError(
+            f"cu_seqlens: expected a 1-D array of S+1 >= 2 offsets, got shape {tuple(cu.shape)}", argument="cu_seqlens"
+        )
+    if cu.dtype.is_floating_point or cu.dtype.is_complex or cu.dtype == torch.bool:
+        raise LayoutError(f"cu_seqlens: expected integer offsets, got dtype {cu.dtype}", argument="cu_seqlens")
+    cu = cu.to(device="cpu", dtype=torch.int64)
+    if int(cu[0]) != 0:
+        raise LayoutError(
+            f"cu_seqlens: expected to start at 0, got {int(cu[0])} (first offending index 0)",
+            argument="cu_seqlens",
+            index=0,
+        )
+    decreasing = torch.nonzero(cu[1:] < cu[:-1])
+    if decreasing.numel():
+        i = int(decreasing[0, 0]) + 1
+        raise LayoutError(
+            f"cu_seqlens: expected non-decreasing offsets, got {int(cu[i])} after {int(cu[i - 1])} "
+            f"(first offending index {i})",
+            argument="cu_seqlens",
+            index=i,
+        )
+    if int(cu[-1]) != total:
+        i = int(cu.shape[0]) - 1
+        raise LayoutError(
+            f"cu_seqlens: expected to end at N = {total} (the packed row's length, input_ids [1, N]), got "
+            f"{int(cu[-1])} (first offending index {i})",
+            argument="cu_seqlens",
+            index=i,
+        )
+    return cu if device is None else cu.to(device)
+
+
+def packed_position_ids(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """``[1, N]`` int64: each packed sequence's positions ``0 .. L_i − 1`` (module docstring),
+    on ``cu_seqlens``' device; ``cu_seqlens`` as :func:`check_cu_seqlens` returns it."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    n = int(cu_seqlens[-1])
+    t = torch.arange(n, device=cu_seqlens.device)
+    starts = torch.repeat_interleave(cu_seqlens[:-1], lengths, output_size=n)
+    return (t - starts).unsqueeze(0)
+
+
+def sequence_starts(position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, T]`` bool: the real tokens that start a packed sequence after the row's first one.
+
+    A real token starts a sequence when its position is not the previous real token's
+    position + 1 (transformers' rule for packed rows, ``find_packed_sequence_indices``,
+    over real tokens only, so the positions ``generate`` gives padded rows start
+    nothing). The row's first real token is never marked.
+
+    Args:
+      position_ids: ``[B, T]`` or ``[1, T]`` integer positions.
+      attention_mask: optional ``[B, T]`` (nonzero = real token); None: every token real.
+    """
+    pos = position_ids.long()
+    if attention_mask is None:
+        out = torch.zeros(pos.shape, dtype=torch.bool, device=pos.device)
+        out[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+        return out
+    real = attention_mask.to(device=pos.device) != 0
+    pos = pos.expand(real.shape)
+    t = real.shape[1]
+    idx = torch.where(real, torch.arange(t, device=pos.device), -1)
+    prev = torch.full_like(idx, -1)
+    prev[:, 1:] = idx[:, :-1].cummax(dim=1).values  # the last real token before t (-1: none)
+    prev_pos = pos.gather(1, prev.clamp(min=0))
+    return real & (prev >= 0) & (pos != prev_pos + 1)
+
+
+def column_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """``[S+1]`` int64 offsets of each packed sequence's scored columns among a packed row's
+    scored columns: sequence i has ``max(L_i − 1, 0)`` of them. ``x[columns]`` of a packed
+    :func:`comppo_core.hf.score` output (``columns`` its :attr:`~comppo_core.hf.Scores.columns`)
+    is then the packed layout of ``comppo_core.gae(..., cu_seqlens=column_cu_seqlens(cu))``."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1] - 1).clamp(min=0)
+    return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+
+
+def _gather_rows(x: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """``[S, width, ...]``: row i holds ``x[0, starts[i] : starts[i] + lengths[i]]``, then zeros."""
+    s = starts.shape[0]
+    j = torch.arange(width, device=x.device)
+    valid = j[None, :] < lengths[:, None].to(x.device)  # [S, width]
+    idx = (starts[:, None].to(x.device) + j[None, :]).clamp(max=max(x.shape[1] - 1, 0))
+    flat = x[0].index_select(0, idx.reshape(-1)) if x.shape[1] else x.new_zeros((s * width, *x.shape[2:]))
+    rows = flat.reshape(s, width, *x.shape[2:])
+    keep = valid.reshape(s, width, *([1] * (x.dim() - 2)))
+    return torch.where(keep, rows, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _check_packed(x: Any, name: str, width: int, what: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.shape[0] != 1 or x.shape[1] != width:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ShapeError(f"{name}: expected a packed row [1, {width}, ...] ({what}), got {got}", argument=name)
+
+
+def unpack_tokens(x: torch.Tensor, cu_seqlens: torch.Tensor, name: str = "x") -> torch.Tensor:
+    """A packed row of per-token values ``[1, N, ...]`` → one right-padded row per sequence,
+    ``[S, T', ...]`` with ``T' = max(2, max L_i)``: row i is tokens ``cu[i] .. cu[i+1]−1``,
+    then zeros. Differentiable (an index gather)."""
+    n = int(cu_seqlens[-1])
+    _check_packed(x, name, n, "one entry per token")
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    width = max(2, int(lengths.max()) if lengths.numel() else 0)
+    return _gather_rows(x, cu_seqlens[:-1], lengths, width)
+
+
+def unpack_columns(x: torch.Tensor, cu_seqlens: torch.Tensor, name: str = "x") -> torch.Tensor:
+    """A packed row of per-column values ``[1, N−1, ...]`` → ``[S, T'−1, ...]``: row i is
+    sequence i's ``L_i − 1`` columns ``cu[i] .. cu[i+1]−2`` (the columns a separate
+    ``[1, L_i]`` row would have), then zeros; ``T'`` as :func:`unpack_tokens`."""
+    n = int(cu_seqlens[-1])
+    _check_packed(x, name, n - 1, "one entry per column: column j scores token j+1")
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1] - 1).clamp(min=0)
+    width = max(2, int(lengths.max()) + 1 if lengths.numel() else 0) - 1
+    return _gather_rows(x, cu_seqlens[:-1], lengths, width)
+
+
+def pack_columns(x: torch.Tensor, cu_seqlens: torch.Tensor, name: str = "x") -> torch.Tensor:
+    """The inverse of :func:`unpack_columns`: ``[S, W, ...]`` (``W >= max L_i − 1``) →
+    ``[1, N−1, ...]``, 0 in the columns that score no token of their sequence (a target
+    that starts the next one). Differentiable."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1] - 1).clamp(min=0)
+    n = int(cu_seqlens[-1])
+    s = int(cu_seqlens.shape[0]) - 1
+    need = int(lengths.max()) if lengths.numel() else 0
+    if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.shape[0] != s or x.shape[1] < need:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ShapeError(
+            f"{name}: expected one row per sequence [S, >= max L_i − 1, ...] = [{s}, >= {need}, ...], got {got}",
+            argument=name,
+        )
+    width = x.shape[1]
+    j = torch.arange(width, device=x.device)
+    valid = j[None, :] < lengths[:, None].to(x.device)  # [S, W]
+    target = (cu_seqlens[:-1, None].to(x.device) + j[None, :])[valid]
+    out = x.new_zeros((max(n - 1, 0), *x.shape[2:]))
+    out = out.index_put((target,), x[valid])
+    return out.unsqueeze(0)

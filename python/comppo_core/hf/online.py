@@ -34,7 +34,9 @@ the diagonal skip the causal test) or without (every key), or a bool
 ``[B or 1, H or 1, Tq, Tk]`` visibility mask, read tile by tile beside the scores over
 each query block's key range ``[lo, hi)`` (from one pass over the mask by a second
 kernel, so left padding and the causal upper triangle are skipped); the whole tiles the
-block sees entirely (between the padding and the diagonal) are read without the mask. Grouped-query
+block sees entirely (between the padding and the diagonal) are read without the mask. A packed
+row's block-diagonal mask takes this mode too (each block's key range spans the sequences its
+queries belong to). Grouped-query
 attention reads key head ``h // (H / Hkv)``: K is never repeated. Transient memory: the
 ``[B, H, Tq]`` outputs and the key ranges only.
 

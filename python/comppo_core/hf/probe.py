@@ -46,6 +46,16 @@ Policies:
   records independently from the same forward pass. The first to enter saves the
   model's attention implementation, the last to exit restores it, in any exit order.
   One probe object cannot be entered twice at once.
+* **Packed rows** (several sequences end to end in a row, ``position_ids`` restarting at
+  each: verl's ``NO_PADDING`` layout): transformers keeps the sequences apart with a
+  block-diagonal causal mask when the model is called with ``attention_mask=None`` and
+  no cache (``use_cache=False``), and the probe's statistics then read that mask, so a
+  query's visible keys, and ``n_t``, are its own sequence's: each sequence's
+  concentration equals its own forward's. Called with an ``attention_mask`` or a cache,
+  transformers lets each sequence attend to the previous ones, silently; with a probe
+  active that call raises :class:`~comppo_core.errors.ParameterError` naming the
+  argument (checked on the call's arguments before the forward, and on each attention
+  call's mask, which also catches ``use_cache`` left to the config's default).
 * The probe computes attention through SDPA whatever the model was set to (``"eager"``,
   flash, ...): outputs then equal the model's SDPA outputs, which differ from eager ones
   by kernel rounding only.
@@ -61,6 +71,7 @@ import torch
 
 from ..errors import ComppoError, DTypeError, NonFiniteError, ParameterError
 from ._memory import STATISTIC_RANGE
+from .lm import sequence_starts
 from .statistics import (
     DEFAULT_QUERY_CHUNK,
     check_method,
@@ -79,6 +90,16 @@ except ImportError as exc:  # pragma: no cover - depends on the installed transf
         "comppo_core.hf needs transformers >= 5 (AttentionInterface, AttentionMaskInterface, "
         f"sdpa_attention_forward): pip install 'comppo-core[hf]' ({exc})"
     ) from exc
+except Exception as exc:  # pragma: no cover - transformers itself fails at import
+    import importlib.util
+
+    hint = ""
+    if importlib.util.find_spec("kernels") is not None:
+        hint = (
+            "; a known cause: an environment downgraded from a newer transformers to 5.10 keeps the `kernels` "
+            "package (0.19), which transformers 5.10's hub_kernels cannot load: pip uninstall kernels"
+        )
+    raise ImportError(f"comppo_core.hf: importing transformers failed ({type(exc).__name__}: {exc}){hint}") from exc
 
 __all__ = ["IMPLEMENTATION", "ConcentrationProbe", "ProbeError", "UnsupportedModelError", "unwrap_model"]
 
@@ -107,6 +128,86 @@ class _ModelState:
         self.saved: list[tuple[Any, Any]] = []  # (config, _attn_implementation_internal)
         self.probes: list[ConcentrationProbe] = []
         self.modules: list[weakref.ReferenceType[Any]] = []
+        self.hooks: list[Any] = []
+        #: whether the last call of the model gave an attention mask / a cache (for the messages)
+        self.call_mask = False
+        #: the position_ids of the pass checked for packed rows and the masks checked with them
+        #: (weak references: a pass's layers share them, several masks when windows alternate)
+        self.checked_positions: weakref.ReferenceType[torch.Tensor] | None = None
+        self.checked_masks: list[weakref.ReferenceType[torch.Tensor] | None] = []
+
+    def check_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook on the probed model: a packed row (restarting ``position_ids``)
+        called with an attention mask or a cache is a :class:`ParameterError`."""
+        if not self.probes:
+            return
+        am = kwargs.get("attention_mask")
+        self.call_mask = am is not None
+        pos = kwargs.get("position_ids")
+        if not isinstance(pos, torch.Tensor) or pos.dim() != 2 or pos.shape[1] < 2:
+            return
+        if am is not None and not (isinstance(am, torch.Tensor) and am.dim() == 2 and am.shape[-1] == pos.shape[-1]):
+            return  # a prepared mask (4-D): the attention calls check what it lets each token see
+        mask2 = am
+        if mask2 is not None and pos.shape[0] not in (1, mask2.shape[0]):
+            return
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))
+        if am is None and cache is None and kwargs.get("use_cache") is not True:
+            return  # the attention calls check the rest (use_cache left to the config)
+        where = torch.nonzero(sequence_starts(pos, mask2))
+        if not where.numel():
+            return
+        row, position = (int(i) for i in where[0])
+        argument = "attention_mask" if am is not None else "use_cache"
+        given = "an attention_mask" if am is not None else "a cache (use_cache=True or past_key_values)"
+        raise ParameterError(
+            f"{argument}: position_ids restart at (row {row}, position {position}), a packed row (several "
+            f"sequences end to end), but the model was called with {given}: transformers keeps packed sequences "
+            "apart (a block-diagonal mask) only with attention_mask=None and no cache, so they would attend to "
+            "each other. Call the model with attention_mask=None and use_cache=False for packed rows",
+            argument=argument,
+            row=row,
+            position=position,
+        )
+
+    def check_packed_mask(self, layer: int, mask: torch.Tensor | None, kwargs: dict[str, Any], b: int, t: int) -> None:
+        """The attention call's own evidence: where ``position_ids`` restart, the first token
+        of a sequence must not see the token before it (a :class:`ParameterError` if it
+        does, e.g. ``use_cache`` left on, whose cache turns transformers' packed mask off).
+        Checked once per mask of a pass (its layers share ``position_ids`` and masks)."""
+        pos = kwargs.get("position_ids")
+        if not isinstance(pos, torch.Tensor) or pos.dim() != 2 or pos.shape[1] != t or pos.shape[0] not in (1, b):
+            return
+        if self.checked_positions is None or self.checked_positions() is not pos:
+            self.checked_positions, self.checked_masks = weakref.ref(pos), []
+        elif any((ref() if ref is not None else None) is mask for ref in self.checked_masks):
+            return
+        valid = _query_validity(mask, b, t, pos.device)
+        starts = sequence_starts(pos.to(valid.device), valid)
+        if mask is None:
+            where = torch.nonzero(starts)
+        else:
+            # the real token before each start: is it visible from the start?
+            idx = torch.where(valid, torch.arange(t, device=valid.device), -1)
+            prev = torch.full_like(idx, -1)
+            prev[:, 1:] = idx[:, :-1].cummax(dim=1).values
+            m = mask[:, 0] if mask.shape[0] == b else mask[:, 0].expand(b, t, mask.shape[-1])
+            sees_prev = m.gather(2, prev.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            where = torch.nonzero(starts & sees_prev)
+        if not where.numel():
+            self.checked_masks.append(None if mask is None else weakref.ref(mask))
+            return
+        row, position = (int(i) for i in where[0])
+        argument = "attention_mask" if self.call_mask else "use_cache"
+        raise ParameterError(
+            f"{argument}: position_ids restart at (row {row}, position {position}), a packed row, but layer "
+            f"{layer}'s attention lets that token see the previous sequence: transformers builds the block-diagonal "
+            "mask of packed rows only when the model is called with attention_mask=None and no cache (use_cache "
+            "left on builds one). Call the model with attention_mask=None and use_cache=False for packed rows",
+            argument=argument,
+            row=row,
+            position=position,
+        )
 
     def observe(self, module: Any, query: torch.Tensor, key: torch.Tensor, mask: Any, kwargs: dict[str, Any]) -> None:
         """Called by the attention function after the real attention ran."""
@@ -157,6 +258,7 @@ class _ModelState:
             for p in wanted:
                 p._skipped_calls += 1
             return
+        self.check_packed_mask(layer, mask, kwargs, query.shape[0], q_len)
         valid = _query_validity(mask, query.shape[0], q_len, query.device)
         scaling = kwargs.get("scaling")
         done: dict[tuple[str, str, int, str], torch.Tensor] = {}
@@ -278,6 +380,10 @@ def _attach(model: Any, probe: ConcentrationProbe) -> None:
         for m in model.modules():
             _MODULE_STATE[m] = state
             state.modules.append(weakref.ref(m))
+        # the model and its base model (what a PEFT wrapper's forward calls through __call__)
+        for target in {id(m): m for m in (model, getattr(model, "base_model", model))}.values():
+            if isinstance(target, torch.nn.Module):
+                state.hooks.append(target.register_forward_pre_hook(state.check_call, with_kwargs=True))
         _MODEL_STATE[model] = state
     state.probes.append(probe)
 
@@ -295,6 +401,9 @@ def _detach(model: Any, probe: ConcentrationProbe) -> None:
     if state.probes:
         return
     _restore(state)
+    for handle in state.hooks:
+        handle.remove()
+    state.hooks = []
     for ref in state.modules:
         m = ref()
         if m is not None:
@@ -376,6 +485,18 @@ class ConcentrationProbe:
 
     (the mean is accumulated layer by layer in the order the model runs them, with or
     without ``per_layer``, so keeping the layers does not change it by a bit).
+
+    A packed row (several sequences end to end, ``position_ids`` restarting at 0 at each:
+    verl's ``NO_PADDING`` layout) is recorded per sequence when the model is called as
+    transformers wants it, without a mask and without a cache::
+
+        pos = hf.lm.packed_position_ids(hf.lm.check_cu_seqlens(cu_seqlens, ids.shape[1]))
+        with torch.no_grad(), hf.ConcentrationProbe(model) as probe:
+            model(input_ids=ids, position_ids=pos, use_cache=False)   # ids [1, N]
+        probe.concentration        # [1, N]: each sequence's own, token by token
+
+    (with ``attention_mask`` or a cache the call raises
+    :class:`~comppo_core.errors.ParameterError`: the sequences would see each other).
 
     Args:
       model: a transformers ``PreTrainedModel`` whose attention goes through

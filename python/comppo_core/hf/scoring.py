@@ -27,6 +27,17 @@ that the model's own logits at the last position equal the chunked path's there
 (:class:`~comppo_core.hf.UnsupportedModelError` otherwise: score with
 ``logprob_chunk=0``, the model's full logits and :func:`~comppo_core.hf.lm.token_logprobs`).
 
+**Packed rows.** Several sequences end to end in one ``[1, N]`` row (verl's
+``NO_PADDING`` layout), given by ``cu_seqlens`` ``[S+1]`` or by ``position_ids`` that
+restart at each sequence (:mod:`comppo_core.hf.lm`, "Packed rows"), score as the separate
+sequences would: transformers keeps the sequences apart (a block-diagonal causal mask)
+when the model is called with ``attention_mask=None`` and no cache, which is how this
+function calls it. The outputs stay in the packed layout, ``[1, N−1]``: column j scores
+token j+1, as verl's rolled log-probs, and is 0 (``columns`` False) where token j+1 starts
+the next sequence; the concentration's visible keys are the sequence's own.
+A packed row with an ``attention_mask`` would let each sequence attend to the previous
+ones, silently: it is a :class:`~comppo_core.errors.ParameterError` instead.
+
 **Wrapped models.** ``model`` may be wrapped by DDP, DeepSpeed, accelerate or PEFT: the
 forward is called through the wrapper (its hooks and collectives run, e.g. DDP's gradient
 all-reduce), and the probe, the LM-head hook and the critic taps attach to the inner
@@ -41,12 +52,16 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..errors import ParameterError, ShapeError
 from .lm import (
+    check_cu_seqlens,
     check_ids,
     default_position_ids,
     head_logprobs,
     logprob_chunk_tokens,
+    packed_position_ids,
     scored_columns,
+    sequence_starts,
     token_logprobs,
 )
 from .probe import ConcentrationProbe, UnsupportedModelError, unwrap_model
@@ -70,7 +85,8 @@ class Scores(NamedTuple):
     concentration: torch.Tensor | None
     #: None unless ``per_layer=True``
     per_layer: torch.Tensor | None
-    #: ``[B, T−1]`` bool, the scored columns (query and target token real)
+    #: ``[B, T−1]`` bool, the scored columns (query and target token real; in a packed row,
+    #: also the target not the first token of the next sequence)
     columns: torch.Tensor
 
 
@@ -191,6 +207,7 @@ def score(
     grad: bool = False,
     position_ids: torch.Tensor | None = None,
     logprob_chunk: int | None = None,
+    cu_seqlens: Any = None,
 ) -> Scores:
     """One forward of ``model``; per-token log-probs, and the concentration on request.
 
@@ -209,16 +226,31 @@ def score(
         records the pass anyway and its statistics never do.
       position_ids: optional ``[B, T]``; by default ``cumsum(attention_mask) − 1`` clamped
         at 0, the positions ``generate`` gives a left-padded prompt (no mask: the model's
-        default ``0..T−1``).
+        default ``0..T−1``). Positions that restart (a real token whose position is not
+        the previous real token's + 1) make a packed row: then ``attention_mask`` must be
+        None. Only ``[B, T]`` (or ``[1, T]``) positions are checked; others (e.g. 3-D
+        multimodal positions) go to the model as given.
+      cu_seqlens: optional ``[S+1]`` int offsets: ``input_ids`` is ``[1, N]``, S sequences
+        end to end (the package's packed layout); the positions are derived from them
+        (``position_ids``, if also given, must equal them) and ``attention_mask`` must be
+        None. Offsets that do not start at 0, decrease or do not end at N raise
+        :class:`~comppo_core.errors.LayoutError` with the first offending index.
       logprob_chunk: tokens per LM-head chunk (module docstring); None: the
         ``COMPPO_LOGPROB_CHUNK`` environment variable if set, else ``max(1, 2^24 // V)``;
         0: no chunking (the model's full ``[B, T, V]`` logits, as before). The log-probs do
         not depend on it beyond float32 rounding of the head's matmul.
 
     Returns:
-      :class:`Scores` on the model's device.
+      :class:`Scores` on the model's device; for a packed row ``[1, N−1]`` (module docstring).
+
+    Raises:
+      ParameterError: a packed row (``cu_seqlens``, or restarting ``position_ids``) with
+        an ``attention_mask`` (``argument="attention_mask"``), or ``position_ids`` that
+        disagree with ``cu_seqlens``.
+      LayoutError: malformed ``cu_seqlens``.
     """
     ids, mask = check_ids(input_ids, attention_mask)
+    position_ids, starts = _packed_positions(ids, mask, position_ids, cu_seqlens)
     kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": False}
     if mask is not None:
         kwargs["attention_mask"] = mask.long()
@@ -253,6 +285,9 @@ def score(
     columns = torch.ones(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=ids.device)
     if mask is not None:
         columns = scored_columns(mask)
+    if starts is not None:  # a packed row: a column whose target starts the next sequence scores nothing
+        columns = columns & ~starts[:, 1:]
+    partial = mask is not None or starts is not None  # some columns are not scored
     with (
         torch.enable_grad() if grad else torch.no_grad(),
         probe if probe is not None else contextlib.nullcontext(),
@@ -273,8 +308,8 @@ def score(
             _check_last_position(inner, logits, head, post, hidden)
             del logits
             cols = columns.to(hidden.device)
-            h = hidden[:, :-1][cols] if mask is not None else hidden[:, :-1].reshape(-1, hidden.shape[-1])
-            y = ids[:, 1:].to(hidden.device)[cols] if mask is not None else ids[:, 1:].reshape(-1)
+            h = hidden[:, :-1][cols] if partial else hidden[:, :-1].reshape(-1, hidden.shape[-1])
+            y = ids[:, 1:].to(hidden.device)[cols] if partial else ids[:, 1:].reshape(-1)
             del hidden
             vals = head_logprobs(h, head, y, temperature=temperature, chunk_tokens=chunk, post=post)
             lp = torch.zeros(columns.shape, dtype=torch.float32, device=vals.device).masked_scatter(
@@ -288,9 +323,72 @@ def score(
         conc = torch.where(columns, probe.concentration[:, :-1], 0.0)
         if per_layer:
             per = probe.per_layer[:, :-1].masked_fill(~columns.unsqueeze(-1), 0.0)
-    if mask is not None:
-        lp = torch.where(columns, lp, torch.zeros_like(lp))
+    if partial:
+        lp = torch.where(columns.to(lp.device), lp, torch.zeros_like(lp))
     return Scores(lp, conc, per, columns)
+
+
+def _packed_positions(
+    ids: torch.Tensor, mask: torch.Tensor | None, position_ids: Any, cu_seqlens: Any
+) -> tuple[Any, torch.Tensor | None]:
+    """``(position_ids, starts)``: the positions to run with (from ``cu_seqlens`` when given)
+    and, for a packed row, the ``[B, T]`` sequence starts (None when no row is packed), or
+    the error a packed row with an attention mask is."""
+    if cu_seqlens is not None:
+        if ids.shape[0] != 1:
+            raise ShapeError(
+                f"input_ids: with cu_seqlens expected one packed row [1, N], got {tuple(ids.shape)}",
+                argument="input_ids",
+            )
+        if mask is not None:
+            raise ParameterError(
+                "attention_mask: expected None with cu_seqlens (a packed row has no padding; transformers keeps its "
+                "sequences apart only without a mask), got a mask",
+                argument="attention_mask",
+            )
+        derived = packed_position_ids(check_cu_seqlens(cu_seqlens, ids.shape[1], ids.device))
+        if position_ids is not None:
+            given = position_ids.to(derived.device) if isinstance(position_ids, torch.Tensor) else position_ids
+            if not isinstance(given, torch.Tensor) or tuple(given.shape) not in ((1, ids.shape[1]),):
+                got = tuple(given.shape) if isinstance(given, torch.Tensor) else type(given).__name__
+                raise ShapeError(
+                    f"position_ids: expected [1, N] = [1, {ids.shape[1]}] like input_ids, got {got}",
+                    argument="position_ids",
+                )
+            bad = torch.nonzero(given.long() != derived)
+            if bad.numel():
+                i = int(bad[0, 1])
+                raise ParameterError(
+                    f"position_ids: expected the positions cu_seqlens gives (0 at each sequence's first token), got "
+                    f"{int(given[0, i])} instead of {int(derived[0, i])} (first offending index {i})",
+                    argument="position_ids",
+                    index=i,
+                )
+        position_ids = derived
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2:
+        return position_ids, None
+    if position_ids.shape[1] != ids.shape[1] or position_ids.shape[0] not in (1, ids.shape[0]):
+        raise ShapeError(
+            f"position_ids: expected [B, T] = {list(ids.shape)} (or [1, T]) like input_ids, got "
+            f"{tuple(position_ids.shape)}",
+            argument="position_ids",
+        )
+    starts = sequence_starts(position_ids.to(ids.device), mask).expand(ids.shape)
+    where = torch.nonzero(starts)
+    if not where.numel():
+        return position_ids, None
+    if mask is not None:
+        row, pos = (int(i) for i in where[0])
+        raise ParameterError(
+            f"attention_mask: position_ids restart at (row {row}, position {pos}), a packed row (several sequences "
+            "end to end), but an attention mask was given: transformers keeps packed sequences apart (a "
+            "block-diagonal mask) only when attention_mask is None, so they would attend to each other. Pass "
+            "attention_mask=None (or cu_seqlens=...) for packed rows, or unpack them into padded rows",
+            argument="attention_mask",
+            row=row,
+            position=pos,
+        )
+    return position_ids, starts
 
 
 def logprobs_and_concentration(
@@ -304,6 +402,7 @@ def logprobs_and_concentration(
     method: str = "auto",
     query_chunk: int = DEFAULT_QUERY_CHUNK,
     precision: str = "float32",
+    cu_seqlens: Any = None,
 ) -> LogprobsAndConcentration:
     """Token log-probs and attention concentration from one forward pass (no grad).
 
@@ -325,6 +424,7 @@ def logprobs_and_concentration(
       position_ids: optional ``[B, T]``; by default ``cumsum(attention_mask) − 1``
         clamped at 0, the positions ``generate`` gives a left-padded prompt (no mask:
         the model's default ``0..T−1``).
+      cu_seqlens: optional ``[S+1]`` offsets of a packed ``[1, N]`` row (as :func:`score`).
 
     Returns:
       ``LogprobsAndConcentration(logprobs, concentration)``, ``[B, T−1]`` float32 each,
@@ -332,7 +432,14 @@ def logprobs_and_concentration(
     """
     probe: dict[str, Any] = {"statistic": statistic, "layers": layers, "method": method, "query_chunk": query_chunk}
     s = score(
-        model, input_ids, attention_mask, concentration=True, position_ids=position_ids, precision=precision, **probe
+        model,
+        input_ids,
+        attention_mask,
+        concentration=True,
+        position_ids=position_ids,
+        precision=precision,
+        cu_seqlens=cu_seqlens,
+        **probe,
     )
     assert s.concentration is not None
     return LogprobsAndConcentration(s.logprobs, s.concentration)
@@ -349,6 +456,7 @@ def logprobs_and_concentration_per_layer(
     method: str = "auto",
     query_chunk: int = DEFAULT_QUERY_CHUNK,
     precision: str = "float32",
+    cu_seqlens: Any = None,
 ) -> LogprobsAndConcentrationPerLayer:
     """:func:`logprobs_and_concentration` plus each selected layer's statistic (no grad).
 
@@ -372,6 +480,15 @@ def logprobs_and_concentration_per_layer(
       selected layers, in ascending layer order (``ConcentrationProbe(...).layers``).
     """
     probe: dict[str, Any] = {"statistic": statistic, "layers": layers, "method": method, "query_chunk": query_chunk}
-    s = score(model, input_ids, attention_mask, per_layer=True, position_ids=position_ids, precision=precision, **probe)
+    s = score(
+        model,
+        input_ids,
+        attention_mask,
+        per_layer=True,
+        position_ids=position_ids,
+        precision=precision,
+        cu_seqlens=cu_seqlens,
+        **probe,
+    )
     assert s.concentration is not None and s.per_layer is not None
     return LogprobsAndConcentrationPerLayer(s.logprobs, s.concentration, s.per_layer)

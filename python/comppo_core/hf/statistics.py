@@ -74,6 +74,11 @@ Memory: the query chunk ``C`` is at most ``query_chunk`` (default
 copies of Q and K), linear in ``T``: never a ``T × T`` tensor. With no mask (a causal
 batch without padding) the fused method runs one kernel call on the whole sequence.
 Visible-key counts ``n_t`` and key ranges are read from the boolean mask chunk by chunk.
+
+Packed rows: transformers' mask of a packed row is block-diagonal (causal within each
+sequence), so every method, the online kernel's mask mode included, sees and counts a
+query's own sequence's keys only (``n_t`` ≤ its position in its sequence + 1; fewer under a
+sliding window), and each sequence's statistics are those of its own forward.
 """
 
 from __future__ import annotations

@@ -8,15 +8,31 @@ features (its gate features are always the causal gates of the forward's own
 concentration, whatever gates the caller gave Comp-GAE);
 :class:`~comppo_core.rl.StandardCritic` runs its own transformer on the ids. Swapping one
 for the other is one argument.
+
+**Packed rows.** A critic reads one row per sequence: its causal features (the running
+z-score of :func:`~comppo_core.rl.critics.tac.causal_gates`, the running log-gate, the
+temporal mixer) run along the row, so a packed row (several sequences end to end, verl's
+``NO_PADDING`` layout) would carry one sequence's statistics into the next.
+:func:`packed_critic_inputs` turns the actor's packed forward (its taps ``[1, N, d]``, its
+packed :func:`comppo_core.hf.score` outputs ``[1, N−1]``) into the :class:`CriticInputs` of
+the separate sequences, one right-padded row each, with the gate features computed per
+sequence, exactly as :func:`comppo_core.rl.forward` computes them for those sequences;
+:func:`~comppo_core.hf.lm.pack_columns` puts the critic's ``[S, T'−1]`` values back into
+the packed row.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
-__all__ = ["CriticInputs"]
+from ...errors import ShapeError
+from ...gate_params import GateParams, as_gate_params
+from ...hf.lm import check_cu_seqlens, default_position_ids, scored_columns, unpack_columns, unpack_tokens
+
+__all__ = ["CriticInputs", "packed_critic_inputs"]
 
 
 @dataclasses.dataclass
@@ -48,3 +64,75 @@ class CriticInputs:
     taps: dict[int, torch.Tensor]
     per_layer: torch.Tensor | None
     gates: torch.Tensor
+
+
+def packed_critic_inputs(
+    input_ids: torch.Tensor,
+    cu_seqlens: Any,
+    *,
+    taps: dict[int, torch.Tensor],
+    per_layer: torch.Tensor | None,
+    concentration: torch.Tensor | None,
+    response_mask: torch.Tensor | None = None,
+    gate_params: GateParams | None = None,
+) -> CriticInputs:
+    """The :class:`CriticInputs` of a packed row's sequences, one right-padded row each.
+
+    ::
+
+        row i            = tokens cu_seqlens[i] .. cu_seqlens[i+1]−1 of the packed row, then padding
+        taps[k][i]       = taps[k][0, cu[i] : cu[i+1]]                          [S, T', d]
+        per_layer[i]     = per_layer[0, cu[i] : cu[i+1]−1]                      [S, T'−1, L]
+        gates[i]         = causal_gates(concentration[i], response_mask[i])     per sequence
+
+    ``T' = max(2, max L_i)``. With the actor run once on the packed row (attention kept
+    per sequence: :func:`comppo_core.hf.score` with ``cu_seqlens``, a
+    :class:`~comppo_core.rl.critics.taps.TapRecorder` around it), every field equals the
+    one :func:`comppo_core.rl.forward` builds for the separate sequences, padded on the
+    right, up to the attention kernels' rounding; a critic's values ``[S, T'−1]`` go back
+    to the packed row with :func:`comppo_core.hf.lm.pack_columns`. The taps are gathered
+    with their autograd graph (the critic decides what reaches the trunk).
+
+    Args:
+      input_ids: ``[1, N]`` the packed row.
+      cu_seqlens: ``[S+1]`` offsets (checked: :func:`~comppo_core.hf.lm.check_cu_seqlens`).
+      taps: decoder layer → its output ``[1, N, d]`` recorded during the packed forward.
+      per_layer: ``[1, N−1, L]`` the packed forward's per-layer concentration, or None
+        (no probe ran).
+      concentration: ``[1, N−1]`` its concentration, or None (gate features of 1, as
+        :func:`comppo_core.rl.forward` without a probe).
+      response_mask: ``[1, N−1]`` response columns of the packed row (None: every scored
+        column); columns that score no token of their sequence are ignored.
+      gate_params: the concentration → gate mapping (default :class:`GateParams`).
+    """
+    from .tac import causal_gates  # tac imports this module
+
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ShapeError(f"input_ids: expected one packed row [1, N], got {got}", argument="input_ids")
+    cu = check_cu_seqlens(cu_seqlens, input_ids.shape[1], input_ids.device)
+    params = as_gate_params(gate_params, "gate_params")
+    ids = unpack_tokens(input_ids, cu, "input_ids")
+    lengths = cu[1:] - cu[:-1]
+    mask = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]
+    columns = scored_columns(mask)
+    resp = columns
+    if response_mask is not None:
+        resp = unpack_columns(response_mask.to(device=ids.device) != 0, cu, "response_mask") & columns
+    unpacked_taps = {layer: unpack_tokens(h, cu, f"taps[{layer}]") for layer, h in taps.items()}
+    per = None if per_layer is None else unpack_columns(per_layer.detach(), cu, "per_layer")
+    if concentration is None:
+        gates = torch.ones(columns.shape, dtype=torch.float32, device=ids.device)
+    else:
+        conc = unpack_columns(concentration.detach().float(), cu, "concentration")
+        gates = causal_gates(conc, resp, params)
+    return CriticInputs(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=default_position_ids(mask),
+        columns=columns,
+        response_mask=resp,
+        taps=unpacked_taps,
+        per_layer=per,
+        gates=gates,
+    )
