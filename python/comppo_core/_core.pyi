@@ -51,6 +51,7 @@ def td_targets(
     last_values: object,
     gamma: object,
 ) -> npt.NDArray[np.floating] | None: ...
+
 # normalize: "causal", "sequence", "batch" or "none" (GateParams.normalize; any other
 # value, or one that is not a str, gives None). The default lives in GateParams.
 def gates_from_concentration(
