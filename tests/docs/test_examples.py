@@ -5,7 +5,8 @@ empty working directory), so it imports only what it says it imports and any war
 fails it. An example that imports an optional dependency (torch, transformers, pyarrow,
 ray, hypothesis), directly or through the ``comppo_core`` module that needs it, is
 skipped when that dependency is missing. examples/ holds nothing but these programs and
-``accelerate/``, the launch configurations of the TRL example (each a YAML mapping).
+``accelerate/``, the launch configurations of the TRL example (each a YAML mapping), and
+``paper/``, the paper-scale recipe (tested by tests/examples/test_paper_recipe.py).
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ def test_example_runs(program: Path, tmp_path: Path) -> None:
 
 def test_examples_are_the_programs_users_copy() -> None:
     names = sorted(p.name for p in EXAMPLES.iterdir() if not p.name.startswith(".") and p.name != "__pycache__")
-    assert names == sorted([*EXPECTED, "accelerate"]), "examples/ holds only the programs in EXPECTED and accelerate/"
+    assert names == sorted([*EXPECTED, "accelerate", "paper"]), (
+        "examples/ holds only the programs in EXPECTED, accelerate/ and paper/"
+    )
     configs = sorted(p.name for p in (EXAMPLES / "accelerate").iterdir())
     assert configs == sorted(ACCELERATE_CONFIGS)
     yaml = pytest.importorskip("yaml")

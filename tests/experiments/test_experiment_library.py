@@ -103,6 +103,9 @@ def test_the_protocol_defaults_are_resolved() -> None:
     assert given.base.validation_fraction == 0.2
     assert settings.parse_arms(" grpo, comppo ") == ("grpo", "comppo")
     assert "comppo_oracle" not in settings.DEFAULT_ARMS and set(settings.OWN_FIELDS) == {"arm", "seed", "eval_split"}
+    # the uncertainty gates are baselines a user names: the default compare stays the paper's nine arms
+    assert not {"comppo_policy_entropy", "comppo_token_nll"} & set(settings.DEFAULT_ARMS)
+    assert len(settings.DEFAULT_ARMS) == 9
 
 
 def test_an_out_that_cannot_take_the_experiment_is_refused(tmp_path: Path) -> None:

@@ -133,6 +133,26 @@ def test_a_resumed_compare_keeps_the_defaults_it_was_made_under(tmp_path: Path, 
     assert cli.main([*argv, "--resume", "--gate-causal"]) == 2  # given against the record: named, refused
 
 
+def test_a_compare_recorded_with_gate_invert_resumes_inverted(tmp_path: Path, signal: None) -> None:
+    """A compare recorded before ``gate_invert`` became ``gate_direction`` (its compare.json
+    and its runs' config.json say ``gate_invert: true``) resumes as the inverted direction
+    it meant, reusing its runs, and refuses the other direction given against it."""
+    out = tmp_path / "cmp"
+    argv = ["compare", "--arms", "comppo", "--seeds", "1", *TINY, "--out", str(out)]
+    assert cli.main([*argv, "--gate-direction", "inverted"]) == 0
+    for path in (out / "compare.json", out / "comppo" / "seed0" / "config.json"):  # as the old version wrote them
+        record = json.loads(path.read_text())
+        fields = record["settings"] if path.name == "compare.json" else record
+        assert fields.pop("gate_direction") == "inverted"
+        fields["gate_invert"] = True
+        path.write_text(json.dumps(record))
+    table = (out / "results.md").read_text()
+    assert cli.main([*argv, "--resume"]) == 0
+    assert parse_table((out / "results.md").read_text()) == parse_table(table)  # the run reused, not redone
+    assert json.loads((out / "compare.json").read_text())["settings"]["gate_direction"] == "inverted"
+    assert cli.main([*argv, "--resume", "--gate-direction", "as_is"]) == 2
+
+
 def test_compare_starts_every_arm_of_a_seed_from_the_same_parameters(tmp_path: Path, signal: None) -> None:
     from safetensors.torch import load_file
 

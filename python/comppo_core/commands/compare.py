@@ -53,7 +53,18 @@ starts again. Ctrl-C finishes the current step, keeps the checkpoints and prints
 **Flags.** Every flag of ``comppo-core train`` but ``--arm``, ``--seed`` and ``--eval-split``
 (compare sets those per run: ``--arms``, ``--seeds``; neither offered by ``--help`` nor
 accepted), and compare's own: ``--arms``, ``--seeds``, ``--grid``, ``--tuning-seeds``,
-``--jobs``, ``--warm-starts``, ``--resume``, ``--overwrite``.
+``--jobs``, ``--warm-starts``, ``--resume``, ``--overwrite``, ``--engine``, ``--launcher``,
+``--trl-config``.
+
+**On TRL** (``--engine trl``, docs/trl.md "compare on TRL"): each run is a
+:class:`~comppo_core.integrations.trl.CompPOTrainer` run on ``--model DIR`` in a process of
+its own (``python -m comppo_core.integrations.trl.run RUN_DIR``), under ``--launcher`` when
+given (``"accelerate launch --config_file F"``), with the GRPOConfig fields compare does not
+set from ``--trl-config F``; the protocol, the files and the resume rules are the same
+(:mod:`comppo_core.experiments.trl_engine`). The flags that do not apply (the built-in
+policy and its SFT, ``--init-from``, ``--warm-starts``, ``--jobs``, ``--fsdp``, a KL other
+than TRL's k3 in the loss) are refused, named; ``--launcher`` and ``--trl-config`` without
+``--engine trl`` too.
 
 **The command and the library.** This module is the command line only: it parses the
 flags into :class:`comppo_core.experiments.settings.CompareSettings`, runs
@@ -83,7 +94,7 @@ from ..experiments.protocol import Experiment
 from ..experiments.runs import Stopped
 from ..experiments.settings import DEFAULT_ARMS, DEFAULT_SEEDS, OWN_FIELDS, CompareSettings, parse_arms
 from ..experiments.tuning import DEFAULT_REPORTING_SEEDS, DEFAULT_TUNING_SEEDS, FIRST_TUNING_SEED
-from ..rl.config import PRESETS, TrainConfig
+from ..rl.config import PRESETS, TrainConfig, upgrade_fields
 from .train import (
     _Default,
     add_config_arguments,
@@ -159,6 +170,27 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="copy each seed's warm start from the compare in DIR (read only) where it was made with the same "
         "seed, task, split, policy and SFT settings, whatever the RL settings; the seeds DIR lacks are made here",
     )
+    cmd.add_argument(
+        "--engine",
+        default="package",
+        choices=("package", "trl"),
+        help="package: comppo_core.rl.Trainer (default); trl: each run a CompPOTrainer run on --model DIR in a "
+        "process of its own (docs/trl.md, compare on TRL)",
+    )
+    cmd.add_argument(
+        "--launcher",
+        default=None,
+        metavar="CMD",
+        help='with --engine trl: start each run under this command, e.g. "accelerate launch --config_file F" '
+        "(default: this python)",
+    )
+    cmd.add_argument(
+        "--trl-config",
+        default=None,
+        metavar="FILE",
+        help="with --engine trl: a YAML or JSON file of the GRPOConfig/CompPOConfig fields compare does not set "
+        "(use_vllm, gradient_checkpointing, ...)",
+    )
     # the train flags compare sets itself stay parsed (to refuse them, naming what to use),
     # not offered: --help leaves them out
     add_config_arguments(cmd, hidden=tuple(OWN_FIELDS))
@@ -195,6 +227,10 @@ def recorded_defaults(args: argparse.Namespace) -> dict[str, Any]:
         return {}
     if not isinstance(recorded, dict):
         return {}
+    try:
+        recorded = upgrade_fields(recorded)  # a field renamed since (gate_invert → gate_direction)
+    except ParameterError:
+        return {}
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     set_here = {*config_fields(args), *PRESETS.get(args.preset or "default", {})}
     return {k: v for k, v in recorded.items() if k in names and k not in set_here}
@@ -216,7 +252,12 @@ def settings_from_args(args: argparse.Namespace, cmd: argparse.ArgumentParser) -
     seeds = _count("--seeds", args.seeds, cmd)
     jobs = _count("--jobs", args.jobs, cmd)
     tuning = _count("--tuning-seeds", args.tuning_seeds, cmd)
-    base = config_from_args(args, cmd, **recorded_defaults(args), arm=arms[0], seed=0, resume=False)
+    fixed: dict[str, Any] = {}
+    if args.engine == "trl":  # TRL's KL estimator, unless a flag says otherwise (then refused, named)
+        from ..experiments.trl_engine import TRL_FIXED
+
+        fixed = {k: v for k, v in TRL_FIXED.items() if isinstance(getattr(args, k), _Default)}
+    base = config_from_args(args, cmd, **{**recorded_defaults(args), **fixed}, arm=arms[0], seed=0, resume=False)
     given = not isinstance(args.validation_fraction, _Default)
     return CompareSettings(
         base=base,
@@ -230,6 +271,9 @@ def settings_from_args(args: argparse.Namespace, cmd: argparse.ArgumentParser) -
         resume=args.resume is True,
         overwrite=bool(args.overwrite),
         preset=args.preset or "default",
+        engine=args.engine,
+        launcher=args.launcher,
+        trl_config=None if args.trl_config is None else Path(args.trl_config),
     )
 
 

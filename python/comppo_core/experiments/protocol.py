@@ -32,6 +32,11 @@ setting is refused, named): finished runs are reused, interrupted ones resume fr
 checkpoint, and more arms or seeds may be added. ``overwrite`` deletes the experiment's own
 files (:func:`clear_compare`) and starts again.
 
+**On TRL** (``settings.engine == "trl"``): every run starts from ``base.model`` (no warm
+starts), each a process of its own (:mod:`comppo_core.experiments.trl_engine`);
+``compare.json`` records the engine, the launcher and the ``--trl-config`` (its settings and
+hash), and ``resume`` refuses another, naming ``engine``, ``launcher`` or ``trl_config``.
+
 Everything that can be refused is refused by :class:`Experiment` (its constructor) before
 anything is written or torch is imported: a :class:`~comppo_core.errors.ParameterError`
 whose ``argument`` names the setting (:mod:`comppo_core.experiments.settings`).
@@ -56,9 +61,9 @@ from typing import Any
 
 from ..errors import ParameterError
 from ..options import ARM_NAMES
-from ..rl.config import TrainConfig
+from ..rl.config import TrainConfig, upgrade_fields
 from ..rl.runs import run_dir
-from . import report, runs
+from . import report, runs, trl_engine
 from .grid import Grid
 from .settings import CompareSettings
 from .tuning import Outcome, choose, stability
@@ -105,6 +110,7 @@ def clear_compare(out: Path) -> None:
         for seed_dir in (out / arm).glob("seed*"):
             if seed_dir.is_dir():
                 run_dir.clear_run(seed_dir)
+                trl_engine.clear_trl_run(seed_dir)
                 with contextlib.suppress(OSError):
                     seed_dir.rmdir()
         with contextlib.suppress(OSError):
@@ -118,6 +124,7 @@ def check_out(
     resume: bool,
     overwrite: bool,
     protocol: dict[str, Any],
+    engine: dict[str, Any] | None = None,
 ) -> None:
     """Refuse an ``out`` that cannot take this experiment: a ParameterError naming the
     setting at fault (``out``, ``overwrite``, ``init_from``, ``grid``, ``tuning_seeds`` or
@@ -143,8 +150,8 @@ def check_out(
         )
     try:
         record = json.loads((out / "compare.json").read_text())
-        saved = record["settings"]
-    except (OSError, ValueError, KeyError, TypeError):
+        saved = upgrade_fields(record["settings"])  # a field renamed since (gate_invert → gate_direction)
+    except (OSError, ValueError, KeyError, TypeError, ParameterError):
         record, saved = {}, None
     if saved is not None and (why := runs.differing(saved, base)) is not None:
         raise why
@@ -153,6 +160,8 @@ def check_out(
             f"init_from: the runs in --out started from {record['init_from']!r}, got {base.init_from!r}",
             argument="init_from",
         )
+    if saved is not None:
+        _check_engine(record.get("engine"), engine)
     for key in ("grid", "tuning_seeds"):
         if saved is not None and record.get(key) != protocol[key]:
             raise ParameterError(
@@ -162,6 +171,37 @@ def check_out(
         saved_run = runs.saved_config(out / rel)
         if saved_run is not None and (why := runs.differing(saved_run, config)) is not None:
             raise ParameterError(f"{why} ({rel})", argument=why.argument)
+
+
+def _check_engine(recorded: dict[str, Any] | None, engine: dict[str, Any] | None) -> None:
+    """Refuse resuming a compare on another engine, launcher or ``--trl-config`` (by its
+    settings' hash) than the one it was made with, naming the setting."""
+    was = "package" if recorded is None else recorded.get("engine", "trl")
+    now = "package" if engine is None else "trl"
+    if was != now:
+        raise ParameterError(
+            f"engine: the compare in --out ran on the {was} engine, got --engine {now}", argument="engine"
+        )
+    if recorded is None or engine is None:
+        return
+    if recorded.get("launcher") != engine.get("launcher"):
+        raise ParameterError(
+            f"launcher: the compare in --out ran its runs under {recorded.get('launcher')!r}, got "
+            f"{engine.get('launcher')!r}",
+            argument="launcher",
+        )
+
+    def digest(r: dict[str, Any]) -> str | None:
+        t = r.get("trl_config")
+        return None if t is None else t.get("sha256")
+
+    if digest(recorded) != digest(engine):
+        was_path = (recorded.get("trl_config") or {}).get("path")
+        raise ParameterError(
+            f"trl_config: the compare in --out ran with the TRL settings of {was_path!r} (sha256 "
+            f"{digest(recorded)}), got {digest(engine)} (a different file or contents)",
+            argument="trl_config",
+        )
 
 
 def _as_flag(error: ParameterError) -> str:
@@ -226,7 +266,16 @@ class Experiment:
             "grid": None if self.grid is None else self.grid.to_dict(),
             "tuning_seeds": self.tuning_seeds or None,
         }
-        check_out(self.out, self.base, self.configs, settings.resume, settings.overwrite, self.protocol)
+        #: the TRL engine's record (None: the package's engine)
+        self.engine: dict[str, Any] | None = None
+        if settings.engine == "trl":
+            self.engine = trl_engine.engine_record(settings.trl_config, settings.launcher)
+            for rel, config in self.configs.items():  # a grid point TRL cannot run (kl_kind=k2, ...)
+                try:
+                    trl_engine.check_config(config)
+                except ParameterError as exc:
+                    raise ParameterError(f"grid: {rel}: {exc}", argument="grid") from None
+        check_out(self.out, self.base, self.configs, settings.resume, settings.overwrite, self.protocol, self.engine)
         run_dir.check_paths(self.base.replace(out=None), overwrite=False)
         self.source: Path | None = self._warm_start_source(settings.warm_starts)
 
@@ -297,13 +346,14 @@ class Experiment:
             "arms": arms,
             "seeds": n_seeds,
             **self.protocol,
+            **({} if self.engine is None else {"engine": self.engine}),
         }
         run_dir.write_json_atomic(out / "compare.json", record)
 
         t_start = time.perf_counter()
         configs = dict(self.configs)
         total = len(configs) + len(arms) * n_seeds * (grid is not None)
-        runner = runs.Runner(out, base, total, stop, settings.jobs, self.source, say)
+        runner = runs.Runner(out, base, total, stop, settings.jobs, self.source, say, engine=self.engine)
         outcomes: dict[str, list[list[Outcome]]] = {}
         chosen: dict[str, int] = {}
         choice: dict[str, dict[str, Any]] = {}
@@ -348,6 +398,7 @@ class Experiment:
             n_seeds,
             report.Timing(runner.keys, runner.timings, runner.reused, seconds),
             report.Tuning(grid, outcomes, chosen, self.tuning_seeds) if grid is not None else None,
+            self.engine,
         )
         return ExperimentResult(out, table, inter, summaries, choice, seconds)
 

@@ -322,6 +322,7 @@ def write_results(
     n_seeds: int,
     timing: Timing,
     tuned: Tuning | None,
+    engine: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, Any] | None]:
     """Write ``results.md``, ``results.json`` and ``curves.png`` of the runs' ``summaries``
     (``(arm, seed)`` → summary; the runs in ``out/<arm>/seed<s>/``); return the main table
@@ -416,6 +417,8 @@ def write_results(
         + (f", reusing {timing.reused} finished runs" if timing.reused else "")
         + " (seconds per run: timings.json).",
         "",
+        engine_line(engine),
+        "",
         "Settings changed from the TrainConfig defaults: "
         + (", ".join(f"`{k}={v}`" for k, v in changed.items()) if changed else "none")
         + ".",
@@ -436,6 +439,7 @@ def write_results(
             "tuning": tuning,
             "curves": curves,
             "config": base.to_dict(),
+            "engine": engine or {"engine": "package"},
             "seconds": seconds,
             "timings": {k: timings.get(k) for k in keys},
         },
@@ -447,6 +451,20 @@ def write_results(
         f"held-out accuracy, mean and 95% CI over {n_seeds} seed{'s' if n_seeds > 1 else ''}",
     )
     return table, inter
+
+
+def engine_line(engine: dict[str, Any] | None) -> str:
+    """What ran the runs, for ``results.md``: the package's trainer, or TRL with its launcher and settings file."""
+    if engine is None:
+        return "Engine: the package's trainer (`comppo_core.rl.Trainer`)."
+    launcher = engine.get("launcher")
+    trl_config = engine.get("trl_config")
+    return (
+        "Engine: TRL (`CompPOTrainer`, each run a process of its own"
+        + (f" under `{launcher}`" if launcher else "")
+        + (f"; TRL settings from `{trl_config['path']}`, sha256 {trl_config['sha256'][:12]}…" if trl_config else "")
+        + "); one PPO step is `ppo_epochs × num_minibatches` TRL optimiser steps (docs/trl.md, compare on TRL)."
+    )
 
 
 def eval_size(config: TrainConfig, split: str = "heldout") -> str:

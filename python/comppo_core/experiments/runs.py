@@ -11,6 +11,12 @@ run goes to one of N spawned worker processes (a fresh interpreter, one torch th
 run: :func:`train_job`); the results are recorded (``timings.json``,
 ``grid/nonfinite.json``) and printed as they arrive.
 
+**On TRL** (``engine``, :mod:`comppo_core.experiments.trl_engine`): each run is a process
+of its own (:meth:`Runner.run_trl`), reused when finished with the same settings and engine
+record, resumed from its last TRL checkpoint, made otherwise; a stop sends it one SIGTERM
+(it finishes its PPO step and checkpoints). No warm starts: every run starts from
+``base.model``.
+
 **Stopping.** A stop reaches every worker however it was asked for: Ctrl-C in a terminal
 (which signals the whole process group), SIGTERM to the compare process alone, or a
 worker's own signal. The compare then sets a stop event that every worker reads at its
@@ -38,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import NonFiniteError, ParameterError
-from ..rl.config import TASK_SIZES, TrainConfig
+from ..rl.config import TASK_SIZES, TrainConfig, upgrade_fields
 from ..rl.runs import run_dir
 from . import report
 from .grid import POLICY_FIELDS, Grid
@@ -92,8 +98,9 @@ def saved_config(out: Path) -> dict[str, Any] | None:
     """The ``config.json`` of the run in ``out`` as a dict, or None (absent, unreadable)."""
     try:
         saved: dict[str, Any] = json.loads((out / "config.json").read_text())
-        return saved
-    except (OSError, ValueError):
+        # a field renamed since (gate_invert → gate_direction) reads as the setting it meant
+        return upgrade_fields(saved) if isinstance(saved, dict) else None
+    except (OSError, ValueError, ParameterError):
         return None
 
 
@@ -334,8 +341,11 @@ class Runner:
         jobs: int = 1,
         source: Path | None = None,
         say: Callable[[str], None] = say,
+        engine: dict[str, Any] | None = None,
     ) -> None:
         self.out, self.base, self.total, self.jobs = out, base, total, jobs
+        #: the TRL engine's record (:func:`~comppo_core.experiments.trl_engine.engine_record`), None: the package's
+        self.engine = engine
         self.stop: Callable[[], bool] = stop if stop is not None else _never
         self.say = say
         #: another compare whose warm starts this one copies (``--warm-starts``), or None
@@ -389,6 +399,8 @@ class Runner:
         (``eval_split="validation"``) stopped by a non-finite value."""
         from ..rl.engine.trainer import Trainer
 
+        if self.engine is not None:
+            return self.run_trl(rel, config, label)
         run_out = self.out / rel
         config = config.replace(out=str(run_out), init_from=self.init_from(config.seed))
         tuning = config.eval_split == "validation"
@@ -415,6 +427,57 @@ class Runner:
             finally:
                 trainer.dist.close()
             status = self._timed(rel, time.perf_counter() - t0, go_on)
+        else:
+            self.reused += 1
+        self._print(label, summary, status, split)
+        return self._after(label, summary)
+
+    def run_trl(self, rel: str, config: TrainConfig, label: str) -> dict[str, Any] | None:
+        """:meth:`run` on the TRL engine: the run is a process of its own
+        (:func:`~comppo_core.experiments.trl_engine.run_subprocess`), reused when finished
+        with the same settings and engine record, resumed from its last TRL checkpoint,
+        made otherwise (its directory's TRL run entries cleared first)."""
+        from ..rl.runs.interrupts import TrainingInterrupted
+        from . import trl_engine
+
+        assert self.engine is not None
+        run_out = self.out / rel
+        config = config.replace(out=str(run_out), init_from=None)
+        tuning = config.eval_split == "validation"
+        self.done += 1
+        self.keys.append(rel)
+        split = "validation" if tuning else "held-out"
+        if tuning and rel in self.nonfinite:
+            self.reused += 1
+            self.say(f"[{self.done}/{self.total}] {label}: stopped on a non-finite value (reused)")
+            return self._after(label, None)
+        saved = saved_config(run_out)
+        same_engine = saved is not None and saved.get("trl") == self.engine
+        summary = finished(run_out, config) if same_engine else None
+        status = "reused"
+        if summary is None:
+            go_on = same_engine and trl_engine.last_checkpoint(run_out) is not None
+            if not go_on:
+                trl_engine.clear_trl_run(run_out)
+            trl_engine.write_run_config(run_out, config, self.engine)
+            launcher = trl_engine.parse_launcher(self.engine.get("launcher"))
+            how = "resuming from its TRL checkpoint" if go_on else "started"
+            self.say(f"[{self.done}/{self.total}] {label}: {how}; its output goes to {run_out / 'run.log'}")
+            t0 = time.perf_counter()
+            try:
+                kind, value = trl_engine.run_subprocess(run_out, launcher, self.stop, config.num_threads)
+            except NonFiniteError as exc:
+                if not tuning:
+                    raise
+                self._nonfinite(rel, str(exc))
+                kind, value = "nonfinite", None
+            finally:
+                status = self._timed(rel, time.perf_counter() - t0, go_on)
+            if kind == "stopped":
+                step = None if value is None else int(value.name.removeprefix("checkpoint-"))
+                per_rollout = config.ppo_epochs * config.num_minibatches
+                raise TrainingInterrupted(0 if step is None else step // per_rollout, value)
+            summary = value
         else:
             self.reused += 1
         self._print(label, summary, status, split)

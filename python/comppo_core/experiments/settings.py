@@ -14,7 +14,8 @@ tuning seeds, evaluated on the validation split (:mod:`comppo_core.experiments.t
 with a grid unless given) and checks every setting, raising a
 :class:`~comppo_core.errors.ParameterError` whose ``argument`` names it (``"arms"``,
 ``"seeds"``, ``"tuning_seeds"``, ``"jobs"``, ``"grid"``, ``"validation_fraction"``,
-``"eval_every"``, ``"out"``, or a TrainConfig field); the message starts with that name.
+``"eval_every"``, ``"out"``, ``"engine"``, ``"launcher"``, ``"trl_config"``, or a TrainConfig
+field); the message starts with that name.
 Messages name the other settings as ``compare``'s flags do (``--out``, ``--resume``).
 
 Imports no torch and no argparse.
@@ -41,8 +42,9 @@ from .tuning import (
 __all__ = ["DEFAULT_ARMS", "DEFAULT_SEEDS", "OWN_FIELDS", "CompareSettings", "parse_arms"]
 
 #: The arms an experiment runs by default: every arm but the diagnostics (``comppo_oracle``
-#: needs a task that marks its pivotal tokens).
-DEFAULT_ARMS: tuple[str, ...] = tuple(name for name in ARM_NAMES if not ARMS[name].diagnostic)
+#: needs a task that marks its pivotal tokens) and the baselines of other gate sources
+#: (``comppo_policy_entropy``, ``comppo_token_nll``: ``--arms`` names them).
+DEFAULT_ARMS: tuple[str, ...] = tuple(name for name in ARM_NAMES if ARMS[name].in_default_compare)
 
 #: Reporting seeds without a grid when none are given.
 DEFAULT_SEEDS = 3
@@ -106,6 +108,13 @@ class CompareSettings:
       resume: continue the experiment in ``base.out`` (the same settings).
       overwrite: delete the experiment's own files in ``base.out`` and start again.
       preset: the name of the preset ``base`` came from, for ``results.md``.
+      engine: ``"package"`` (:class:`~comppo_core.rl.Trainer`, in this process or ``jobs``
+        workers) or ``"trl"`` (each run a :class:`~comppo_core.integrations.trl.CompPOTrainer`
+        run in a process of its own: :mod:`comppo_core.experiments.trl_engine`).
+      launcher: with ``engine="trl"``, the command each run is started under
+        (``"accelerate launch --config_file F"``); None: ``python`` itself.
+      trl_config: with ``engine="trl"``, a YAML/JSON file of the GRPOConfig/CompPOConfig
+        fields compare does not set.
     """
 
     base: TrainConfig
@@ -119,6 +128,9 @@ class CompareSettings:
     resume: bool = False
     overwrite: bool = False
     preset: str = "default"
+    engine: str = "package"
+    launcher: str | None = None
+    trl_config: Path | None = None
 
     @property
     def out(self) -> Path:
@@ -162,6 +174,7 @@ class CompareSettings:
                 argument="seeds",
             )
         _ = self.out  # a ParameterError naming out when there is none
+        self._check_engine()
         fixed: dict[str, object] = {"arm": self.arms[0], "seed": 0, "resume": False}
         if self.validation_fraction is not None:
             fixed["validation_fraction"] = self.validation_fraction
@@ -178,4 +191,38 @@ class CompareSettings:
                 "got 0",
                 argument="validation_fraction",
             )
+        if self.engine == "trl":
+            from .trl_engine import check_config
+
+            for arm in self.arms:
+                check_config(base.replace(arm=arm))
         return dataclasses.replace(self, base=base, arms=tuple(self.arms))
+
+    def _check_engine(self) -> None:
+        """The engine and its settings (a ParameterError naming the first at fault)."""
+        from .trl_engine import ENGINES, parse_launcher
+
+        if self.engine not in ENGINES:
+            raise ParameterError(
+                f"engine: expected one of {', '.join(ENGINES)}, got {self.engine!r}", argument="engine"
+            )
+        if self.engine == "package":
+            for name in ("launcher", "trl_config"):
+                if getattr(self, name) is not None:
+                    raise ParameterError(f"{name}: only with --engine trl", argument=name)
+            return
+        if self.jobs != 1:
+            raise ParameterError(
+                "jobs: expected 1 with --engine trl (each run is a process of its own, or a launcher's processes; "
+                "runs go one after another)",
+                argument="jobs",
+            )
+        if self.warm_starts is not None:
+            raise ParameterError(
+                "warm_starts: not with --engine trl (every run starts from --model DIR)", argument="warm_starts"
+            )
+        parse_launcher(self.launcher)
+        if self.trl_config is not None and not self.trl_config.is_file():
+            raise ParameterError(
+                f"trl_config: expected a YAML or JSON file, got {str(self.trl_config)!r}", argument="trl_config"
+            )
