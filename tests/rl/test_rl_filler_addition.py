@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+pytest.importorskip("torch")  # comppo_core.rl.engine.build (demonstrations) imports torch
+
 from comppo_core.errors import ParameterError
 from comppo_core.rl.config import TrainConfig
 from comppo_core.rl.engine.build import demonstrations

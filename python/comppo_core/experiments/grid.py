@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ParameterError
-from ..rl.config import TASK_SIZES, TrainConfig
+from ..rl.config import TASK_SIZES, TrainConfig, field_types
 from ..rl.core.arms import get_arm
 
 __all__ = ["NOT_TUNABLE", "POLICY_FIELDS", "Grid", "parse_grid"]
@@ -233,7 +233,7 @@ def _field(name: str) -> str:
 
 
 def _field_type(field: str) -> tuple[type, bool]:
-    hint = typing.get_type_hints(TrainConfig)[field]
+    hint = field_types(TrainConfig)[field]
     args = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
         (inner,) = [a for a in args if a is not type(None)]

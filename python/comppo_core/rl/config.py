@@ -46,7 +46,7 @@ from .core.gate_sources import GATE_DIRECTIONS
 from .runs.run_dir import absolute
 from .tasks import TASKS, size_fields, task_entry
 
-__all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig", "recommended_direction", "upgrade_fields"]
+__all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig", "field_types", "recommended_direction", "upgrade_fields"]
 
 # This module imports no torch (nor transformers): every closed set a field is checked
 # against comes from comppo_core.options (KL_MODES is re-exported from there), so that
@@ -562,7 +562,7 @@ class TrainConfig:
     def add_arguments(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         """Add one ``--field-name`` flag per field (defaults: the dataclass's; booleans get
         ``--flag/--no-flag``; optional fields accept ``none``)."""
-        hints = typing.get_type_hints(cls)
+        hints = field_types(cls)
         group = parser.add_argument_group("training (TrainConfig)")
         for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
@@ -603,6 +603,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"steps": 40},
     "demo": {"steps": 40, "warmup_sft_steps": 240, "sft_carry_noise": 0.5},
 }
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """The resolved annotations of a dataclass's fields, without its ``InitVar`` fields (Python
+    3.10's ``typing.get_type_hints`` refuses an ``InitVar`` written as a string annotation,
+    as ``from __future__ import annotations`` writes every annotation)."""
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return typing.get_type_hints(type(cls.__name__, (), {"__annotations__": fields, "__module__": cls.__module__}))
 
 
 def _direction_of_gate_invert(invert: Any, direction: Any) -> str:
