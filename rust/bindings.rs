@@ -866,6 +866,17 @@ fn get_num_threads() -> usize {
     pool::num_threads()
 }
 
+/// The code the kernels run in this process: `"avx2"` (the CPU has AVX2 and FMA, and
+/// `COMPPO_DISABLE_AVX2` is unset or 0) or `"baseline"` (see `rust/cpu.rs`).
+#[pyfunction]
+fn simd_path() -> &'static str {
+    if crate::cpu::avx2() {
+        "avx2"
+    } else {
+        "baseline"
+    }
+}
+
 /// `(bytes held for reuse, cap)` of the output buffer cache (see `rust/buffers.rs`).
 #[pyfunction]
 fn buffer_cache() -> (usize, usize) {
@@ -884,6 +895,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(buffer_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(simd_path, m)?)?;
     m.add("NUM_THREADS_ENV", pool::ENV_VAR)?;
     m.add("BUFFER_CACHE_ENV", buffers::ENV_VAR)?;
     // The package version is written once, in Cargo.toml (pyproject.toml's is dynamic).

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -231,6 +232,7 @@ def test_avx2_and_baseline_builds_are_bit_identical() -> None:
 
     script = (
         "import numpy as np, comppo_core as cc, sys\n"
+        "sys.stderr.write(cc._core.simd_path())\n"  # the path this process runs
         "rng = np.random.default_rng(3)\n"
         "m = rng.random((64, 700)) < 0.8\n"
         "r = (rng.standard_normal((64, 700)) * m).astype(np.float32)\n"
@@ -256,9 +258,16 @@ def test_avx2_and_baseline_builds_are_bit_identical() -> None:
         "                        + q.tobytes() + q2.tobytes() + q3.tobytes() + q4.tobytes() + q5.tobytes()\n"
         "                        + y.tobytes())\n"
     )
-    outs = []
+    outs, paths = [], []
     for disable in ("0", "1"):
         env = {**__import__("os").environ, "COMPPO_DISABLE_AVX2": disable}
-        outs.append(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, check=True).stdout)
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, check=True)
+        outs.append(done.stdout)
+        paths.append(done.stderr.decode())
+    assert paths[1] == "baseline"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():  # Linux: both paths really ran where the CPU has AVX2 and FMA
+        flags = set(cpuinfo.read_text().split())
+        assert paths[0] == ("avx2" if {"avx2", "fma"} <= flags else "baseline")
     assert len(outs[0]) == 8 * 64 * 700 * 4 + 8 * 7 + 2 * 64 * 700 * 8
     assert outs[0] == outs[1]
