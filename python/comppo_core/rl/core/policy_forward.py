@@ -38,6 +38,22 @@ The critic is a baseline and reads only the prefix, whatever the gates of Comp-G
 TAC's gate features are always :func:`~comppo_core.rl.critics.tac.causal_gates` of this forward's
 concentration (the mapping with running statistics: a whole-row z-score, a control or a
 constant would let V_j see later tokens), never the caller's ``gates``.
+
+**Packed rows.** With ``cu_seqlens`` (``[S+1]`` offsets; ``input_ids`` ``[1, N]``, several
+sequences end to end, verl's ``NO_PADDING`` layout, no attention mask) the actor still runs
+once, on the packed row (attention kept per sequence: :func:`comppo_core.hf.score` with
+``cu_seqlens``), and every output is the packed ``[1, N−1]`` layout of what the separate
+sequences give, padded into a batch::
+
+    out[0, cu[i] + j] = the separate sequence i's column j,   0 <= j < L_i − 1
+
+Column ``cu[i+1] − 1`` scores the next sequence's first token: it is outside the response
+(log-probs, concentration and values 0, gates 1). Everything that runs along a row runs
+along each sequence: Comp-GAE's gates (the running or whole-sequence z-score, a
+``"batch"`` z-score over all sequences' response columns, a ``gates`` function) on one row
+per sequence (:func:`~comppo_core.hf.lm.unpack_columns`), and the critic on one row per
+sequence (:func:`~comppo_core.rl.critics.inputs.packed_critic_inputs`), its values put back
+with :func:`~comppo_core.hf.lm.pack_columns`.
 """
 
 from __future__ import annotations
@@ -52,12 +68,21 @@ from torch import nn
 from ... import gating
 from ...errors import OutOfRangeError, ParameterError, ShapeError
 from ...gate_params import GateParams, as_gate_params
-from ...hf.lm import check_ids, default_position_ids, logprob_chunk_tokens, scored_columns
+from ...hf.lm import (
+    check_cu_seqlens,
+    check_ids,
+    default_position_ids,
+    logprob_chunk_tokens,
+    pack_columns,
+    packed_position_ids,
+    scored_columns,
+    unpack_columns,
+)
 from ...hf.probe import UnsupportedModelError, unwrap_model
 from ...hf.scoring import _post_head, score
 from ...hf.statistics import DEFAULT_QUERY_CHUNK
 from ...options import check_choice
-from ..critics.inputs import CriticInputs
+from ..critics.inputs import CriticInputs, packed_critic_inputs
 from ..critics.tac import causal_gates
 from ..critics.taps import TapRecorder
 from .gate_sources import POLICY_STATISTICS
@@ -173,7 +198,9 @@ def _entropy_columns(model: Any, capture: _HeadHidden | None, resp: torch.Tensor
     )
 
 
-def _column_mask(name: str, x: Any, shape: tuple[int, int], columns: torch.Tensor) -> torch.Tensor:
+def _column_mask(
+    name: str, x: Any, shape: tuple[int, int], columns: torch.Tensor, *, packed: bool = False
+) -> torch.Tensor:
     """``x`` as a ``[B, T−1]`` bool tensor inside the scored columns, or a clear error."""
     if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
@@ -184,9 +211,13 @@ def _column_mask(name: str, x: Any, shape: tuple[int, int], columns: torch.Tenso
     outside = m & ~columns
     if bool(outside.any()):
         row, pos = (int(i) for i in torch.nonzero(outside)[0])
+        what = (
+            "tokens are of one packed sequence, got a column whose target token starts the next sequence"
+            if packed
+            else "tokens are real, got a padded column"
+        )
         raise ShapeError(
-            f"{name}: expected only columns whose query and target tokens are real, got a padded column at "
-            f"(row {row}, position {pos})",
+            f"{name}: expected only columns whose query and target {what} at (row {row}, position {pos})",
             argument=name,
             row=row,
             position=pos,
@@ -231,6 +262,7 @@ def forward(
     causal: bool = False,
     critic_grad: bool | None = None,
     policy_statistic: str | None = None,
+    cu_seqlens: Any = None,
 ) -> ForwardOutput:
     """Run the actor once; return log-probs, concentration, gates and values (module docstring).
 
@@ -271,17 +303,53 @@ def forward(
         policy's next-token entropy (``"policy_entropy"``) or the token's NLL ``−logprobs``
         (``"token_nll"``), with the same mapping and normalisation (module docstring);
         detached, with or without ``routing``. The critic's inputs do not change.
+      cu_seqlens: ``[S+1]`` int offsets of a packed row (several sequences end to end,
+        verl's ``NO_PADDING`` layout): ``input_ids`` is ``[1, N]`` and ``attention_mask``
+        None (``position_ids``, if given, must be the ones the offsets give). Every output
+        is then the packed ``[1, N−1]`` layout of the separate sequences' (module docstring,
+        "Packed rows"); a column whose target token starts the next sequence is scored by
+        nothing: outside the response, log-probs and values 0, gates 1. ``gates``, when a
+        tensor, is ``[1, N−1]``; when a function, it is called on one row per sequence
+        (``[S, T'−1]``, :func:`~comppo_core.hf.lm.unpack_columns`) and returns that shape.
 
     Returns:
       :class:`ForwardOutput`; values outside the scored columns are 0.
+
+    Raises:
+      ParameterError: ``cu_seqlens`` with an ``attention_mask`` (``argument="attention_mask"``).
+      LayoutError: malformed ``cu_seqlens``.
     """
-    ids, mask = check_ids(input_ids, attention_mask)
-    if mask is None:
-        mask = torch.ones_like(ids, dtype=torch.bool)
-    pos = default_position_ids(mask) if position_ids is None else position_ids
-    columns = scored_columns(mask)
+    cu: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    pos: torch.Tensor | None = position_ids
+    if cu_seqlens is None:
+        ids, mask = check_ids(input_ids, attention_mask)
+        if mask is None:
+            mask = torch.ones_like(ids, dtype=torch.bool)
+        pos = default_position_ids(mask) if position_ids is None else position_ids
+        columns = scored_columns(mask)
+    else:
+        ids, _ = check_ids(input_ids, None)
+        if attention_mask is not None:
+            raise ParameterError(
+                "attention_mask: expected None with cu_seqlens (a packed row has no padding; transformers keeps its "
+                "sequences apart only without a mask), got a mask",
+                argument="attention_mask",
+            )
+        if ids.shape[0] != 1:
+            raise ShapeError(
+                f"input_ids: with cu_seqlens expected one packed row [1, N], got {tuple(ids.shape)}",
+                argument="input_ids",
+            )
+        cu = check_cu_seqlens(cu_seqlens, ids.shape[1], ids.device)
+        # pos stays position_ids: hf.score derives them from cu_seqlens (and checks given ones)
+        columns = packed_position_ids(cu)[:, 1:] != 0  # column j scores token j+1 unless it starts a sequence
     shape = (ids.shape[0], ids.shape[1] - 1)
-    resp = columns if response_mask is None else _column_mask("response_mask", response_mask, shape, columns)
+    resp = (
+        columns
+        if response_mask is None
+        else _column_mask("response_mask", response_mask, shape, columns, packed=cu is not None)
+    )
     given = None if gates is None or callable(gates) else _given_gates(gates, shape, ids.device)
     params = as_gate_params(gate_params, "gate_params")
     taps: tuple[int, ...] = tuple(getattr(critic, "taps", ())) if critic is not None else ()
@@ -315,6 +383,7 @@ def forward(
                 query_chunk=query_chunk,
                 grad=grad,
                 position_ids=pos,
+                cu_seqlens=cu,
             )
     finally:
         if capture is not None:
@@ -330,41 +399,65 @@ def forward(
         if capture is not None:
             capture.hidden = None
 
+    # Comp-GAE's gates, per sequence: a packed row's are computed on one row per sequence
+    def rows(x: torch.Tensor, name: str) -> torch.Tensor:
+        return x if cu is None else unpack_columns(x, cu, name)
+
+    resp_rows = rows(resp, "response_mask")
     comp_gates: torch.Tensor | None = None
-    critic_gates: torch.Tensor | None = None
-    causal_features: torch.Tensor | None = None
-    if conc is None:  # no probe: no routing features; a critic reads gates of 1
-        critic_gates = torch.ones_like(lp)
-    else:
-        own_causal = causal and policy_statistic is None
-        causal_features = causal_gates(conc, resp, params) if critic is not None or own_causal else None
-        critic_gates = causal_features
+    causal_features: torch.Tensor | None = None  # causal gates of the concentration, per row
+    if conc is not None and ((causal and policy_statistic is None) or (critic is not None and cu is None)):
+        causal_features = causal_gates(rows(conc, "concentration"), resp_rows, params)
     if signal is not None:
         if causal and policy_statistic is None:
             assert causal_features is not None
             own = causal_features
         elif causal:
-            own = causal_gates(signal, resp, params)
+            own = causal_gates(rows(signal, "gate_statistic"), resp_rows, params)
         else:
             own = torch.as_tensor(
-                gating.gates_from_concentration(signal, mask=resp, params=params), dtype=torch.float32
+                gating.gates_from_concentration(rows(signal, "gate_statistic"), mask=resp_rows, params=params),
+                dtype=torch.float32,
             )
         if callable(gates):
-            given = _given_gates(gates(own, signal, resp), shape, ids.device)
-        comp_gates = own if given is None else torch.where(resp, given, 1.0)
+            replaced = _given_gates(
+                gates(own, rows(signal, "gate_statistic"), resp_rows), (own.shape[0], own.shape[1]), ids.device
+            )
+            given = replaced if cu is None else pack_columns(replaced, cu, "gates")
+        own = own if cu is None else pack_columns(own, cu, "gates")
+        comp_gates = own if given is None else given
+        comp_gates = torch.where(resp, comp_gates, 1.0) if given is not None or cu is not None else comp_gates
+
     values = None
+    critic_gates: torch.Tensor | None = None
     if critic is not None:
-        assert critic_gates is not None
-        inputs = CriticInputs(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            columns=columns,
-            response_mask=resp,
-            taps=dict(recorder.hidden) if taps else {},
-            per_layer=per,
-            gates=critic_gates,
-        )
+        if cu is None:
+            # no probe: no routing features; a critic reads gates of 1
+            critic_gates = torch.ones_like(lp) if causal_features is None else causal_features
+            assert mask is not None and pos is not None
+            inputs = CriticInputs(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                columns=columns,
+                response_mask=resp,
+                taps=dict(recorder.hidden) if taps else {},
+                per_layer=per,
+                gates=critic_gates,
+            )
+        else:  # the critic reads one row per sequence (its causal features must not cross sequences)
+            inputs = packed_critic_inputs(
+                ids,
+                cu,
+                taps=dict(recorder.hidden) if taps else {},
+                per_layer=per,
+                concentration=conc,
+                response_mask=resp,
+                gate_params=params,
+            )
+            critic_gates = torch.where(columns, pack_columns(inputs.gates, cu, "critic gates"), 1.0)
         with torch.enable_grad() if (grad if critic_grad is None else critic_grad) else torch.no_grad():
             values = critic(inputs)
-    return ForwardOutput(lp, conc, per, comp_gates, values, critic_gates if critic is not None else None, resp, signal)
+        if cu is not None:
+            values = pack_columns(values, cu, "values")
+    return ForwardOutput(lp, conc, per, comp_gates, values, critic_gates, resp, signal)

@@ -309,7 +309,7 @@ def score(
     actor: Any,
     critic: nn.Module | None,
     input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
     response_mask: torch.Tensor,
     *,
     arm: Arm,
@@ -318,6 +318,7 @@ def score(
     gates: torch.Tensor | GatesFromConcentration | None = None,
     rows: Rows = LOCAL,
     critic_grad: bool | None = None,
+    cu_seqlens: Any = None,
 ) -> Scored:
     """Log-probs (at τ), values and the arm's gates of a batch, from one actor forward.
 
@@ -330,7 +331,17 @@ def score(
     the scoring pass of an arm with gates or a TAC, the update of a TAC arm; the others
     score with a plain forward, at the baseline's own cost. The scoring pass of an arm whose
     gates map a policy statistic (``policy_entropy``, ``token_nll``) computes it and maps it
-    (:func:`~comppo_core.rl.forward`'s ``policy_statistic``); the update's forward does not."""
+    (:func:`~comppo_core.rl.forward`'s ``policy_statistic``); the update's forward does not.
+
+    ``cu_seqlens`` scores a packed row (``input_ids`` ``[1, N]``, ``attention_mask`` None,
+    ``response_mask`` and every output ``[1, N−1]``; :func:`~comppo_core.rl.forward`), on
+    this process's rows alone: a ``gates`` function then reads one row per sequence."""
+    if cu_seqlens is not None and rows.distributed:
+        raise ParameterError(
+            "cu_seqlens: expected the process's own rows (rows=LOCAL) with a packed row; the global batch's gates "
+            "are gathered from padded rows",
+            argument="cu_seqlens",
+        )
     statistic = arm.gate_source.policy_statistic if not grad else None
     routing = arm.critic_reads_routing or (not grad and arm.reads_routing)
     out = forward(
@@ -348,6 +359,7 @@ def score(
         causal=settings.causal,
         critic_grad=critic_grad,
         policy_statistic=statistic,
+        cu_seqlens=cu_seqlens,
     )
     comp_gates = out.gates
     if not grad and gates is None and comp_gates is not None and out.gate_statistic is not None:
