@@ -46,7 +46,15 @@ from .core.gate_sources import GATE_DIRECTIONS
 from .runs.run_dir import absolute
 from .tasks import TASKS, size_fields, task_entry
 
-__all__ = ["KL_MODES", "PRESETS", "RESUMABLE_CHANGES", "TrainConfig", "field_types", "recommended_direction", "upgrade_fields"]
+__all__ = [
+    "KL_MODES",
+    "PRESETS",
+    "RESUMABLE_CHANGES",
+    "TrainConfig",
+    "field_types",
+    "recommended_direction",
+    "upgrade_fields",
+]
 
 # This module imports no torch (nor transformers): every closed set a field is checked
 # against comes from comppo_core.options (KL_MODES is re-exported from there), so that
