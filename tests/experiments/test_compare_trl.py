@@ -118,7 +118,6 @@ def test_a_trl_config_field_compare_sets_is_refused_naming_the_flag(tmp_path: Pa
         (["--warmup-sft-steps", "5"], r"--warmup-sft-steps: not with --engine trl"),
         (["--kl-kind", "k2"], r"--kl-kind: expected k3 with --engine trl"),
         (["--jobs", "2"], r"--jobs: expected 1 with --engine trl"),
-        (["--arms", "comppo_oracle"], r"--arms: comppo_oracle is not on the TRL engine"),
         (["--grid", "kl_kind=k2,k3"], r"--grid: grid/p0/\w+/seed1000: kl_kind: expected k3 with --engine trl"),
     ],
 )

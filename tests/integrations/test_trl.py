@@ -87,12 +87,12 @@ def test_the_overridden_private_methods_have_trl_1_16_signatures() -> None:
     assert overridden <= set(cctrl.PINNED_SIGNATURES), overridden - set(cctrl.PINNED_SIGNATURES)
 
 
-def test_the_arms_are_grpo_and_every_arm_with_a_critic_but_the_diagnostics() -> None:
-    assert cctrl.ARM_CHOICES == ("grpo", *(n for n, a in ARMS.items() if a.critic is not None and not a.diagnostic))
-    for arm in ("ppo", "ppo_fixed", "comp_gae", "tac_fixed", "comppo", "comppo_inverted"):  # the 2×2, PPO, a control
-        assert arm in cctrl.ARM_CHOICES
+def test_the_arms_are_grpo_and_every_arm_with_a_critic() -> None:
+    assert cctrl.ARM_CHOICES == ("grpo", *(n for n, a in ARMS.items() if a.critic is not None))
+    for arm in ("ppo", "ppo_fixed", "comp_gae", "tac_fixed", "comppo", "comppo_inverted", "comppo_oracle"):
+        assert arm in cctrl.ARM_CHOICES  # the 2×2, PPO, a control, the oracle (tests/integrations/test_trl_tasks.py)
     with pytest.raises(ParameterError, match="arm") as e:
-        cctrl.CompPOConfig(output_dir="unused", arm="comppo_oracle", use_cpu=True)
+        cctrl.CompPOConfig(output_dir="unused", arm="no_such_arm", use_cpu=True)
     assert e.value.argument == "arm"
 
 
@@ -300,7 +300,8 @@ def test_one_step_equals_the_package_trainer_step(tmp_path: Path, arm: str, beta
     assert max_diff(params(tr.actor), start) > 1e-4  # the step moved the weights
 
 
-@pytest.mark.parametrize("arm", [a for a in cctrl.ARM_CHOICES if a != "grpo"])
+# the oracle reads a task's pivotal marks: tests/integrations/test_trl_tasks.py trains it on one
+@pytest.mark.parametrize("arm", [a for a in cctrl.ARM_CHOICES if a not in ("grpo", "comppo_oracle")])
 def test_every_arm_with_a_critic_trains_its_critic_and_the_actor(tmp_path: Path, arm: str) -> None:
     rows, scores = synthetic_rows(8, TOK.vocab_size)
     actor = tiny_llama(TOK.vocab_size)

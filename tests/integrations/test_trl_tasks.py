@@ -32,12 +32,15 @@ from comppo_core.integrations.trl import (  # noqa: E402
     CompPOConfig,
     CompPOTrainer,
     dataset_and_rewards,
+    pivotal_completion_columns,
+    pivotal_task,
     task_dataset,
     task_problems,
     task_reward_function,
     trl_eos_token_ids,
 )
 from comppo_core.rl.config import TrainConfig  # noqa: E402
+from comppo_core.rl.core import oracle  # noqa: E402
 from comppo_core.rl.engine import rollout  # noqa: E402
 from comppo_core.rl.tasks import build_task  # noqa: E402
 from comppo_core.rl.tasks.addition import CharTokenizer  # noqa: E402
@@ -206,6 +209,80 @@ def test_each_built_in_task_trains_a_step_on_trl(name: str, tmp_path: Path) -> N
     problems = [Problem(p, a, s) for p, a, s in zip(call["prompts"], call["answer"], call["solution"])]
     assert {p.prompt for p in problems} <= set(data.train["prompt"])
     assert call["out"] == package_rewards(task, tok, problems, call["completion_ids"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# comppo_oracle on TRL: the task's pivotal marks on TRL's completions
+
+
+@pytest.mark.parametrize("name", ["chain", "filler_addition"])
+def test_the_oracles_marks_on_trl_are_the_packages(name: str) -> None:
+    """The pivotal completion tokens of TRL's rows (dataset columns, completion ids cut at
+    EOS by the mask) are the package trainer's oracle columns on the same responses."""
+    data = dataset_and_rewards(name, train_size=16, eval_size=8, **BUILT_IN[name])
+    task, tok = data.task, data.task.tokenizer
+    assert tok is not None and pivotal_task(data.reward_funcs) is task
+    hf = CharTokenizer(tok.alphabet).to_hf()  # type: ignore[attr-defined]
+    rows = [dict(r) for r in data.train.select(range(6))]
+    problems = rows_of(rows)
+    # each row's worked solution, and one cut short at the completion length (no EOS, as TRL's
+    # max_completion_length cuts it; the marks follow the text)
+    completions = [tok.encode(p.solution) + [tok.eos_token_id] for p in problems[:3]]
+    width = max(len(c) for c in completions)
+    completions += [tok.encode((p.solution * width)[:width]) for p in problems[3:]]
+    assert all(len(c) == width for c in completions[3:])
+    ids = torch.tensor([c + [tok.pad_token_id] * (width - len(c)) for c in completions])
+    mask = torch.tensor([[k < len(c) for k in range(width)] for c in completions])
+    marks = pivotal_completion_columns(task, hf, rows, ids, mask)
+    generated = rollout.generate(
+        StubPolicy(ids), tok, problems, max_new_tokens=width, device=torch.device("cpu"), sample=False
+    )
+    r = rollout.rewarded(task, tok, problems, generated, torch.arange(len(problems)))
+    package = oracle.pivotal_columns(task, tok, r)
+    for b in range(len(rows)):
+        ours = marks[b][mask[b]].tolist()
+        theirs = package[b][r.response_mask[b]].tolist()
+        assert ours[: len(theirs)] == theirs and not any(ours[len(theirs) :]), b  # EOS: never pivotal
+        assert any(theirs), b  # the marks are not all False: the comparison has something to compare
+    with pytest.raises(ParameterError, match="rows") as e:
+        pivotal_completion_columns(task, hf, rows[:2], ids, mask)
+    assert e.value.argument == "rows"
+
+
+def test_the_oracle_arm_trains_on_trl_and_needs_a_task_that_marks_pivotal_tokens(tmp_path: Path) -> None:
+    data = dataset_and_rewards("chain", train_size=16, eval_size=8, **BUILT_IN["chain"])
+    tok = data.task.tokenizer
+    assert tok is not None
+    hf = CharTokenizer(tok.alphabet).to_hf()  # type: ignore[attr-defined]
+    gates: list[torch.Tensor] = []
+    trainer = trainer_for(
+        tmp_path / "out",
+        tiny_llama(tok.vocab_size),
+        hf,
+        data.train,
+        data.reward_funcs,
+        arm="comppo_oracle",
+        critic_warmup=0,
+    )
+    score = trainer._score
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        batch, stats = score(*args, **kwargs)
+        gates.append(batch.gates[batch.response_mask])
+        return batch, stats
+
+    trainer._score = recorded  # type: ignore[method-assign]
+    trainer.train()
+    assert "comppo/value_loss" in trainer.state.log_history[0]
+    params = trainer.scoring.gate_params
+    (g,) = gates  # the oracle's two values, and both occur
+    assert sorted(g.unique().tolist()) == pytest.approx([params.low, params.high])
+    addition = dataset_and_rewards("addition", train_size=16, eval_size=8, digits=1)
+    with pytest.raises(ParameterError, match="reward_funcs") as e:
+        trainer_for(
+            tmp_path / "o2", tiny_llama(tok.vocab_size), hf, addition.train, addition.reward_funcs, arm="comppo_oracle"
+        )
+    assert e.value.argument == "reward_funcs"
 
 
 # ---------------------------------------------------------------------------------------------------------

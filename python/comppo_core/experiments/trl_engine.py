@@ -39,8 +39,7 @@ naming the compare flag that sets it (:data:`NAMED_BY_COMPARE`).
 **What the TRL engine refuses or fixes** (:func:`check_config`): the built-in policy and its
 SFT warm start (``--model DIR`` is every run's starting policy), ``--init-from``,
 ``--fsdp`` (use a launcher), the KL estimator other than k3 in the loss
-(:data:`TRL_FIXED`, TRL's), an outcome baseline other than ``grpo`` and
-``comppo_oracle`` (a TRL dataset marks no pivotal tokens).
+(:data:`TRL_FIXED`, TRL's), and an outcome baseline other than ``grpo``.
 
 Imports no torch.
 """
@@ -206,10 +205,6 @@ def check_config(config: TrainConfig, defaults: TrainConfig | None = None) -> No
             f"group_method: expected grpo with --engine trl (TRL's group-relative advantages), got "
             f"{config.group_method!r}",
             argument="group_method",
-        )
-    if config.arm == "comppo_oracle":
-        raise ParameterError(
-            "arms: comppo_oracle is not on the TRL engine (a TRL dataset marks no pivotal tokens)", argument="arms"
         )
     if config.device not in ("auto", "cpu", "cuda"):
         raise ParameterError(

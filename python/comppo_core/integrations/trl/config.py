@@ -48,19 +48,19 @@ __all__ = ["ARM_CHOICES", "CompPOConfig", "critic_arms", "tac_arms", "unsupporte
 
 
 def tac_arms() -> tuple[str, ...]:
-    """The arms of :data:`~comppo_core.rl.core.arms.ARMS` whose critic is the TAC, in registry order,
-    but the diagnostics (``comppo_oracle`` reads a task's pivotal tokens, which TRL has no
-    way to say)."""
-    return tuple(name for name, arm in ARMS.items() if arm.critic == "tac" and not arm.diagnostic)
+    """The arms of :data:`~comppo_core.rl.core.arms.ARMS` whose critic is the TAC, in registry order."""
+    return tuple(name for name, arm in ARMS.items() if arm.critic == "tac")
 
 
 def critic_arms() -> tuple[str, ...]:
-    """Every arm with a critic, standard or TAC, in registry order, but the diagnostics."""
-    return tuple(name for name, arm in ARMS.items() if arm.critic is not None and not arm.diagnostic)
+    """Every arm with a critic, standard or TAC, in registry order."""
+    return tuple(name for name, arm in ARMS.items() if arm.critic is not None)
 
 
 #: What ``CompPOConfig.arm`` accepts: plain GRPO and every arm with a critic (the paper's 2×2
-#: ``ppo_fixed``, ``comp_gae``, ``tac_fixed``, ``comppo``; ``ppo``; the gate controls).
+#: ``ppo_fixed``, ``comp_gae``, ``tac_fixed``, ``comppo``; ``ppo``; the gate controls; the
+#: uncertainty baselines; the diagnostic ``comppo_oracle``, which needs a task's reward function
+#: among ``reward_funcs``: :func:`~comppo_core.integrations.trl.tasks.pivotal_task`).
 ARM_CHOICES: tuple[str, ...] = ("grpo", *critic_arms())
 
 #: TRL's loss types that are not the PPO clip objective (a CompPO arm's loss is verl's).

@@ -57,6 +57,8 @@ __all__ = [
     "TaskData",
     "TaskReward",
     "dataset_and_rewards",
+    "pivotal_completion_columns",
+    "pivotal_task",
     "task_dataset",
     "task_problems",
     "task_reward_function",
@@ -198,6 +200,70 @@ class TaskReward:
 
     def __repr__(self) -> str:
         return f"TaskReward({self.task.describe()!r}, eos_token_ids={sorted(self.eos_token_ids)})"
+
+
+def pivotal_task(reward_funcs: Any) -> Task | None:
+    """The task of the first :class:`TaskReward` in ``reward_funcs`` (one, or a list) whose
+    task marks its pivotal tokens (a ``pivotal(problem, response)`` method), else None: what
+    the ``comppo_oracle`` arm reads on TRL."""
+    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    for fn in funcs:
+        if isinstance(fn, TaskReward) and callable(getattr(fn.task, "pivotal", None)):
+            return fn.task
+    return None
+
+
+def pivotal_completion_columns(
+    task: Task,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    completion_ids: Any,
+    completion_mask: Any,
+) -> Any:
+    """``[B, C]`` bool: which completion tokens ``task`` marks pivotal, for TRL's rows.
+
+    Row b is the dataset row ``rows[b]`` (:func:`task_dataset`'s columns: prompt, answer,
+    solution) and its completion ``completion_ids[b]`` (``[B, C]``, the tokens
+    ``completion_mask[b]`` keeps). The problem is rebuilt from the columns as
+    :class:`TaskReward` does; the response is the completion decoded without special tokens
+    (the text the reward functions read), and the marks are
+    :func:`comppo_core.rl.core.oracle.pivotal_columns`' (a token is pivotal when any of its
+    characters is; EOS never is), so the oracle's gates are the package trainer's on the
+    same response."""
+    import torch
+
+    from ...rl.core.oracle import pivotal_columns
+
+    ids = torch.as_tensor(completion_ids)
+    mask = torch.as_tensor(completion_mask).bool()
+    if len(rows) != ids.shape[0]:
+        raise ParameterError(
+            f"rows: expected one dataset row per completion ({ids.shape[0]}), got {len(rows)}", argument="rows"
+        )
+    problems = [
+        Problem(_prompt_text(r["prompt"]), str(r.get("answer", "")), str(r.get("solution", "") or "")) for r in rows
+    ]
+    responses = [
+        tokenizer.decode([int(t) for t in ids[b][mask[b]]], skip_special_tokens=True) for b in range(ids.shape[0])
+    ]
+    # pivotal_columns reads columns j of ids [B, T] whose token is ids[:, j+1]: a one-token
+    # prompt in front of the completion makes the completion's columns 0 … C−1
+    rollout = _Rollout(
+        input_ids=torch.cat([ids.new_zeros(ids.shape[0], 1), ids], dim=1),
+        response_mask=mask,
+        problems=problems,
+        responses=responses,
+    )
+    return pivotal_columns(task, tokenizer, rollout)
+
+
+class _Rollout(NamedTuple):
+    """What :func:`~comppo_core.rl.core.oracle.pivotal_columns` reads of a rollout."""
+
+    input_ids: Any
+    response_mask: Any
+    problems: list[Problem]
+    responses: list[str]
 
 
 def task_reward_function(task: Task, eos_token_ids: int | Iterable[int] | None = None) -> TaskReward:

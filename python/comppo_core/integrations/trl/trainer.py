@@ -45,6 +45,7 @@ from ...rl.core.arms import ARMS, Arm
 from ...rl.critics.tac import TransportAlignedCritic
 from ...rl.engine.distributed import Dist
 from .config import CompPOConfig, unsupported
+from .tasks import pivotal_completion_columns, pivotal_task
 from .value_model import ValueModel, build_value_model
 from .warmup import warm_up_critic
 
@@ -105,6 +106,17 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
                     seed=args.seed,
                     peft_config=kwargs.get("peft_config"),
                     model_init_kwargs=args.model_init_kwargs,
+                )
+        #: the task whose pivotal marks the oracle's gates read (the comppo_oracle arm only)
+        self._pivotal_task = None
+        if self.arm.gate_source.pivotal:
+            self._pivotal_task = pivotal_task(reward_funcs)
+            if self._pivotal_task is None:
+                raise ParameterError(
+                    f"reward_funcs: the {args.arm} arm reads a task's pivotal tokens: expected the reward function of "
+                    "a task that marks them (integrations.trl.task_reward_function or dataset_and_rewards of chain or "
+                    "filler_addition, say)",
+                    argument="reward_funcs",
                 )
         super().__init__(model, reward_funcs, args, **kwargs)
         self._cfg: Any = args
@@ -222,13 +234,18 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             out: dict[str, Any] = super()._generate_and_score_completions(inputs)
         finally:
             self.beta = beta
+        pivotal = None
+        if self._pivotal_task is not None:  # this process's completions, before any padding
+            pivotal = pivotal_completion_columns(
+                self._pivotal_task, self.processing_class, inputs, out["completion_ids"], out["completion_mask"]
+            )
         out = self._pad_to_global_widths(out)
         b = out["prompt_ids"].shape[0]
         rank = self.accelerator.process_index
         weights = self.reward_weights.to(self._rewards_per_func.device)
         scores = (self._rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)[rank * b : (rank + 1) * b]
         rows = step.Rows(self._gather, slice(rank * b, (rank + 1) * b), self.accelerator.num_processes > 1)
-        batch, stats = self._score(out, scores, rows)
+        batch, stats = self._score(out, scores, rows, pivotal)
         p = out["prompt_ids"].shape[1]
         out["advantages"] = batch.advantages[:, p - 1 :]
         out["old_per_token_logps"] = batch.old_logprobs[:, p - 1 :]
@@ -260,8 +277,11 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
                 out[key] = torch.nn.functional.pad(out[key], (0, dc), value=0)
         return out
 
-    def _score(self, out: dict[str, Any], scores: torch.Tensor, rows: step.Rows) -> tuple[step.Batch, dict[str, Any]]:
-        """Phases 2–3 of :class:`comppo_core.rl.Trainer` on TRL's generation batch."""
+    def _score(
+        self, out: dict[str, Any], scores: torch.Tensor, rows: step.Rows, pivotal: torch.Tensor | None = None
+    ) -> tuple[step.Batch, dict[str, Any]]:
+        """Phases 2–3 of :class:`comppo_core.rl.Trainer` on TRL's generation batch; ``pivotal``
+        ``[B, C]`` bool: the completion tokens the task marks pivotal (the oracle arm)."""
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1).bool()
         loss_mask = (
@@ -270,6 +290,10 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
         p = out["prompt_ids"].shape[1]
         response_mask = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=ids.device)
         response_mask[:, p - 1 :] = loss_mask.bool()
+        pivotal_columns = None
+        if pivotal is not None:  # completion token k is response column p − 1 + k
+            pivotal_columns = torch.zeros_like(response_mask)
+            pivotal_columns[:, p - 1 : p - 1 + pivotal.shape[1]] = pivotal.to(ids.device)
         gates = step.step_gates(
             self.arm,
             self.scoring,
@@ -278,6 +302,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             shape=(response_mask.shape[0], response_mask.shape[1]),
             device=ids.device,
             rows=rows,
+            pivotal=pivotal_columns,
         )
         with torch.no_grad(), self.accelerator.autocast():
             s = step.score(
