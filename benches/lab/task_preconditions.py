@@ -148,7 +148,7 @@ def probe_seed(config: Any) -> dict[str, Any]:
         "seed": config.seed,
         "warm_start_s": warm_s,
         "heldout_accuracy": accuracy,
-        "sample_reward": float(r.scores.float().mean()),
+        "sample_reward": float(r.rewards.float().mean()),
         "finished": float(r.finished.float().mean()),
         "response_tokens": float(mask.sum(-1).mean()),
         "filler_length_mean": float(np.mean(filler_lengths)) if filler_lengths else None,

@@ -7,6 +7,9 @@
 * ``comppo-core evaluate --model DIR``: the frozen evaluation of a saved model (a run's
   ``warmstart/`` or ``checkpoint/actor``, a TRL output, or a user's model) on each task's
   held-out set: greedy accuracy, and pass@k with ``--samples`` (needs the ``[rl]`` extra);
+* ``comppo-core diagnose``: will the gate help? The attention concentration (each
+  statistic and layer) and baselines against the Monte-Carlo pivotality of held-out
+  responses' tokens, with bootstrap CIs and a gate direction (needs the ``[rl]`` extra);
 * ``comppo-core compare``: every arm × seed from paired warm starts, ``results.md`` and
   ``curves.png`` (needs the ``[rl]`` extra);
 * ``comppo-core synthetic``: GAE vs Comp-GAE on a synthetic batch and a speed check
@@ -28,12 +31,12 @@ import sys
 from typing import NoReturn
 
 from . import __version__, errors
-from .commands import advantages, compare, demo, evaluate, synthetic, train
+from .commands import advantages, compare, demo, diagnose, evaluate, synthetic, train
 
 __all__ = ["OneLineErrorParser", "main"]
 
 #: The command modules, in the order ``--help`` lists them.
-_COMMANDS = (demo, train, evaluate, compare, synthetic, advantages)
+_COMMANDS = (demo, train, evaluate, diagnose, compare, synthetic, advantages)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
