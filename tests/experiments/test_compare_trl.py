@@ -301,3 +301,22 @@ def test_each_run_under_a_launcher_uses_its_processes(warm_model: Path, tmp_path
     )  # fmt: skip
     assert summary["initial_eval_accuracy"] == sum(rewards) / len(rewards)
     assert json.loads((out / "compare.json").read_text())["engine"]["launcher"] == launcher
+
+
+def test_a_trl_config_moved_elsewhere_is_the_same_engine(tmp_path: Path) -> None:
+    """A resume that names the same --trl-config contents at another path finds its runs
+    (a run is cleared only for another engine: other contents or launcher)."""
+    from comppo_core.experiments import trl_engine
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for d in ("a", "b"):
+        (tmp_path / d / "trl.yaml").write_text("gradient_checkpointing: true\n")
+    (tmp_path / "other.yaml").write_text("gradient_checkpointing: false\n")
+    a = trl_engine.engine_record(tmp_path / "a" / "trl.yaml", None)
+    b = trl_engine.engine_record(tmp_path / "b" / "trl.yaml", None)
+    assert a["trl_config"]["path"] != b["trl_config"]["path"]
+    assert trl_engine.same_engine(a, b)
+    assert not trl_engine.same_engine(a, trl_engine.engine_record(tmp_path / "other.yaml", None))
+    assert not trl_engine.same_engine(a, trl_engine.engine_record(tmp_path / "a" / "trl.yaml", "accelerate launch"))
+    assert not trl_engine.same_engine(None, a)

@@ -9,6 +9,7 @@ trainer. ``gate_direction`` is pinned on diagnosis files, good and bad, and on o
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -269,7 +270,7 @@ def test_gate_direction_applies_a_diagnosis_to_each_arms_gates(tmp_path: Path) -
     }
     for arm, direction in want.items():
         config = TrainConfig(arm=arm, gate_direction=path)
-        assert config.gate_direction == path and config.applied_gate_direction == direction, arm
+        assert config.gate_direction.startswith(path + "#sha256=") and config.applied_gate_direction == direction, arm
         assert config.gate_params.invert is (direction == "inverted")
         # another arm of the same settings (compare's base.replace(arm=...)) reads its own recommendation
         assert config.replace(arm="comppo_policy_entropy").applied_gate_direction == "as_is"
@@ -285,7 +286,25 @@ def test_gate_direction_keywords_and_the_path_stored_absolute(tmp_path: Path, mo
     _diagnosis(tmp_path, {"direction": "as_is"})
     monkeypatch.chdir(tmp_path)
     config = TrainConfig(arm="comppo", gate_direction="diagnosis.json")
-    assert config.gate_direction == str(tmp_path / "diagnosis.json")
+    path, _, digest = config.gate_direction.partition("#sha256=")
+    assert path == str(tmp_path / "diagnosis.json")
+    assert digest == hashlib.sha256((tmp_path / "diagnosis.json").read_bytes()).hexdigest()
+
+
+def test_a_diagnosis_rewritten_since_the_settings_were_made_is_refused(tmp_path: Path) -> None:
+    """The settings pin the diagnosis's contents: a resumed run (config.json read back) or a
+    compare's next run (``replace``) refuses a file rewritten since, instead of switching the
+    gates' direction silently; the same contents are accepted wherever they are read back."""
+    path = _diagnosis(tmp_path, {"direction": "as_is"})
+    config = TrainConfig(arm="comppo", gate_direction=path)
+    again = TrainConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+    assert again.gate_direction == config.gate_direction and again.gate_params.invert is False
+    _diagnosis(tmp_path, {"direction": "inverted"})  # diagnose --overwrite, say
+    for remade in (lambda: TrainConfig.from_dict(config.to_dict()), lambda: config.replace(arm="tac_fixed")):
+        with pytest.raises(ParameterError, match="changed since these settings were made") as info:
+            remade()
+        assert info.value.argument == "gate_direction"
+    assert TrainConfig(arm="comppo", gate_direction=path).gate_params.invert is True  # a new run reads it anew
 
 
 def test_no_direction_is_refused_for_gates_with_one_naming_what_to_run(tmp_path: Path) -> None:
@@ -302,7 +321,7 @@ def test_no_direction_is_refused_for_gates_with_one_naming_what_to_run(tmp_path:
 @pytest.mark.parametrize(
     "content, arm, message",
     [
-        (None, "comppo", "no such file"),
+        (None, "comppo", "(?i)no such file"),
         ("{not json", "comppo", "parse error at line 1"),
         ("[1, 2]", "comppo", "a JSON object with 'direction'"),
         ({"auc": {}}, "comppo", "expected 'direction' to be one of 'as_is', 'inverted', 'none', got None"),
@@ -371,6 +390,6 @@ def test_gate_direction_is_a_flag(tmp_path: Path) -> None:
     path = _diagnosis(tmp_path, {"direction": "inverted"})
     parser = TrainConfig.add_arguments(argparse.ArgumentParser())
     config = TrainConfig.from_args(parser.parse_args(["--arm", "comppo", "--gate-direction", path]))
-    assert config.gate_direction == path and config.gate_params.invert is True
+    assert config.gate_direction.startswith(path + "#sha256=") and config.gate_params.invert is True
     with pytest.raises(SystemExit):
         parser.parse_args(["--gate-invert"])  # replaced by --gate-direction inverted

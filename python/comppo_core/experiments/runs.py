@@ -452,7 +452,7 @@ class Runner:
             self.say(f"[{self.done}/{self.total}] {label}: stopped on a non-finite value (reused)")
             return self._after(label, None)
         saved = saved_config(run_out)
-        same_engine = saved is not None and saved.get("trl") == self.engine
+        same_engine = saved is not None and trl_engine.same_engine(saved.get("trl"), self.engine)
         summary = finished(run_out, config) if same_engine else None
         status = "reused"
         if summary is None:

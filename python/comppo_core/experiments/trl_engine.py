@@ -24,7 +24,7 @@ TrainConfig                                  CompPOConfig
 ``clip_low``, ``clip_high``                  ``epsilon``, ``epsilon_high`` (None: ``clip_low``)
 ``kl_coef``                                  ``beta`` (TRL's k3 estimator as a loss term)
 ``max_new_tokens``                           ``max_completion_length`` (None: the task's budget)
-``save_every``                               ``save_steps = save_every · K`` (at least K)
+``save_every``                               ``save_steps = save_every · K`` (0: ``save_strategy="no"``)
 ``dtype``                                    ``bf16``
 ``device``                                   ``use_cpu`` (``cpu``)
 ``gamma`` … ``trunk_grad``, gates            the same CompPOConfig fields (``gate_*``: ``gate_params``)
@@ -75,6 +75,7 @@ __all__ = [
     "last_checkpoint",
     "parse_launcher",
     "read_trl_config",
+    "same_engine",
     "run_command",
     "run_subprocess",
     "TRL_RUN_ENTRIES",
@@ -284,6 +285,20 @@ def engine_record(trl_config: Path | None, launcher: str | None) -> dict[str, An
     return record
 
 
+def same_engine(a: Any, b: Any) -> bool:
+    """Whether two engine records (:func:`engine_record`) name the same engine: the same
+    launcher and the same ``--trl-config`` contents (its SHA-256), wherever the file lies (a
+    resume from another directory or mount finds its runs)."""
+
+    def key(r: Any) -> tuple[Any, ...] | None:
+        if not isinstance(r, dict):
+            return None
+        t = r.get("trl_config")
+        return (r.get("engine"), r.get("launcher"), None if not isinstance(t, dict) else t.get("sha256"))
+
+    return key(a) is not None and key(a) == key(b)
+
+
 def trainer_arguments(
     config: TrainConfig, trl_settings: dict[str, Any], *, world_size: int, output_dir: str, max_completion_length: int
 ) -> dict[str, Any]:
@@ -326,7 +341,8 @@ def trainer_arguments(
         "max_completion_length": max_completion_length,
         "bf16": config.dtype == "bfloat16",
         "use_cpu": config.device == "cpu",
-        "save_strategy": "steps",
+        # save_every 0: no periodic checkpoint (a stop still saves one; model/ is written at the end)
+        "save_strategy": "steps" if config.save_every > 0 else "no",
         "save_steps": max(1, config.save_every) * per_rollout,
         "logging_strategy": "steps",
         "logging_steps": per_rollout,

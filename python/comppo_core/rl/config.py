@@ -24,6 +24,7 @@ import math
 import types
 import typing
 import warnings
+from pathlib import Path
 from typing import Any
 
 from ..errors import ParameterError
@@ -211,8 +212,8 @@ class TrainConfig:
         "the gate mapping's direction: as_is (a high concentration, a high gate; with the policy_entropy and "
         "token_nll gates, an uncertain token, a low gate), inverted (the mirror image, GateParams.invert), "
         "none (only for an arm whose gates have no direction: a constant gate, the oracle, none), or the path "
-        "of a diagnosis.json (comppo-core diagnose) whose recommendation for the arm's gates is applied (read "
-        "whenever the config is made, so keep it with the runs)",
+        "of a diagnosis.json (comppo-core diagnose) whose recommended direction for the arm's gates is applied "
+        "(recorded with the file's SHA-256: keep the file with the runs; a changed file is refused)",
     )
     fixed_gate: float | None = _f(
         None,
@@ -466,8 +467,8 @@ class TrainConfig:
                 f"diagnosis.json, got {self.gate_direction!r}",
                 argument="gate_direction",
             )
-        if self.gate_direction not in GATE_DIRECTIONS:  # a diagnosis: stored absolute, as out is
-            self.gate_direction = absolute(self.gate_direction)
+        if self.gate_direction not in GATE_DIRECTIONS:  # a diagnosis: stored absolute, with its contents' hash
+            self.gate_direction = pinned_diagnosis(self.gate_direction)
         _ = self.applied_gate_direction  # the file's recommendation for this arm, or a ParameterError
         try:  # low <= high etc., named as this config's fields
             _ = self.gate_params
@@ -681,8 +682,9 @@ def recommended_direction(gate_direction: str, arm: str, statistic: str | None =
     if gate_direction in GATE_DIRECTIONS:
         direction, where = gate_direction, f"gate_direction={gate_direction!r}"
     else:
-        data = _read_diagnosis(gate_direction)
-        where = f"the diagnosis {gate_direction!r}"
+        path = gate_direction.partition(DIAGNOSIS_DIGEST)[0]
+        data = _read_diagnosis(path)
+        where = f"the diagnosis {path!r}"
         if source.policy_statistic is None:
             direction = data.get("direction")
             key = "'direction'"
@@ -724,6 +726,40 @@ def recommended_direction(gate_direction: str, arm: str, statistic: str | None =
             argument=name,
         )
     return str(direction)
+
+
+#: What follows a diagnosis.json's path in ``gate_direction`` once a config has read it: the
+#: SHA-256 of the file's bytes then (:func:`pinned_diagnosis`).
+DIAGNOSIS_DIGEST = "#sha256="
+
+
+def pinned_diagnosis(gate_direction: str) -> str:
+    """``gate_direction`` naming a diagnosis.json, as a config records it: the absolute path
+    and the SHA-256 of the file's bytes, ``PATH#sha256=HEX``. Given that form (a config read
+    back, a compare's ``replace``), the file must still hash the same: a diagnosis rewritten
+    since the run's settings were made would change its gates' direction silently (a resumed
+    run, the later runs of a compare), so it is a
+    :class:`~comppo_core.errors.ParameterError` naming ``gate_direction``."""
+    import hashlib
+
+    path, _, recorded = gate_direction.partition(DIAGNOSIS_DIGEST)
+    path = absolute(path)
+    try:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise ParameterError(
+            f"gate_direction: expected one of {', '.join(map(repr, GATE_DIRECTIONS))} or the path of a readable "
+            f"diagnosis.json, got {path!r} ({exc.strerror or exc})",
+            argument="gate_direction",
+        ) from None
+    if recorded and recorded != digest:
+        raise ParameterError(
+            f"gate_direction: the diagnosis {path!r} changed since these settings were made (sha256 {recorded[:12]}… "
+            f"then, {digest[:12]}… now), which would change the gates' direction silently; restore it, or start "
+            "a new run (another --out) with it",
+            argument="gate_direction",
+        )
+    return f"{path}{DIAGNOSIS_DIGEST}{digest}"
 
 
 def _read_diagnosis(path: str) -> dict[str, Any]:
