@@ -249,6 +249,33 @@ def test_the_oracles_marks_on_trl_are_the_packages(name: str) -> None:
     assert e.value.argument == "rows"
 
 
+def test_the_oracles_marks_follow_the_text_each_token_adds_with_a_sentencepiece_tokenizer() -> None:
+    """A Metaspace (SentencePiece-style) tokenizer decodes a lone token without its leading
+    space: the marks follow the characters each token adds to the decoded response."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "</s>": 1, "▁The": 2, "▁answer": 3, "▁is": 4, "▁5": 5}
+    tok = Tokenizer(BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>")
+    ids = [2, 3, 4, 5, 1]
+    assert "".join(hf.decode([i]) for i in ids[:4]) != hf.decode(ids[:4])  # the lone tokens lose their spaces
+
+    class FiveIsPivotal:
+        def pivotal(self, problem: Problem, response: str) -> list[bool]:
+            assert response == "The answer is 5"
+            return [c == "5" for c in response]
+
+    rows = [{"prompt": "q", "answer": "5", "solution": ""}]
+    marks = pivotal_completion_columns(
+        FiveIsPivotal(), hf, rows, torch.tensor([ids]), torch.ones(1, 5, dtype=torch.bool)
+    )
+    assert marks.tolist() == [[False, False, False, True, False]]  # "▁5" only; EOS never
+
+
 def test_the_oracle_arm_trains_on_trl_and_needs_a_task_that_marks_pivotal_tokens(tmp_path: Path) -> None:
     data = dataset_and_rewards("chain", train_size=16, eval_size=8, **BUILT_IN["chain"])
     tok = data.task.tokenizer

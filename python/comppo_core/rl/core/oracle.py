@@ -5,11 +5,15 @@ the tokens that decide the reward and ``low`` elsewhere
 (:func:`comppo_core.rl.core.step.oracle_gates`), read from the task's own knowledge, which no
 policy has. A task offers it with a method ``pivotal(problem, response) -> list[bool]``:
 one flag per character of the response text (the decoded response before EOS). A token
-is pivotal when any of its characters is; special tokens (EOS) never are.
+is pivotal when any of its characters is; special tokens (EOS) never are. A token's
+characters are those the response's decoded text gains with it (the decoding of the tokens
+up to it against the decoding of those before it), so a tokenizer whose lone token decodes
+otherwise (SentencePiece's leading space, a character split over byte tokens) is read right.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -33,10 +37,11 @@ def check_task(task: Any, arm: str) -> None:
 def pivotal_columns(task: Any, tokenizer: Any, rollout: Any) -> torch.Tensor:
     """``[B, T−1]`` bool: the response columns whose token the task marks pivotal.
 
-    Row b's response columns hold the tokens ``input_ids[b, j+1]``; each token's text is
-    ``tokenizer.decode([id])`` (empty for a special token), and the concatenated texts are
-    the decoded response. A task's flags that do not cover the response text exactly are
-    an error naming the row."""
+    Row b's response columns hold the tokens ``input_ids[b, j+1]``. With ``text_k`` the
+    decoding (special tokens skipped) of the row's first k response tokens, token k owns the
+    characters ``text_{k+1}[p:]``, ``p`` the length of the common prefix of ``text_k`` and
+    ``text_{k+1}`` (empty for a special token); ``text_n`` must be the decoded response. A
+    task's flags that do not cover the response text exactly are an error naming the row."""
     m = rollout.response_mask.to(torch.bool)
     out = torch.zeros_like(m)
     for b, (problem, response) in enumerate(zip(rollout.problems, rollout.responses)):
@@ -49,15 +54,19 @@ def pivotal_columns(task: Any, tokenizer: Any, rollout: Any) -> torch.Tensor:
                 argument="pivotal",
                 row=b,
             )
-        at = 0
+        tokens: list[int] = []
+        before = ""
         for j in columns:
-            text = tokenizer.decode([int(rollout.input_ids[b, j + 1])], skip_special_tokens=True)
-            if text and response[at : at + len(text)] != text:
-                raise ParameterError(
-                    f"pivotal: the response tokens of row {b} do not spell its decoded response at character {at}",
-                    argument="pivotal",
-                    row=b,
-                )
-            out[b, j] = any(flags[at : at + len(text)])
-            at += len(text)
+            tokens.append(int(rollout.input_ids[b, j + 1]))
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            start = len(os.path.commonprefix([before, text]))
+            out[b, j] = any(flags[start : len(text)])
+            before = text
+        if before != response:
+            at = len(os.path.commonprefix([before, response]))
+            raise ParameterError(
+                f"pivotal: the response tokens of row {b} do not spell its decoded response at character {at}",
+                argument="pivotal",
+                row=b,
+            )
     return out
