@@ -187,7 +187,7 @@ def test_the_direction_follows_the_concentrations_ranking(sign: float, direction
     chosen = [np.arange(15) for _ in piv]
     settings = DiagnoseSettings(bootstrap=200, pivotal_threshold=0.25)
     report = analyse(_table(conc), chosen, piv, settings)
-    rec = recommend(report["auc"]["entropy"]["mean"]["auc"], "entropy")
+    rec = recommend(report["auc"]["entropy"]["gates"]["auc"], "entropy")
     assert rec["direction"] == direction
     entry = report["auc"]["entropy"]["mean"]
     if sign != 0.0:
@@ -200,6 +200,25 @@ def test_the_direction_follows_the_concentrations_ranking(sign: float, direction
     assert set(report["baselines"]) == {"position", "policy_entropy", "token_nll", "token_class"}
 
 
+def test_the_direction_is_that_of_the_gates_not_of_the_pooled_concentration() -> None:
+    """Responses at different concentration levels: pooled over responses the raw
+    concentration ranks the pivotal tokens high (the high-level responses hold more of them),
+    but within each response, as the gates see it, the pivotal tokens have the lower
+    concentration; the recommendation follows the gates."""
+    rng = np.random.default_rng(1)
+    piv, conc = [], []
+    for b in range(80):
+        level, share = (5.0, 0.7) if b % 2 else (0.0, 0.05)
+        p = np.where(rng.random(12) < share, 0.8, 0.0)
+        p[0] = 0.0  # a row's first gate is its midpoint whatever the statistic
+        piv.append(p)
+        conc.append(level - p + rng.normal(0.0, 0.05, 12))  # pivotal: lower within the row
+    chosen = [np.arange(12) for _ in piv]
+    report = analyse(_table(conc), chosen, piv, DiagnoseSettings(bootstrap=200))
+    assert recommend(report["auc"]["entropy"]["mean"]["auc"], "entropy")["direction"] == "as_is"  # pooled raw
+    assert recommend(report["auc"]["entropy"]["gates"]["auc"], "entropy")["direction"] == "inverted"
+
+
 def test_marks_section_and_no_pivotal_token() -> None:
     piv = [np.array([0.0, 0.9, 0.0, 0.8]) for _ in range(10)]
     conc = [p.copy() for p in piv]
@@ -210,7 +229,7 @@ def test_marks_section_and_no_pivotal_token() -> None:
     assert report["auc_vs_marks"]["marked_tokens"] == 20
     flat = [np.zeros(4) for _ in piv]
     none = analyse(_table(conc), chosen, flat, DiagnoseSettings(bootstrap=50))
-    rec = recommend(none["auc"]["entropy"]["mean"]["auc"], "entropy")
+    rec = recommend(none["auc"]["entropy"]["gates"]["auc"], "entropy")
     assert rec["direction"] == "none" and "no interval" in rec["why"]
 
 
@@ -253,7 +272,7 @@ def test_diagnose_on_a_tiny_warm_start_gives_the_report() -> None:
     report = diagnose(actor, tok, task, settings, device=torch.device("cpu"), say=lines.append, progress=False)
     assert report["direction"] in ("as_is", "inverted", "none")
     assert set(report["auc"]) == {"entropy", "max", "l2"}
-    assert set(report["auc"]["entropy"]) == {"mean", "layer0", "layer1"}
+    assert set(report["auc"]["entropy"]) == {"mean", "layer0", "layer1", "gates"}
     assert "auc_vs_marks" in report and "pivotality" in report["auc_vs_marks"]
     rows, tokens = report["cost"]["continuation_rows"], report["pivotal"]["tokens"]
     assert rows % 3 == 0 and 0 < rows <= 2 * tokens * 3  # K per boundary, at most two boundaries per token
@@ -288,7 +307,7 @@ def test_policy_gate_directions_are_in_their_own_orientation() -> None:
     from comppo_core.experiments.diagnose import policy_gate_directions
 
     def entry(low: float, high: float) -> dict[str, object]:
-        return {"auc": {"estimate": (low + high) / 2, "ci": [low, high], "undefined_resamples": 0}}
+        return {"gates": {"auc": {"estimate": (low + high) / 2, "ci": [low, high], "undefined_resamples": 0}}}
 
     # uncertain tokens pivotal (AUC above 0.5): their gates must be inverted to give them high gates
     got = policy_gate_directions({"policy_entropy": entry(0.6, 0.7), "token_nll": entry(0.3, 0.4)})

@@ -310,14 +310,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     report["settings"]["task_json"] = None if task_json is None else str(task_json.resolve())
     paths = write_outputs(out, report, source)
     rec = report["recommendation"]
-    average = report["auc"][settings.statistic]["mean"]["auc"]
+    average = report["auc"][settings.statistic]["gates"]["auc"]
     lo, hi = average["ci"]
     shown = "n/a" if average["estimate"] is None else f"{average['estimate']:.3f}"
     if lo is not None:
         shown += f" [{lo:.3f}, {hi:.3f}]"
     print(
         f"comppo-core diagnose: direction {rec['direction']} (AUC of the layer-average {settings.statistic} "
-        f"concentration {shown}), gate range {rec['gate_range']}; {report['cost']['generated_tokens']} generated "
+        f"concentration as gates {shown}), gate range {rec['gate_range']}; {report['cost']['generated_tokens']} generated "
         f"tokens in {time.perf_counter() - t0:.0f} s"
     )
     print(f"wrote {', '.join(str(p) for p in paths)}")

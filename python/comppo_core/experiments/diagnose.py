@@ -21,8 +21,11 @@ the outcome. :func:`diagnose` measures the bet on a policy and a task:
    of all responses, each with a percentile interval from a bootstrap over responses
    (``bootstrap`` resamples, seeded): the AUC ``P(score_pivotal > score_other)`` and
    Spearman's ρ of the score against ``piv_t``.
-5. **Recommendation** from the layer average of ``statistic`` (the gates' input): the
-   AUC's interval above 0.5 → ``as_is`` (the default mapping, high concentration → high
+5. **Recommendation** from what the gates see: the layer average of ``statistic`` mapped
+   per response as a run maps it (:func:`row_gates`: the running z-score, the default
+   ``GateParams()``; a pooled AUC of the raw concentration can point the other way when
+   responses differ in level), reported as the key ``"gates"`` beside each statistic's
+   layers (and under each policy statistic's baseline entry). Its AUC's interval above 0.5 → ``as_is`` (the default mapping, high concentration → high
    gate); below 0.5 → ``inverted`` (``--gate-direction inverted``); holding 0.5, or no
    pivotal token → ``none``: the concentration does not rank the pivotal tokens at this
    budget, and a gate would only add noise, so the range is the constant gate 1 (Comp-GAE =
@@ -74,6 +77,7 @@ __all__ = [
     "policy_gate_directions",
     "recommend",
     "render_markdown",
+    "row_gates",
     "token_class",
     "write_outputs",
 ]
@@ -311,6 +315,20 @@ def _auc_and_rho(
     return {"auc": _interval_dict(a), "spearman": _interval_dict(r)}
 
 
+def row_gates(rows: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Each response's scores as a run's gates order them: ``cc.gates_from_concentration`` of
+    the row with ``GateParams(low=0, high=1)`` and the default normalisation (the running
+    z-score of the tokens up to each one), a monotone map of what Comp-GAE's gates read."""
+    from ..gating import gates_from_concentration
+
+    params = GateParams(low=0.0, high=1.0)
+    out = []
+    for row in rows:
+        x = np.asarray(row, dtype=np.float64)
+        out.append(gates_from_concentration(x[None, :], params=params)[0] if x.size else x.copy())
+    return out
+
+
 def analyse(
     table: TokenTable,
     chosen: Sequence[np.ndarray],
@@ -323,8 +341,9 @@ def analyse(
     piv = np.concatenate([np.asarray(p, dtype=np.float64) for p in pivotality]) if chosen else np.zeros(0)
     pivotal = piv >= settings.pivotal_threshold
 
-    def column(name: str) -> np.ndarray:
-        return np.concatenate([table.scores[name][i][c] for i, c in enumerate(chosen)])
+    def column(name: str, rows: Sequence[np.ndarray] | None = None) -> np.ndarray:
+        rows = table.scores[name] if rows is None else rows
+        return np.concatenate([rows[i][c] for i, c in enumerate(chosen)])
 
     stream = 0
     concentration: dict[str, dict[str, Any]] = {}
@@ -335,6 +354,9 @@ def analyse(
                 column(f"concentration/{stat}/{key}"), piv, pivotal, clusters, settings, stream
             )
             stream += 1
+        gates = row_gates(table.scores[f"concentration/{stat}/mean"])  # what the recommendation reads
+        concentration[stat]["gates"] = _auc_and_rho(column("", gates), piv, pivotal, clusters, settings, stream)
+        stream += 1
     classes = np.array([table.classes[i][int(t)] for i, c in enumerate(chosen) for t in c], dtype=object)
     rates = {str(k): float(pivotal[classes == k].mean()) for k in sorted(set(classes.tolist()))}
     baselines: dict[str, Any] = {}
@@ -345,6 +367,10 @@ def analyse(
             score = column(name)
         baselines[name] = _auc_and_rho(score, piv, pivotal, clusters, settings, stream)
         stream += 1
+        if name in ("policy_entropy", "token_nll"):  # a gate source: its gates, as a run maps them
+            gates = row_gates(table.scores[name])
+            baselines[name]["gates"] = _auc_and_rho(column("", gates), piv, pivotal, clusters, settings, stream)
+            stream += 1
     baselines["token_class"]["pivotal_share_by_class"] = rates
     report: dict[str, Any] = {
         "auc": concentration,
@@ -514,7 +540,7 @@ def policy_gate_directions(baselines: dict[str, Any]) -> dict[str, str]:
     token a low gate: an AUC interval above 0.5 (the uncertain tokens are the pivotal ones)
     gives ``inverted``, below 0.5 ``as_is``, holding 0.5 ``none``."""
     return {
-        name: _POLICY_ORIENTATION[recommend(baselines[name]["auc"], name)["direction"]]
+        name: _POLICY_ORIENTATION[recommend(baselines[name]["gates"]["auc"], name)["direction"]]
         for name in ("policy_entropy", "token_nll")
     }
 
@@ -652,7 +678,7 @@ def diagnose(
     t3 = time.perf_counter()
     report = analyse(table, chosen, piv, settings)
     seconds["statistics"] = time.perf_counter() - t3
-    rec = recommend(report["auc"][settings.statistic]["mean"]["auc"], settings.statistic)
+    rec = recommend(report["auc"][settings.statistic]["gates"]["auc"], settings.statistic)
     directions = {"concentration": rec["direction"], **policy_gate_directions(report["baselines"])}
     if critic is not None:
         predicted = critic_values(actor, critic, responses, tokenizer.pad_token_id, settings.batch_size, device)
@@ -718,7 +744,7 @@ def render_markdown(report: dict[str, Any], source: str) -> str:
         f"({report['pivotal']['pivotal_tokens']} of {report['pivotal']['tokens']} scored tokens); "
         f"{int(100 * s['level'])}% intervals from {s['bootstrap']} bootstrap resamples over responses.",
         "",
-        f"**Recommendation: `{rec['direction']}`**, gate range {rec['gate_range']} ({rec['why']}; layer-average "
+        f"**Recommendation: `{rec['direction']}`**, gate range {rec['gate_range']} ({rec['why']}; as gates, per response, the layer-average "
         f"`{rec['statistic']}` concentration).",
         "",
         "| score | AUC (pivotal vs rest) | Spearman ρ vs pivotality |",
@@ -726,7 +752,7 @@ def render_markdown(report: dict[str, Any], source: str) -> str:
     ]
     for stat, by_layer in report["auc"].items():
         for key, entry in by_layer.items():
-            shown = "layer average" if key == "mean" else key
+            shown = {"mean": "layer average", "gates": "layer average as gates (per response)"}.get(key, key)
             lines.append(f"| concentration {stat} {shown} | {_fmt(entry['auc'])} | {_fmt(entry['spearman'])} |")
     for name, entry in report["baselines"].items():
         lines.append(f"| baseline {name} | {_fmt(entry['auc'])} | {_fmt(entry['spearman'])} |")
@@ -760,7 +786,7 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     names, entries = [], []
     for stat, by_layer in report["auc"].items():
         for key, entry in by_layer.items():
-            names.append(f"{stat} {'layer average' if key == 'mean' else key}")
+            names.append(f"{stat} {({'mean': 'layer average', 'gates': 'as gates'}).get(key, key)}")
             entries.append(entry["auc"])
     for name, entry in report["baselines"].items():
         names.append(f"baseline: {name}")
@@ -781,7 +807,7 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     ax.set_xlim(0, 1)
     ax.set_xlabel("AUC, pivotal vs other tokens (0.5: chance; < 0.5: inverted)")
     rec = report["recommendation"]
-    ax.set_title(f"direction: {rec['direction']} (from the {rec['statistic']} layer average)", fontsize=10)
+    ax.set_title(f"direction: {rec['direction']} (from the {rec['statistic']} layer average as gates)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
