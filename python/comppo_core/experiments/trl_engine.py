@@ -460,7 +460,7 @@ def run_subprocess(
     if rc == EXIT_BAD_SETTING and error:
         raise ParameterError(str(error.get("message")), argument=error.get("argument") or "trl_config")
     if rc == EXIT_NONFINITE and error:
-        raise NonFiniteError(str(error.get("message")))
+        raise NonFiniteError(str(error.get("message")), argument=error.get("argument") or "loss")
     if signalled or rc in (128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.SIGINT):
         return "stopped", last_checkpoint(run_out)
     tail = ""

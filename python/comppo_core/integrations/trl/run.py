@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         except ParameterError as exc:
             return _fail(run_out, trl_engine.EXIT_BAD_SETTING, exc, exc.argument)
         except NonFiniteError as exc:
-            return _fail(run_out, trl_engine.EXIT_NONFINITE, exc)
+            return _fail(run_out, trl_engine.EXIT_NONFINITE, exc, exc.argument)
         except _Stopped:
             return exit_status(stop.signum or 2)
 
