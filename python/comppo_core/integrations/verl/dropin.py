@@ -1,4 +1,4 @@
-"""verl drop-ins.
+"""verl drop-ins: the GAE function and the ``"comp_gae"`` registry estimator.
 
 ``compute_gae_advantage_return`` replaces
 ``verl.trainer.ppo.core_algos.compute_gae_advantage_return``. verl's loop::
@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import tensor_io
-from ..advantages import gae
-from ..errors import ParameterError
-from ..whitening import masked_whiten
+from ..._torch import tensor_io
+from ...advantages import gae
+from ...errors import ParameterError
+from ...whitening import masked_whiten
 
 __all__ = ["compute_comp_gae_advantage", "compute_gae_advantage_return", "register", "set_inputs"]
 
