@@ -205,3 +205,88 @@ def test_register_engine_is_idempotent(verl_cpu: None) -> None:
     assert comppo_engine.register_engine() is first
     assert issubclass(first, FSDPEngineWithLMHead)
     assert EngineRegistry.get_engine_cls(comppo_engine.MODEL_TYPE, "fsdp2") is first
+
+
+def per_column(x: torch.Tensor, cu: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A ``[B, R]`` per-response-token tensor in the packed ``[1, N−1]`` columns (0 elsewhere): response
+    token k of sequence i is scored by column ``cu[i+1] − r_i − 1 + k``."""
+    r = batch["response_mask"].shape[1]
+    lengths = batch["attention_mask"][:, -r:].sum(1)
+    out = torch.zeros(1, int(cu[-1]) - 1)
+    for i in range(x.shape[0]):
+        k = torch.nonzero(batch["response_mask"][i]).flatten()
+        out[0, int(cu[i + 1]) - int(lengths[i]) - 1 + k] = x[i, k].float()
+    return out
+
+
+def test_one_update_with_the_tac_equals_the_same_update_by_hand(model: tuple[str, Any], settings: None) -> None:
+    """``forward_backward_batch`` + ``optimizer_step`` of the CompPO engine (actor and TAC, one FSDP2 module,
+    two micro-batches) with ``Σ_resp [−A·logπ + ½(V − R)²] / n_resp`` against ``rl.forward(grad=True)`` on
+    the packed row and torch's AdamW with the engine optimiser's settings: gradients and the parameters
+    after the step within 1e-5 (relative to max(1, |grad|) for gradients)."""
+    import copy
+
+    from verl.utils import tensordict_utils as tu
+
+    path, hf_model = model
+    params = cc.GateParams(low=0.2)
+    engine = comppo_engine_with(path, comppo_engine.EngineSettings(tac=TAC, gate_params=params))
+    names = [n for n, _ in engine.module.named_parameters()]
+    tac_names = [n for n in names if n.startswith(comppo_engine.TAC_PREFIX)]
+    state = {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+        for k, v in engine.module.state_dict().items()
+    }
+    batch = rollout()
+    g = torch.Generator().manual_seed(9)
+    b, r = batch["responses"].shape
+    extra = {"advantages": torch.randn(b, r, generator=g), "returns": torch.randn(b, r, generator=g)}
+    td = old_log_prob_batch({**batch, **extra}, comppo_probe=True, compute_loss=True)
+
+    def loss_function(model_output: Any, data: Any, dp_group: Any = None) -> tuple[torch.Tensor, dict[str, Any]]:
+        cu = data["input_ids"].offsets().to(torch.long)
+        rows = {k: data[k] for k in ("response_mask", "attention_mask")}
+        resp = response_columns(cu, rows["response_mask"], rows["attention_mask"])
+        lp = model_output["log_probs"].values()[:-1].unsqueeze(0)
+        v = model_output["values"].values()[:-1].unsqueeze(0)
+        adv, ret = per_column(data["advantages"], cu, rows), per_column(data["returns"], cu, rows)
+        n = tu.get_non_tensor_data(data=data, key="batch_num_tokens", default=None)
+        return ((-adv * lp + 0.5 * (v - ret) ** 2) * resp).sum() / n, {}
+
+    # by hand: the same weights, rl.forward on the packed row with gradients, the same loss, torch's AdamW
+    actor = copy.deepcopy(hf_model).train()
+    tac = rl.TransportAlignedCritic.for_model(actor, **TAC)
+    tac.load_state_dict({k[len(comppo_engine.TAC_PREFIX) :]: v for k, v in state.items() if k in tac_names})
+    ids, cu = td["input_ids"].values().unsqueeze(0), td["input_ids"].offsets().to(torch.long)
+    resp = response_columns(cu, batch["response_mask"], batch["attention_mask"])
+    out = rl.forward(
+        actor, ids, None, cu_seqlens=cu, response_mask=resp, temperature=TAU, critic=tac, grad=True, gate_params=params
+    )
+    adv, ret = per_column(extra["advantages"], cu, batch), per_column(extra["returns"], cu, batch)
+    (((-adv * out.logprobs + 0.5 * (out.values - ret) ** 2) * resp).sum() / resp.sum()).backward()
+    hand_params = dict(actor.named_parameters()) | {comppo_engine.TAC_PREFIX + k: v for k, v in tac.named_parameters()}
+    defaults = engine.optimizer.defaults
+    hand = torch.optim.AdamW(
+        [hand_params[n] for n in names],
+        lr=defaults["lr"],
+        betas=defaults["betas"],
+        eps=defaults["eps"],
+        weight_decay=defaults["weight_decay"],
+    )
+    hand.step()
+
+    with engine.train_mode():
+        engine.optimizer_zero_grad()
+        engine.forward_backward_batch(td, loss_function, forward_only=False)
+        grads = {n: p.grad.full_tensor() for n, p in engine.module.named_parameters() if p.grad is not None}
+        engine.optimizer_step()
+    assert set(grads) == set(names)  # every parameter, the TAC's included, got a gradient
+    for n in names:
+        want = hand_params[n].grad
+        assert float((grads[n] - want).abs().max()) <= TOL * max(1.0, float(want.abs().max())), n
+    moved = 0.0
+    for n, p in engine.module.named_parameters():
+        after = p.full_tensor().detach()
+        assert float((after - hand_params[n].detach()).abs().max()) <= TOL, n
+        moved = max(moved, float((after - state[n]).abs().max()))
+    assert moved > 1e-3  # the step moved the parameters
