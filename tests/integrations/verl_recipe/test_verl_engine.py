@@ -290,3 +290,41 @@ def test_one_update_with_the_tac_equals_the_same_update_by_hand(model: tuple[str
         assert float((after - hand_params[n].detach()).abs().max()) <= TOL, n
         moved = max(moved, float((after - state[n]).abs().max()))
     assert moved > 1e-3  # the step moved the parameters
+
+
+def _parameters(fn: Any) -> list[str]:
+    import inspect
+
+    return [
+        p.name if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) else "*" * (1 + (p.kind == p.VAR_KEYWORD)) + p.name
+        for p in inspect.signature(fn).parameters.values()
+    ]
+
+
+def test_the_verl_internals_the_engine_overrides_and_calls() -> None:
+    """The verl 0.9.x methods CompPOEngine overrides or calls, by signature: a verl release that changes one
+    fails here, not silently in a training run."""
+    import verl
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine import EngineRegistry
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine, FSDPEngineWithLMHead
+    from verl.workers.utils.padding import left_right_2_no_padding, response_from_nested
+
+    assert verl.__version__.startswith("0.9.")
+    assert _parameters(FSDPEngineWithLMHead.forward_step) == ["self", "micro_batch", "loss_function", "forward_only"]
+    assert _parameters(FSDPEngineWithLMHead.prepare_model_outputs) == [
+        "self",
+        "output",
+        "output_args",
+        "micro_batch",
+        "logits_processor_func",
+    ]
+    assert _parameters(FSDPEngine._build_module) == ["self"]
+    assert _parameters(FSDPEngine.get_per_tensor_param) == ["self", "layered_summon", "base_sync_done", "**kwargs"]
+    assert _parameters(FSDPEngine.get_per_tensor_param_shard) == ["self", "**kwargs"]
+    assert _parameters(FSDPEngine.forward_backward_batch) == ["self", "data", "loss_function", "forward_only"]
+    assert _parameters(EngineRegistry.register) == ["model_type", "backend", "device", "vendor"]
+    assert isinstance(EngineRegistry._engines, dict)  # register_engine reads it (registered once per process)
+    assert _parameters(tu.get_non_tensor_data) == ["data", "key", "default"]
+    assert _parameters(left_right_2_no_padding) == ["data"]
+    assert _parameters(response_from_nested) == ["tensor", "response_mask"]
