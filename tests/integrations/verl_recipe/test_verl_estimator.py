@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
-import comppo_core as cc
+torch = pytest.importorskip("torch")
+
+import comppo_core as cc  # noqa: E402
 from comppo_core.errors import OutOfRangeError, ParameterError, ShapeError
 from comppo_core.integrations.verl.engine import EngineSettings
 from comppo_core.integrations.verl.estimator import compute_comp_gae_advantage_return
