@@ -62,6 +62,7 @@ from typing import Any
 from ..errors import ComppoError, NonFiniteError, ParameterError
 from ..rl.config import TrainConfig
 from ..rl.runs import run_dir
+from .grid import POLICY_FIELDS
 
 __all__ = [
     "ENGINES",
@@ -97,21 +98,8 @@ _WARM = "the TRL engine starts every run from --model DIR (no built-in policy, n
 
 #: TrainConfig fields the TRL engine cannot honour, with the reason: refused at any value but the default.
 NOT_ON_TRL: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "model_hidden",
-            "model_layers",
-            "model_heads",
-            "model_kv_heads",
-            "model_intermediate",
-            "warmup_sft_steps",
-            "sft_batch_size",
-            "sft_lr",
-            "sft_carry_noise",
-            "init_from",
-        ),
-        _WARM,
-    ),
+    # the built-in policy and its SFT warm start (--model DIR is every run's starting policy)
+    **dict.fromkeys((f for f in POLICY_FIELDS if f != "model"), _WARM),
     "fsdp": 'on the TRL engine each run shards through its launcher (--launcher "accelerate launch --config_file F")',
 }
 
