@@ -40,7 +40,7 @@ from trl.trainer.grpo_config import GRPOConfig
 
 from ...errors import ParameterError
 from ...gate_params import GateParams
-from ...options import AGG_MODES, STATISTICS, TEMPORAL_MIXERS, check_choice
+from ...options import AGG_MODES, ARM_NAMES, STATISTICS, TEMPORAL_MIXERS, check_choice
 from ...rl.config import DEFAULT_CRITIC_WARMUP
 from ...rl.core.arms import ARMS
 
@@ -57,11 +57,12 @@ def critic_arms() -> tuple[str, ...]:
     return tuple(name for name, arm in ARMS.items() if arm.critic is not None)
 
 
-#: What ``CompPOConfig.arm`` accepts: plain GRPO and every arm with a critic (the paper's 2×2
-#: ``ppo_fixed``, ``comp_gae``, ``tac_fixed``, ``comppo``; ``ppo``; the gate controls; the
-#: uncertainty baselines; the diagnostic ``comppo_oracle``, which needs a task's reward function
-#: among ``reward_funcs``: :func:`~comppo_core.integrations.trl.tasks.pivotal_task`).
-ARM_CHOICES: tuple[str, ...] = ("grpo", *critic_arms())
+#: What ``CompPOConfig.arm`` accepts: every arm (:data:`comppo_core.options.ARM_NAMES`), that
+#: is plain GRPO and every arm with a critic (the paper's 2×2 ``ppo_fixed``, ``comp_gae``,
+#: ``tac_fixed``, ``comppo``; ``ppo``; the gate controls; the uncertainty baselines; the
+#: diagnostic ``comppo_oracle``, which needs a task's reward function among ``reward_funcs``:
+#: :func:`~comppo_core.integrations.trl.tasks.pivotal_task`).
+ARM_CHOICES: tuple[str, ...] = ARM_NAMES
 
 #: TRL's loss types that are not the PPO clip objective (a CompPO arm's loss is verl's).
 _OTHER_OBJECTIVES = ("cispo", "sapo", "vespo", "luspo")
