@@ -268,7 +268,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     require_rl_extra("diagnose")
     import torch
 
-    from ..experiments.diagnose import diagnose, write_outputs
+    from ..experiments.diagnose import diagnose
+    from ..experiments.diagnosis_output import write_outputs
     from ..rl.engine.build import initial_policy, make_task
     from ..rl.engine.distributed import resolve_device
 
