@@ -12,7 +12,7 @@ run: :func:`train_job`); the results are recorded (``timings.json``,
 ``grid/nonfinite.json``) and printed as they arrive.
 
 **On TRL** (``engine``, :mod:`comppo_core.experiments.trl_engine`): each run is a process
-of its own (:meth:`Runner.run_trl`), reused when finished with the same settings and engine
+of its own (:meth:`Runner._train_on_trl`), reused when finished with the same settings and engine
 record, resumed from its last TRL checkpoint, made otherwise; a stop sends it one SIGTERM
 (it finishes its PPO step and checkpoints). No warm starts: every run starts from
 ``base.model``.
@@ -396,44 +396,53 @@ class Runner:
 
     def run(self, rel: str, config: TrainConfig, label: str) -> dict[str, Any] | None:
         """Run (or reuse) the run in ``OUT/rel``; its summary, or None for a tuning run
-        (``eval_split="validation"``) stopped by a non-finite value."""
-        from ..rl.engine.trainer import Trainer
-
-        if self.engine is not None:
-            return self.run_trl(rel, config, label)
+        (``eval_split="validation"``) stopped by a non-finite value. The package trainer runs
+        it in this process (:meth:`_train_here`), the TRL engine in one of its own
+        (:meth:`_train_on_trl`)."""
         run_out = self.out / rel
-        config = config.replace(out=str(run_out), init_from=self.init_from(config.seed))
+        init_from = None if self.engine is not None else self.init_from(config.seed)  # TRL: base.model
+        config = config.replace(out=str(run_out), init_from=init_from)
         tuning = config.eval_split == "validation"
         self.done += 1
         self.keys.append(rel)
-        split = "validation" if tuning else "held-out"
         if tuning and rel in self.nonfinite:
             self.reused += 1
             self.say(f"[{self.done}/{self.total}] {label}: stopped on a non-finite value (reused)")
             return self._after(label, None)
-        summary = finished(run_out, config)
-        t0 = time.perf_counter()
-        status = "reused"
-        if summary is None:
-            go_on = continues(run_out)
-            # a bad init_from, model or task raises its ParameterError here
-            trainer = Trainer(config.replace(resume=go_on), overwrite=not go_on)
-            try:
-                summary = trainer.train(stop=self.stop)
-            except NonFiniteError as exc:
-                if not tuning:
-                    raise
-                self._nonfinite(rel, str(exc))
-            finally:
-                trainer.dist.close()
-            status = self._timed(rel, time.perf_counter() - t0, go_on)
-        else:
+        train = self._train_here if self.engine is None else self._train_on_trl
+        summary, status = train(rel, run_out, config, label, tuning)
+        if status == "reused":
             self.reused += 1
-        self._print(label, summary, status, split)
+        self._print(label, summary, status, "validation" if tuning else "held-out")
         return self._after(label, summary)
 
-    def run_trl(self, rel: str, config: TrainConfig, label: str) -> dict[str, Any] | None:
-        """:meth:`run` on the TRL engine: the run is a process of its own
+    def _train_here(
+        self, rel: str, run_out: Path, config: TrainConfig, label: str, tuning: bool
+    ) -> tuple[dict[str, Any] | None, str]:
+        """``(summary, status)`` of the run trained (or reused, or resumed) in this process."""
+        from ..rl.engine.trainer import Trainer
+
+        summary = finished(run_out, config)
+        if summary is not None:
+            return summary, "reused"
+        go_on = continues(run_out)
+        t0 = time.perf_counter()
+        # a bad init_from, model or task raises its ParameterError here
+        trainer = Trainer(config.replace(resume=go_on), overwrite=not go_on)
+        try:
+            summary = trainer.train(stop=self.stop)
+        except NonFiniteError as exc:
+            if not tuning:
+                raise
+            self._nonfinite(rel, str(exc))
+        finally:
+            trainer.dist.close()
+        return summary, self._timed(rel, time.perf_counter() - t0, go_on)
+
+    def _train_on_trl(
+        self, rel: str, run_out: Path, config: TrainConfig, label: str, tuning: bool
+    ) -> tuple[dict[str, Any] | None, str]:
+        """``(summary, status)`` on the TRL engine: the run is a process of its own
         (:func:`~comppo_core.experiments.trl_engine.run_subprocess`), reused when finished
         with the same settings and engine record, resumed from its last TRL checkpoint,
         made otherwise (its directory's TRL run entries cleared first)."""
@@ -441,47 +450,33 @@ class Runner:
         from . import trl_engine
 
         assert self.engine is not None
-        run_out = self.out / rel
-        config = config.replace(out=str(run_out), init_from=None)
-        tuning = config.eval_split == "validation"
-        self.done += 1
-        self.keys.append(rel)
-        split = "validation" if tuning else "held-out"
-        if tuning and rel in self.nonfinite:
-            self.reused += 1
-            self.say(f"[{self.done}/{self.total}] {label}: stopped on a non-finite value (reused)")
-            return self._after(label, None)
         saved = saved_config(run_out)
         same_engine = saved is not None and trl_engine.same_engine(saved.get("trl"), self.engine)
         summary = finished(run_out, config) if same_engine else None
-        status = "reused"
-        if summary is None:
-            go_on = same_engine and trl_engine.last_checkpoint(run_out) is not None
-            if not go_on:
-                trl_engine.clear_trl_run(run_out)
-            trl_engine.write_run_config(run_out, config, self.engine)
-            launcher = trl_engine.parse_launcher(self.engine.get("launcher"))
-            how = "resuming from its TRL checkpoint" if go_on else "started"
-            self.say(f"[{self.done}/{self.total}] {label}: {how}; its output goes to {run_out / 'run.log'}")
-            t0 = time.perf_counter()
-            try:
-                kind, value = trl_engine.run_subprocess(run_out, launcher, self.stop, config.num_threads)
-            except NonFiniteError as exc:
-                if not tuning:
-                    raise
-                self._nonfinite(rel, str(exc))
-                kind, value = "nonfinite", None
-            finally:
-                status = self._timed(rel, time.perf_counter() - t0, go_on)
-            if kind == "stopped":
-                step = None if value is None else int(value.name.removeprefix("checkpoint-"))
-                per_rollout = config.ppo_epochs * config.num_minibatches
-                raise TrainingInterrupted(0 if step is None else step // per_rollout, value)
-            summary = value
-        else:
-            self.reused += 1
-        self._print(label, summary, status, split)
-        return self._after(label, summary)
+        if summary is not None:
+            return summary, "reused"
+        go_on = same_engine and trl_engine.last_checkpoint(run_out) is not None
+        if not go_on:
+            trl_engine.clear_trl_run(run_out)
+        trl_engine.write_run_config(run_out, config, self.engine)
+        launcher = trl_engine.parse_launcher(self.engine.get("launcher"))
+        how = "resuming from its TRL checkpoint" if go_on else "started"
+        self.say(f"[{self.done}/{self.total}] {label}: {how}; its output goes to {run_out / 'run.log'}")
+        t0 = time.perf_counter()
+        try:
+            kind, value = trl_engine.run_subprocess(run_out, launcher, self.stop, config.num_threads)
+        except NonFiniteError as exc:
+            if not tuning:
+                raise
+            self._nonfinite(rel, str(exc))
+            kind, value = "nonfinite", None
+        finally:
+            status = self._timed(rel, time.perf_counter() - t0, go_on)
+        if kind == "stopped":
+            step = None if value is None else int(value.name.removeprefix("checkpoint-"))
+            per_rollout = config.ppo_epochs * config.num_minibatches
+            raise TrainingInterrupted(0 if step is None else step // per_rollout, value)
+        return value, status
 
     def _nonfinite(self, rel: str, message: str) -> None:
         self.nonfinite[rel] = {"message": message}
