@@ -587,9 +587,10 @@ impl<'a, 'py, F: FloatDtype> Tokens<'a, 'py, F> {
 
 /// Retention gates from concentration, or None when an argument is not canonical
 /// (finite float parameters, a known `normalize` and a `bool` `invert` included; the
-/// kernel checks their ranges).
+/// kernel checks their ranges). `min_spread` (the z-score's floor on σ) may be left out:
+/// 0, no floor.
 #[pyfunction]
-#[pyo3(signature = (conc, mask, cu_seqlens, low, high, sharpness, normalize, center, scale, invert))]
+#[pyo3(signature = (conc, mask, cu_seqlens, low, high, sharpness, normalize, center, scale, invert, min_spread=None))]
 #[allow(clippy::too_many_arguments)]
 fn gates_from_concentration<'py>(
     py: Python<'py>,
@@ -603,11 +604,19 @@ fn gates_from_concentration<'py>(
     center: Bound<'py, PyAny>,
     scale: Bound<'py, PyAny>,
     invert: Bound<'py, PyAny>,
+    min_spread: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let (Some(low), Some(high), Some(sharpness), Some(center), Some(scale), Some(invert)) =
         (finite(&low), finite(&high), finite(&sharpness), finite(&center), finite(&scale), boolean(&invert))
     else {
         return Ok(None);
+    };
+    let min_spread = match &min_spread {
+        None => 0.0,
+        Some(x) => match finite(x) {
+            Some(x) => x,
+            None => return Ok(None),
+        },
     };
     let normalize = match normalize.extract::<&str>() {
         Ok("causal") => Normalize::Causal,
@@ -616,7 +625,7 @@ fn gates_from_concentration<'py>(
         Ok("none") => Normalize::Fixed { center, scale },
         _ => return Ok(None),
     };
-    let params = GateParams { low, high, sharpness, normalize, invert };
+    let params = GateParams { low, high, sharpness, normalize, invert, min_spread };
     by_dtype!(conc, gates_typed(py, &conc, &mask, &cu_seqlens, &params))
 }
 

@@ -1,15 +1,18 @@
 //! Gate mapping: per-token concentration → bounded retention gate (docs/design.md §4).
 //!
 //! ```text
-//! z = normalize(c)     Causal:   (c_t − μ_≤t)/(σ_≤t + ε)   over the row's valid tokens s ≤ t
-//!                      Sequence: (c − μ_row)/(σ_row + ε)   over the row's valid tokens
-//!                      Batch:    (c − μ)/(σ + ε)           over all valid tokens
+//! z = normalize(c)     Causal:   (c_t − μ_≤t)/(S(σ_≤t) + ε)   over the row's valid tokens s ≤ t
+//!                      Sequence: (c − μ_row)/(S(σ_row) + ε)   over the row's valid tokens
+//!                      Batch:    (c − μ)/(S(σ) + ε)           over all valid tokens
 //!                      Fixed:    (c − center)/scale
+//!                      S(σ) = max(σ, min_spread) where min_spread > 0, else σ
 //! z = −z if invert
 //! g = low + (high − low) · sigmoid(sharpness · z)
 //! ```
 //!
-//! σ is the population standard deviation (ddof 0), ε = [`STD_EPS`]; a row (or batch,
+//! σ is the population standard deviation (ddof 0), ε = [`STD_EPS`]; `min_spread` (a floor
+//! in the concentration's units, 0 = none: the mapping before it existed, bit for bit) keeps
+//! a row whose values barely vary near the midpoint gate; a row (or batch,
 //! or for `Causal` a row's valid prefix up to t) with one valid token or zero spread
 //! (max = min) gets `z = 0`. Masked positions get `g = 1`. `Causal` makes one pass over
 //! each row with running Welford statistics (see [`causal_row`]), so the gate at t
@@ -46,6 +49,9 @@ pub struct GateParams {
     pub sharpness: f64,
     pub normalize: Normalize,
     pub invert: bool,
+    /// Floor on the z-score's σ (`Causal`, `Sequence`, `Batch`), in the concentration's
+    /// units; 0 is no floor.
+    pub min_spread: f64,
 }
 
 impl GateParams {
@@ -68,6 +74,9 @@ impl GateParams {
         if !self.sharpness.is_finite() {
             return param("sharpness", "a finite number", self.sharpness);
         }
+        if !(self.min_spread.is_finite() && self.min_spread >= 0.0) {
+            return param("min_spread", "a finite number >= 0", self.min_spread);
+        }
         if let Normalize::Fixed { center, scale } = self.normalize {
             if !center.is_finite() {
                 return param("center", "a finite number", center);
@@ -77,6 +86,11 @@ impl GateParams {
             }
         }
         Ok(())
+    }
+
+    /// The floor on σ for values scaled by `k` (see [`Range::scale`]): `min_spread · k`.
+    fn floor(&self, k: f64) -> f64 {
+        self.min_spread * k
     }
 
     /// `g = low + (high − low) · sigmoid(sharpness · ±z)`, with the sigmoid of
@@ -178,18 +192,29 @@ fn row_sq_dev<F: Float, M: Mask>(conc: &[F], mask: &M, range: std::ops::Range<us
     s
 }
 
-fn z_affine(r: &Range, k: f64, sum: f64, sq_dev: f64) -> Affine {
+/// `S(σ)` of the module docstring: `max(σ, floor)` where `floor > 0`, else `σ` itself (so a
+/// zero floor leaves every value, NaN included, as it was).
+#[inline(always)]
+fn floored(std: f64, floor: f64) -> f64 {
+    if floor > 0.0 {
+        std.max(floor)
+    } else {
+        std
+    }
+}
+
+fn z_affine(r: &Range, k: f64, sum: f64, sq_dev: f64, floor: f64) -> Affine {
     if r.flat() {
         return Affine::ZERO;
     }
     let mean = sum / r.n as f64;
     let std = (sq_dev / r.n as f64).sqrt();
-    Affine { k, center: mean, scale: std + STD_EPS * k, zero: false }
+    Affine { k, center: mean, scale: floored(std, floor) + STD_EPS * k, zero: false }
 }
 
 /// The z-score maps of float32 concentration, from the moments [`crate::whiten`]
 /// computes (one pass of `Σ c` and `Σ c²` per row, hand-vectorized for bool masks):
-/// `z = (c − μ) / (sqrt(m2/n) + ε)`.
+/// `z = (c − μ) / (S(sqrt(m2/n)) + ε)`.
 ///
 /// Float32 values make this exact where it matters: a row of equal values has a mean
 /// equal to them and `m2 = 0` exactly (see `whiten::finish_row`), so "zero spread"
@@ -208,7 +233,8 @@ fn f32_affines<F: Float, M: Mask>(
         if m.n <= 1 || m.m2 == 0.0 {
             Affine::ZERO
         } else {
-            Affine { k: 1.0, center: m.mean, scale: (m.m2 / m.n as f64).sqrt() + STD_EPS, zero: false }
+            let std = floored((m.m2 / m.n as f64).sqrt(), params.floor(1.0));
+            Affine { k: 1.0, center: m.mean, scale: std + STD_EPS, zero: false }
         }
     };
     let finite = |m: &Moments| m.mean.is_finite() && m.m2.is_finite();
@@ -277,7 +303,7 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
                     let k = r.scale();
                     let sum = row_sum(conc, &mask, layout.row(b), k);
                     let sq = row_sq_dev(conc, &mask, layout.row(b), k, sum / r.n as f64);
-                    z_affine(r, k, sum, sq)
+                    z_affine(r, k, sum, sq, params.floor(k))
                 }),
                 Normalize::Batch => {
                     let total = ranges.iter().fold(Range::EMPTY, |a, &b| a.merge(b));
@@ -289,7 +315,7 @@ pub fn gates_from_concentration<F: Float, M: Mask>(
                         let sum: f64 = per_row(&|b| row_sum(conc, &mask, layout.row(b), k)).iter().sum();
                         let mean = sum / total.n as f64;
                         let sqs = per_row(&|b| row_sq_dev(conc, &mask, layout.row(b), k, mean));
-                        vec![z_affine(&total, k, sum, sqs.iter().sum()); rows]
+                        vec![z_affine(&total, k, sum, sqs.iter().sum(), params.floor(k)); rows]
                     }
                 }
             })
@@ -399,7 +425,8 @@ fn causal_gates<F: Float, M: Mask>(
 ///
 /// ```text
 /// δ = x − μ;   μ += δ/n;   M2 += δ·(x − μ)          (M2 = Σ (x_s − μ)² over the prefix)
-/// z = (x − μ)/(sqrt(M2/n) + ε·k)                   0 while the prefix's max == min
+/// z = (x − μ)/(S(sqrt(M2/n)) + ε·k)                0 while the prefix's max == min
+///                                                  (S: the floor min_spread·k, if any)
 /// ```
 ///
 /// (`δ/n` is taken as `δ·(1/n)`, which keeps the division off the recursion's chain of
@@ -484,7 +511,7 @@ fn causal_row_scaled<F: Float, M: Mask>(
             }
         }
         let n = cs.len();
-        write_block(&dev[..n], &var[..n], &valid[..n], STD_EPS * k, params, os);
+        write_block(&dev[..n], &var[..n], &valid[..n], STD_EPS * k, params.floor(k), params, os);
     }
     if !finite {
         RowEnd::NonFinite
@@ -495,15 +522,23 @@ fn causal_row_scaled<F: Float, M: Mask>(
     }
 }
 
-/// `out[j] = gate(dev[j]/(sqrt(var[j]) + eps))` where `valid[j]`, 1 elsewhere: the square
-/// roots, divisions and sigmoids of a block, which the AVX2 build vectorizes.
-fn write_block<F: Float>(dev: &[f64], var: &[f64], valid: &[bool], eps: f64, params: &GateParams, out: &mut [F]) {
+/// `out[j] = gate(dev[j]/(S(sqrt(var[j])) + eps))` where `valid[j]`, 1 elsewhere: the
+/// square roots, divisions and sigmoids of a block, which the AVX2 build vectorizes.
+fn write_block<F: Float>(
+    dev: &[f64],
+    var: &[f64],
+    valid: &[bool],
+    eps: f64,
+    floor: f64,
+    params: &GateParams,
+    out: &mut [F],
+) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::avx2() {
         // SAFETY: the CPU has AVX2.
-        return unsafe { write_block_avx2(dev, var, valid, eps, params, out) };
+        return unsafe { write_block_avx2(dev, var, valid, eps, floor, params, out) };
     }
-    write_block_body(dev, var, valid, eps, params, out)
+    write_block_body(dev, var, valid, eps, floor, params, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -513,17 +548,35 @@ unsafe fn write_block_avx2<F: Float>(
     var: &[f64],
     valid: &[bool],
     eps: f64,
+    floor: f64,
     params: &GateParams,
     out: &mut [F],
 ) {
-    write_block_body(dev, var, valid, eps, params, out)
+    write_block_body(dev, var, valid, eps, floor, params, out)
 }
 
 #[inline(always)]
-fn write_block_body<F: Float>(dev: &[f64], var: &[f64], valid: &[bool], eps: f64, params: &GateParams, out: &mut [F]) {
-    for (((o, &d), &v2), &ok) in out.iter_mut().zip(dev).zip(var).zip(valid) {
-        let g = params.gate(d / (v2.sqrt() + eps));
-        *o = F::from_f64(if ok { g } else { 1.0 });
+fn write_block_body<F: Float>(
+    dev: &[f64],
+    var: &[f64],
+    valid: &[bool],
+    eps: f64,
+    floor: f64,
+    params: &GateParams,
+    out: &mut [F],
+) {
+    let blocks = out.iter_mut().zip(dev).zip(var).zip(valid);
+    if floor > 0.0 {
+        for (((o, &d), &v2), &ok) in blocks {
+            let g = params.gate(d / (v2.sqrt().max(floor) + eps));
+            *o = F::from_f64(if ok { g } else { 1.0 });
+        }
+    } else {
+        // no floor: the loop as it was before `min_spread` (bit for bit)
+        for (((o, &d), &v2), &ok) in blocks {
+            let g = params.gate(d / (v2.sqrt() + eps));
+            *o = F::from_f64(if ok { g } else { 1.0 });
+        }
     }
 }
 
@@ -533,7 +586,7 @@ mod tests {
     use crate::element::AllValid;
 
     fn params(normalize: Normalize) -> GateParams {
-        GateParams { low: 0.5, high: 1.0, sharpness: 1.0, normalize, invert: false }
+        GateParams { low: 0.5, high: 1.0, sharpness: 1.0, normalize, invert: false, min_spread: 0.0 }
     }
 
     #[test]
@@ -608,6 +661,41 @@ mod tests {
         later[4] = f64::NAN;
         let e = gates_from_concentration(&layout, &later, &mask[..], &p, &mut g2).unwrap_err();
         assert!(matches!(e, KernelError::NonFinite { at, .. } if at.row == 0 && at.pos == 4));
+    }
+
+    #[test]
+    fn min_spread_floors_the_zscore_spread() {
+        // valid [1, 3] (σ = 1) and a masked 100; row 1 [0, 0.002] (σ = 0.001)
+        let conc = [1.0, 3.0, 100.0, 0.0, 0.002, 0.0];
+        let mask = [1u8, 1, 0, 1, 1, 0];
+        let layout = Layout::padded(2, 3, 6).unwrap();
+        let s = |z: f64| 0.5 + 0.5 / (1.0 + (-z).exp());
+        for normalize in [Normalize::Sequence, Normalize::Causal] {
+            // a floor of 2 halves row 0's z-scores; row 1's 0.001 becomes 0.001/2
+            let p = GateParams { min_spread: 2.0, ..params(normalize) };
+            let mut g = [0.0; 6];
+            gates_from_concentration(&layout, &conc, &mask[..], &p, &mut g).unwrap();
+            let z1 = if normalize == Normalize::Causal { 0.0 } else { -0.5 };
+            assert!((g[0] - s(z1)).abs() < 1e-9 && (g[1] - s(0.5)).abs() < 1e-9, "{normalize:?} {g:?}");
+            assert!((g[4] - s(0.0005)).abs() < 1e-9, "{normalize:?} {g:?}");
+            assert_eq!((g[2], g[5]), (1.0, 1.0));
+            // a floor below every σ changes nothing; a zero floor is the mapping without one
+            let (mut low, mut none) = ([0.0; 6], [0.0; 6]);
+            let below = GateParams { min_spread: 1e-4, ..params(normalize) };
+            gates_from_concentration(&layout, &conc, &mask[..], &below, &mut low).unwrap();
+            gates_from_concentration(&layout, &conc, &mask[..], &params(normalize), &mut none).unwrap();
+            assert_eq!(low, none);
+            // f32 (Sequence: the moments of crate::whiten) floors the same way
+            let c32 = conc.map(|x| x as f32);
+            let mut g32 = [0.0f32; 6];
+            gates_from_concentration(&layout, &c32, &mask[..], &p, &mut g32).unwrap();
+            assert!(g32.iter().zip(&g).all(|(a, b)| (*a as f64 - b).abs() < 1e-6), "{g32:?} vs {g:?}");
+        }
+        for bad in [-1e-3, f64::NAN, f64::INFINITY] {
+            let p = GateParams { min_spread: bad, ..params(Normalize::Batch) };
+            let e = gates_from_concentration(&layout, &conc, &mask[..], &p, &mut [0.0; 6]).unwrap_err();
+            assert!(matches!(e, KernelError::Parameter { arg: "min_spread", .. }), "{e:?}");
+        }
     }
 
     #[test]

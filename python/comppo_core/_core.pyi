@@ -55,6 +55,7 @@ def td_targets(
 
 # normalize: "causal", "sequence", "batch" or "none" (GateParams.normalize; any other
 # value, or one that is not a str, gives None). The default lives in GateParams.
+# min_spread: GateParams.min_spread (None or left out: 0, no floor).
 def gates_from_concentration(
     conc: object,
     mask: object,
@@ -66,6 +67,7 @@ def gates_from_concentration(
     center: object,
     scale: object,
     invert: object,
+    min_spread: object = None,
 ) -> npt.NDArray[np.floating] | None: ...
 def group_advantages(
     scores: object, groups: object, method: object, eps: object, singleton: object

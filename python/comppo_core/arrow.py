@@ -583,10 +583,11 @@ class ConcentrationMoments:
         """Whether every z-score is 0 (at most one valid value, or zero spread)."""
         return self.n <= 1 or self.min == self.max
 
-    def gate_args(self, sharpness: float) -> dict[str, Any]:
+    def gate_args(self, sharpness: float, min_spread: float = 0.0) -> dict[str, Any]:
         """The arguments of :func:`comppo_core.gates_from_concentration` that apply these
         batch statistics: ``normalize="none"`` with ``center = mean`` and
-        ``scale = std + 1e-8``; a flat batch maps to the midpoint gate (sharpness 0)."""
+        ``scale = max(std, min_spread) + 1e-8`` (``std`` itself for ``min_spread = 0``);
+        a flat batch maps to the midpoint gate (sharpness 0)."""
         if self.flat:
             return {"normalize": "none", "center": 0.0, "scale": 1.0, "sharpness": 0.0}
         std = math.sqrt(self.m2 / self.n)
@@ -596,7 +597,8 @@ class ConcentrationMoments:
                 "normalize='batch' statistics across chunks; rescale the column",
                 argument="concentration",
             )
-        return {"normalize": "none", "center": self.mean, "scale": std + GATE_STD_EPS, "sharpness": sharpness}
+        spread = max(std, min_spread) if min_spread > 0.0 else std
+        return {"normalize": "none", "center": self.mean, "scale": spread + GATE_STD_EPS, "sharpness": sharpness}
 
 
 def _valid_moments(c: _Packed, m: _Packed | None, name: str, row0: int) -> ConcentrationMoments:
@@ -677,7 +679,7 @@ def _chunk_params(params: GateParams, moments: ConcentrationMoments | None) -> G
     ``normalize="batch"`` with the moments of more than the chunk becomes ``"none"``
     with their mean and std (:meth:`ConcentrationMoments.gate_args`)."""
     if params.normalize == "batch" and moments is not None:
-        return dataclasses.replace(params, **moments.gate_args(params.sharpness))
+        return dataclasses.replace(params, **moments.gate_args(params.sharpness, params.min_spread))
     return params
 
 

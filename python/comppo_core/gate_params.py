@@ -3,10 +3,11 @@
 ::
 
     z = normalize(c)                     "causal" | "sequence" | "batch" | "none" ((c − center)/scale)
+                                         z-scores: (c − μ)/(max(σ, min_spread) + 1e-8)
     z = −z if invert
     g = low + (high − low) · sigmoid(sharpness · z)
 
-:class:`GateParams` holds the seven parameters of that mapping, and it is the only way
+:class:`GateParams` holds the eight parameters of that mapping, and it is the only way
 a public function takes them: every layer that maps concentration to gates (the array
 API, Arrow, Hugging Face, Ray, the CLI and ``rl``) takes one ``GateParams``, as
 ``params=`` in :func:`comppo_core.gates_from_concentration` and
@@ -15,7 +16,7 @@ has other parameters too. ``None`` there means ``GateParams()``, the mapping's d
 
     cc.gates_from_concentration(c, params=cc.GateParams(low=0.5, sharpness=2.0))
 
-(Before 0.2 those functions also took the seven as keywords, ``low=0.5``; see CHANGELOG.md.)
+(Before 0.2 those functions also took the first seven as keywords, ``low=0.5``; see CHANGELOG.md.)
 :func:`as_gate_params` is the check they share.
 """
 
@@ -55,6 +56,13 @@ class GateParams:
         (other modes ignore them, so there any finite scale is accepted, as by
         :func:`comppo_core.gates_from_concentration`).
       invert: map high concentration to low gates.
+      min_spread: a floor on the spread the z-score divides by, in the concentration's
+        units: ``z = (c − μ)/(max(σ, min_spread) + 1e-8)`` in ``"causal"``, ``"sequence"``
+        and ``"batch"`` (``"none"`` ignores it). A row whose concentration varies by much
+        less than ``min_spread`` then gets gates near the midpoint
+        ``low + (high − low)/2`` instead of spread over the whole range (a z-score alone
+        makes any variation, however small, span the range). Finite, ``>= 0``; the default
+        0 is no floor (the mapping before the field existed, bit for bit).
 
     Validated on construction, with the rules and messages of
     :func:`comppo_core.gates_from_concentration`: a bad value raises
@@ -68,16 +76,21 @@ class GateParams:
     center: float = 0.0
     scale: float = 1.0
     invert: bool = False
+    min_spread: float = 0.0
 
     def __post_init__(self) -> None:
         check_choice("normalize", self.normalize, NORMALIZE_MODES)
-        for name in ("low", "high", "sharpness", "center", "scale"):
+        for name in ("low", "high", "sharpness", "center", "scale", "min_spread"):
             object.__setattr__(self, name, _number(name, getattr(self, name)))
         for name in ("low", "high"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ParameterError(f"{name}: expected a number in [0, 1], got {getattr(self, name)!r}", argument=name)
         if self.low > self.high:
             raise ParameterError(f"low: expected low <= high (high = {self.high!r}), got {self.low!r}", argument="low")
+        if self.min_spread < 0.0:
+            raise ParameterError(
+                f"min_spread: expected a finite number >= 0, got {self.min_spread!r}", argument="min_spread"
+            )
         if self.normalize == "none" and self.scale <= 0.0:
             raise ParameterError(f"scale: expected a finite number > 0, got {self.scale!r}", argument="scale")
         if not isinstance(self.invert, (bool, np.bool_)):
@@ -90,7 +103,7 @@ class GateParams:
         return cls(low=value, high=value)
 
     def as_kwargs(self) -> dict[str, Any]:
-        """The seven fields as a dict, ``{"low": ..., ..., "invert": ...}``
+        """The fields as a dict, ``{"low": ..., ..., "invert": ..., "min_spread": ...}``
         (``GateParams(**p.as_kwargs()) == p``)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 

@@ -2,17 +2,18 @@
 
 ::
 
-    z = normalize(c)     "causal":   z_t = (c_t − μ_≤t)/(σ_≤t + 1e-8), over the row's valid tokens ≤ t
+    z = normalize(c)     "causal":   z_t = (c_t − μ_≤t)/(max(σ_≤t, min_spread) + 1e-8),
+                                     over the row's valid tokens ≤ t
                          "sequence": z-score over the row's valid tokens
                          "batch":    z-score over all valid tokens of the batch
                          "none":     (c − center) / scale
     z = −z if invert
     g = low + (high − low) · sigmoid(sharpness · z)
 
-z-scores use the population std (ddof 0): ``z = (c − μ)/(σ + 1e-8)``; a row (or
-batch, or for ``"causal"`` a row's valid prefix up to t) with one valid token or zero
-spread gets ``z = 0``, i.e. the midpoint gate. Masked positions get ``g = 1``.
-``low == high`` is a constant gate.
+z-scores use the population std (ddof 0): ``z = (c − μ)/(max(σ, min_spread) + 1e-8)``
+(``min_spread`` = 0 by default: no floor); a row (or batch, or for ``"causal"`` a row's
+valid prefix up to t) with one valid token or zero spread gets ``z = 0``, i.e. the
+midpoint gate. Masked positions get ``g = 1``. ``low == high`` is a constant gate.
 
 ``"causal"``, the default of :class:`~comppo_core.GateParams`, makes the gate at token t
 a function of the row's tokens up to t only (the first valid token of a row always gets
@@ -51,7 +52,8 @@ def gates_from_concentration(
       cu_seqlens: ``[B+1]`` sequence offsets of the packed layout, else None.
       params: the mapping, a :class:`~comppo_core.GateParams` (bounds ``low``/``high``,
         ``sharpness``, ``normalize`` = ``"causal"`` (the default), ``"sequence"``,
-        ``"batch"`` or ``"none"`` with ``center``/``scale``, ``invert``); None is
+        ``"batch"`` or ``"none"`` with ``center``/``scale``, ``invert``, the z-score's
+        floor on the spread ``min_spread``); None is
         ``GateParams()``. Anything else is a
         :class:`~comppo_core.errors.ParameterError` naming ``params``.
 
@@ -61,12 +63,15 @@ def gates_from_concentration(
     p = as_gate_params(params)
     # Arguments in canonical form (see _arrays) are computed at once; anything else is
     # converted (or named) by _gates_from_concentration, which makes the same call.
-    result = _core.gates_from_concentration(
-        conc, mask, cu_seqlens, p.low, p.high, p.sharpness, p.normalize, p.center, p.scale, p.invert
-    )
+    result = _core.gates_from_concentration(conc, mask, cu_seqlens, *_kernel_params(p))
     if result is not None:
         return result
     return _gates_from_concentration(conc, mask=mask, cu_seqlens=cu_seqlens, params=p)
+
+
+def _kernel_params(p: GateParams) -> tuple[float, float, float, str, float, float, bool, float]:
+    """The mapping as the kernel's positional arguments after the arrays."""
+    return (p.low, p.high, p.sharpness, p.normalize, p.center, p.scale, p.invert, p.min_spread)
 
 
 @tensor_io("conc", "mask", "cu_seqlens")
@@ -84,8 +89,6 @@ def _gates_from_concentration(
     lay = layout_of(c, "concentration", mask, cu_seqlens)
     c_canon = token_array(c, "concentration", lay.shape, compute)
     p = params  # validated by GateParams: finite numbers, a known normalize, a bool invert
-    result = _core.gates_from_concentration(
-        c_canon, lay.mask, lay.cu_seqlens, p.low, p.high, p.sharpness, p.normalize, p.center, p.scale, p.invert
-    )
+    result = _core.gates_from_concentration(c_canon, lay.mask, lay.cu_seqlens, *_kernel_params(p))
     gates = kernel_result(result, "gates_from_concentration")
     return Outputs(("gates",), lay.shape, compute, output, None, ()).finish((gates,))[0]

@@ -127,16 +127,18 @@ def _next_valid_values(v_flat: np.ndarray, positions: np.ndarray, v_end: float) 
     return values[1:] + [v_end]
 
 
-def _causal_zscore(vals: np.ndarray) -> np.ndarray:
-    """``z_t = _zscore(vals[: t + 1])[-1]``: each value's z-score among the values up to
-    and including it (the first value, and any value whose prefix has zero spread, get 0).
+def _causal_zscore(vals: np.ndarray, min_spread: float = 0.0) -> np.ndarray:
+    """``z_t = _zscore(vals[: t + 1], min_spread)[-1]``: each value's z-score among the
+    values up to and including it (the first value, and any value whose prefix has zero
+    spread, get 0).
     """
     vals = np.asarray(vals, dtype=np.float64)
-    return np.array([_zscore(vals[: t + 1])[-1] for t in range(vals.size)], dtype=np.float64)
+    return np.array([_zscore(vals[: t + 1], min_spread)[-1] for t in range(vals.size)], dtype=np.float64)
 
 
-def _zscore(vals: np.ndarray) -> np.ndarray:
-    """``(c - mean) / (std + GATE_STD_EPS)`` in float64, population std (ddof 0).
+def _zscore(vals: np.ndarray, min_spread: float = 0.0) -> np.ndarray:
+    """``(c - mean) / (max(std, min_spread) + GATE_STD_EPS)`` in float64, population std
+    (ddof 0); ``min_spread = 0`` is the plain ``(c - mean) / (std + GATE_STD_EPS)``.
 
     A single value, or values that are all equal (``max == min``), give 0
     exactly. An empty input gives an empty output.
@@ -146,6 +148,8 @@ def _zscore(vals: np.ndarray) -> np.ndarray:
         return np.zeros_like(vals)
     mean = vals.mean()
     std = vals.std()  # ddof=0
+    if min_spread > 0.0:
+        std = max(std, min_spread)
     return (vals - mean) / (std + GATE_STD_EPS)
 
 
@@ -351,17 +355,19 @@ def gates_from_concentration(
     On valid tokens, in float64::
 
       z = normalize(c)
-            "causal":   (c_t - mean_{s<=t}) / (std_{s<=t} + GATE_STD_EPS)
-            "sequence": (c - mean_row) / (std_row + GATE_STD_EPS)
-            "batch":    (c - mean_all) / (std_all + GATE_STD_EPS)
-            "none":     (c - center) / scale
+            "causal":   (c_t - mean_{s<=t}) / (max(std_{s<=t}, min_spread) + GATE_STD_EPS)
+            "sequence": (c - mean_row) / (max(std_row, min_spread) + GATE_STD_EPS)
+            "batch":    (c - mean_all) / (max(std_all, min_spread) + GATE_STD_EPS)
+            "none":     (c - center) / scale                (min_spread not used)
       z = -z                       if invert
       g = low + (high - low) * (1 / (1 + exp(-sharpness * z)))
 
     mean/std are over the valid tokens s <= t of the row ("causal": token t's
     prefix, so its gate depends on nothing after it), over the valid tokens of
     the row ("sequence") or of the whole batch ("batch"); std is the population
-    std (ddof 0). A row (or batch, or prefix) with a single valid token, or
+    std (ddof 0); ``min_spread`` (default 0: no floor) is a floor on the spread
+    the z-score divides by, so values that vary by much less than it keep
+    ``|z|`` small. A row (or batch, or prefix) with a single valid token, or
     whose valid values are all equal (max == min), gets ``z = 0`` exactly, i.e.
     ``g = low + (high - low) / 2``.
     ``low == high`` gives a constant gate. Masked positions get ``g = 1``.
@@ -376,7 +382,8 @@ def gates_from_concentration(
         ``sharpness``: slope of the sigmoid;
         ``normalize``: "causal" (the default), "sequence", "batch" or "none";
         ``center``, ``scale``: used only by ``normalize="none"``;
-        ``invert``: flip the sign of z (high concentration -> low gate).
+        ``invert``: flip the sign of z (high concentration -> low gate);
+        ``min_spread``: floor on the z-score's std (not used by ``"none"``).
         (GateParams validates them; the oracle does not check them again.)
 
     Returns:
@@ -388,7 +395,7 @@ def gates_from_concentration(
     """
     p = as_gate_params(params)
     low, high, sharpness, normalize = p.low, p.high, p.sharpness, p.normalize
-    center, scale, invert = p.center, p.scale, p.invert
+    center, scale, invert, floor = p.center, p.scale, p.invert, p.min_spread
     conc = np.asarray(conc)
     c_flat = conc.reshape(-1)
     seqs = list(_sequences(conc.shape, mask, cu_seqlens))
@@ -397,14 +404,14 @@ def gates_from_concentration(
     if normalize == "causal":
         for _, idx, valid in seqs:
             positions = idx[valid]
-            z[positions] = _causal_zscore(c_flat[positions])
+            z[positions] = _causal_zscore(c_flat[positions], floor)
     elif normalize == "sequence":
         for _, idx, valid in seqs:
             positions = idx[valid]
-            z[positions] = _zscore(c_flat[positions])
+            z[positions] = _zscore(c_flat[positions], floor)
     elif normalize == "batch":
         positions = np.concatenate([idx[valid] for _, idx, valid in seqs] + [np.zeros(0, dtype=np.int64)])
-        z[positions] = _zscore(c_flat[positions])
+        z[positions] = _zscore(c_flat[positions], floor)
     else:  # "none"
         for _, idx, valid in seqs:
             positions = idx[valid]

@@ -551,3 +551,19 @@ def test_bad_values_mask_gates_and_last_values() -> None:
             concentration_col="c",
             gate_params=GateParams(normalize="batch"),
         )
+
+
+def test_batch_across_chunks_with_a_floor() -> None:
+    """``GateParams.min_spread`` reaches the batch z-score over every chunk (the moments are merged,
+    then floored): equal to the kernel's over the flattened rows, and near-constant rows stay near the
+    midpoint."""
+    rng = np.random.default_rng(0)
+    rows = [list(8e-5 + 6e-5 * rng.random(int(n))) for n in rng.integers(1, 30, 20)]
+    col = pa.chunked_array([pa.array(rows[:7], pa.list_(pa.float64())), pa.array(rows[7:], pa.list_(pa.float64()))])
+    flat = np.concatenate([np.asarray(r) for r in rows])
+    cu = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+    for floor in (0.0, 1e-3):
+        p = cc.GateParams(low=0.0, high=1.0, normalize="batch", min_spread=floor)
+        got = np.concatenate([np.asarray(x) for x in arrow.gates_from_concentration(col, params=p).to_pylist()])
+        np.testing.assert_allclose(got, cc.gates_from_concentration(flat, cu_seqlens=cu, params=p), rtol=0, atol=1e-12)
+    assert np.abs(got - 0.5).max() < 0.02  # the floor keeps these near-constant rows at the midpoint

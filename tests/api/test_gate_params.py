@@ -36,11 +36,13 @@ def test_defaults_and_kwargs() -> None:
             "center": 0.0,
             "scale": 1.0,
             "invert": False,
+            "min_spread": 0.0,
         }
     )
     q = GateParams(
-        low=0.2, high=0.7, sharpness=np.float32(3.0), normalize="none", center=1, scale=0.5, invert=np.bool_(True)
-    )
+        low=0.2, high=0.7, sharpness=np.float32(3.0), normalize="none", center=1, scale=0.5, invert=np.bool_(True),
+        min_spread=np.float32(0.25),
+    )  # fmt: skip
     assert q.as_kwargs() == {
         "low": 0.2,
         "high": 0.7,
@@ -49,8 +51,9 @@ def test_defaults_and_kwargs() -> None:
         "center": 1.0,
         "scale": 0.5,
         "invert": True,
+        "min_spread": 0.25,
     }
-    assert type(q.sharpness) is float and type(q.invert) is bool
+    assert type(q.sharpness) is float and type(q.invert) is bool and type(q.min_spread) is float
     assert GateParams(**q.as_kwargs()) == q
     assert pickle.loads(pickle.dumps(q)) == q
     assert GateParams.constant(0.95) == GateParams(low=0.95, high=0.95)
@@ -69,6 +72,9 @@ def test_defaults_and_kwargs() -> None:
         ({"normalize": "none", "scale": 0.0}, "scale", "scale: expected a finite number > 0, got 0.0"),
         ({"normalize": "none", "center": float("nan")}, "center", "center: expected a finite number, got nan"),
         ({"invert": 1}, "invert", "invert: expected a bool, got 1"),
+        ({"min_spread": -0.01}, "min_spread", "min_spread: expected a finite number >= 0, got -0.01"),
+        ({"min_spread": float("nan")}, "min_spread", "min_spread: expected a finite number, got nan"),
+        ({"min_spread": None}, "min_spread", "min_spread: expected a finite number, got None"),
     ],
 )
 def test_bad_values_name_the_field(kwargs: dict[str, Any], argument: str, message: str) -> None:
@@ -82,8 +88,9 @@ def _kernel(p: dict[str, Any]) -> np.ndarray | None:
     where it refuses the values (a ParameterError, or no result for a non-finite value)."""
     try:
         result: np.ndarray | None = _core.gates_from_concentration(
-            C, M, None, p["low"], p["high"], p["sharpness"], p["normalize"], p["center"], p["scale"], False
-        )
+            C, M, None, p["low"], p["high"], p["sharpness"], p["normalize"], p["center"], p["scale"], False,
+            p["min_spread"],
+        )  # fmt: skip
     except cc.ParameterError:
         return None
     return result
@@ -100,8 +107,9 @@ def test_accepts_what_the_kernel_accepts() -> None:
         NORMALIZE_MODES,
         (0.0, float("inf")),  # center
         (1.0, 0.0, -1.0),  # scale
+        (0.0, 0.1, -1e-9, float("inf")),  # min_spread
     )
-    for low, high, sharpness, normalize, center, scale in grid:
+    for low, high, sharpness, normalize, center, scale, min_spread in grid:
         kw = {
             "low": low,
             "high": high,
@@ -109,6 +117,7 @@ def test_accepts_what_the_kernel_accepts() -> None:
             "normalize": normalize,
             "center": center,
             "scale": scale,
+            "min_spread": min_spread,
         }
         kernel = _kernel(kw)
         try:

@@ -36,6 +36,8 @@ def gate_params(draw: st.DrawFn) -> GateParams:
         center=draw(st.floats(-5.0, 5.0)),
         scale=draw(st.one_of(st.just(1.0), st.floats(0.1, 10.0))),
         invert=draw(st.booleans()),
+        # the z-score's floor on σ: none, one below or near the grid's spreads (1e-3 … 10), or one above
+        min_spread=draw(st.one_of(st.just(0.0), st.sampled_from([1e-3, 0.5, 20.0]), st.floats(0.0, 5.0))),
     )
 
 
@@ -194,7 +196,9 @@ def test_gates_worked_example(dtype: type, packed: bool) -> None:
 def test_gates_defaults_are_documented_values() -> None:
     c = np.array([[0.0, 10.0]])
     g = cc.gates_from_concentration(c)
-    documented = GateParams(low=0.9, high=1.0, sharpness=1.0, normalize="causal", center=0.0, scale=1.0, invert=False)
+    documented = GateParams(
+        low=0.9, high=1.0, sharpness=1.0, normalize="causal", center=0.0, scale=1.0, invert=False, min_spread=0.0
+    )
     assert GateParams() == documented
     np.testing.assert_array_equal(g, cc.gates_from_concentration(c, params=documented))
     np.testing.assert_array_equal(g, cc.gates_from_concentration(c, params=None))

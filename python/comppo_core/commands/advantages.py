@@ -133,6 +133,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     gm.add_argument("--center", type=finite_float, default=None, help="center with --normalize none (default: 0)")
     gm.add_argument("--scale", type=finite_float, default=None, help="scale > 0 with --normalize none (default: 1)")
     gm.add_argument("--invert", action="store_true", default=None, help="high concentration -> low gate")
+    gm.add_argument(
+        "--min-spread",
+        type=finite_float,
+        default=None,
+        help="floor on the spread the z-score divides by, in the concentration's units: "
+        "z = (c - mean)/max(std, MIN_SPREAD) (default: 0, no floor; not used by --normalize none)",
+    )
 
     o = cmd.add_argument_group("output")
     o.add_argument("--advantages-col", default="advantages", metavar="NAME", help="name of the advantages column")

@@ -52,8 +52,10 @@ __all__ = ["TEMPORAL_MIXERS", "TransportAlignedCritic", "causal_gates", "running
 _STD_EPS = 1e-8
 
 
-def running_zscore(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Causal z-score of each row: ``z_t = (x_t − μ_t)/(σ_t + 1e-8)`` over the valid s ≤ t.
+def running_zscore(x: torch.Tensor, mask: torch.Tensor, min_spread: float = 0.0) -> torch.Tensor:
+    """Causal z-score of each row: ``z_t = (x_t − μ_t)/(S(σ_t) + 1e-8)`` over the valid s ≤ t,
+    ``S(σ) = max(σ, min_spread)`` (``σ`` itself for ``min_spread = 0``:
+    :attr:`comppo_core.GateParams.min_spread`).
 
     ``μ_t`` and ``σ_t`` (population, ddof 0) are the mean and spread of the row's valid
     entries up to and including t, so ``z_t`` depends on nothing after t. A row's first
@@ -72,7 +74,8 @@ def running_zscore(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     mean = s1 / safe_n
     var = (s2 / safe_n - mean * mean).clamp(min=0.0)
     std = var.sqrt()
-    z = (d - mean) / (std + _STD_EPS)
+    spread = std.clamp(min=min_spread) if min_spread > 0.0 else std
+    z = (d - mean) / (spread + _STD_EPS)
     return torch.where(m & (n > 1) & (std > 0), z, torch.zeros_like(z))
 
 
@@ -88,7 +91,7 @@ def causal_gates(concentration: torch.Tensor, mask: torch.Tensor, params: GatePa
         z = concentration.detach().to(torch.float64)
         pointwise = params
     else:
-        z = running_zscore(concentration, m)
+        z = running_zscore(concentration, m, params.min_spread)
         pointwise = dataclasses.replace(params, normalize="none", center=0.0, scale=1.0)
     # a tensor in gives a tensor out (on its own device)
     return torch.as_tensor(gating.gates_from_concentration(z, mask=m, params=pointwise), dtype=torch.float32)
