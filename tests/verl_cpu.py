@@ -13,9 +13,11 @@ in one gloo process (found in issue 45; none of them is part of the package):
   moves log-probs by ~1e-2).
 
 :func:`cpu_process_group` does the first two and a world-size-1 gloo process group (and
-undoes them); :func:`new_engine` builds an engine; :func:`tiny_llama` and :func:`rollout`
-the model and a batch as verl's trainer holds it (prompts left-padded, responses
-right-padded).
+undoes them; with ``torch.cpu.set_rng_state``, which verl's checkpoint loading calls on
+the CPU); :func:`new_engine` builds an engine (:func:`comppo_engine_with` a CompPO one);
+:func:`tiny_llama` and :func:`rollout` the model and a batch as verl's trainer holds it
+(prompts left-padded, responses right-padded); :func:`as_no_padding` and
+:func:`transfer_queue_batch` the TensorDicts the legacy and the v1 trainer hand the actor.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import os
 import socket
 import warnings
 from collections.abc import Iterator
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -62,8 +63,8 @@ class CPUPlatform(PlatformBase):  # type: ignore[misc]
         return "cpu"
 
     @property
-    def device_module(self) -> ModuleType:
-        return torch.cpu
+    def device_module(self) -> Any:
+        return torch.cpu  # verl tests `device == torch.cpu` (memory logging)
 
     def is_available(self) -> bool:
         return True
@@ -147,6 +148,11 @@ def cpu_process_group() -> Iterator[None]:
     )
     previous = platform_manager._current_platform
     platform_manager.set_platform(CPUPlatform())
+    # verl's checkpoint manager restores the device RNG with device_module.set_rng_state when the device
+    # name is a key of the saved RNG state, which "cpu" always is; torch.cpu has no set_rng_state
+    added_rng = not hasattr(torch.cpu, "set_rng_state")
+    if added_rng:
+        torch.cpu.set_rng_state = torch.set_rng_state  # type: ignore[attr-defined]
     started = not torch.distributed.is_initialized()
     if started:
         torch.distributed.init_process_group("gloo", rank=0, world_size=1)
@@ -156,6 +162,8 @@ def cpu_process_group() -> Iterator[None]:
         if started:
             torch.distributed.destroy_process_group()
         platform_manager._current_platform = previous  # as it was (None: detected again on the next call)
+        if added_rng:
+            del torch.cpu.set_rng_state  # type: ignore[attr-defined]
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -240,8 +248,18 @@ def old_log_prob_batch(batch: dict[str, torch.Tensor], **meta: Any) -> Any:
     return as_no_padding(batch, **(settings | meta))
 
 
-def new_engine(path: str, model_type: str = "language_model") -> Any:
-    """verl's FSDP2 engine on the model saved at ``path``, float32, initialised."""
+def new_engine(
+    path: str,
+    model_type: str = "language_model",
+    *,
+    mixed_precision: str = "fp32",
+    optimizer: dict[str, Any] | None = None,
+    save_contents: tuple[str, ...] = ("model", "optimizer", "extra"),
+) -> Any:
+    """verl's FSDP2 engine on the model saved at ``path``, initialised: float32 weights, and
+    ``mixed_precision`` ("fp32", or "bf16": verl's default bf16 parameters and autocast, float32
+    reductions); AdamW lr 1e-2 without weight decay or clipping unless ``optimizer`` (keyword
+    arguments of ``FSDPOptimizerConfig``) says otherwise; ``save_contents`` of the checkpoint."""
     from verl.trainer.config.config import CheckpointConfig
     from verl.workers.config.engine import FSDPEngineConfig
     from verl.workers.config.model import HFModelConfig
@@ -256,16 +274,161 @@ def new_engine(path: str, model_type: str = "language_model") -> Any:
         ),
         engine_config=FSDPEngineConfig(
             strategy="fsdp2",
-            mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+            mixed_precision={"param_dtype": mixed_precision, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
             use_torch_compile=False,
             model_dtype="fp32",
             forward_only=False,
         ),
-        optimizer_config=FSDPOptimizerConfig(lr=1e-2, weight_decay=0.0, clip_grad=1e9),
-        checkpoint_config=CheckpointConfig(),
+        optimizer_config=FSDPOptimizerConfig(
+            **({"lr": 1e-2, "weight_decay": 0.0, "clip_grad": 1e9} | (optimizer or {}))
+        ),
+        checkpoint_config=CheckpointConfig(save_contents=list(save_contents), load_contents=list(save_contents)),
     )
     engine.initialize()
     return engine
+
+
+def comppo_engine_with(path: str, settings: Any, head_seed: int | None = 3, **engine_kwargs: Any) -> Any:
+    """A CompPO engine (``comppo_core.integrations.verl.engine``) with ``settings``; with a TAC and
+    ``head_seed``, its value head randomised with that seed (a fresh TAC's values are all 0)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    from comppo_core.integrations.verl import engine as comppo_engine
+
+    comppo_engine.register_engine()
+    comppo_engine.configure_engine(settings)
+    engine = new_engine(path, model_type=comppo_engine.MODEL_TYPE, **engine_kwargs)
+    tac = getattr(engine.module, "comppo_tac", None)
+    if tac is not None and head_seed is not None:
+        g = torch.Generator().manual_seed(head_seed)
+        with torch.no_grad():
+            for p in tac.head.parameters():
+                full = torch.randn(tuple(p.shape), generator=g)
+                p.copy_(distribute_tensor(full, p.device_mesh, p.placements))
+    return engine
+
+
+def full_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``module``'s state dict, full tensors (DTensors gathered), detached copies."""
+    return {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+        for k, v in module.state_dict().items()
+    }
+
+
+def plain_tac(hf_model: Any, engine: Any, tac_kwargs: dict[str, Any]) -> Any:
+    """A TransportAlignedCritic with the engine's TAC's weights, outside FSDP (eval mode)."""
+    from comppo_core import rl
+
+    tac = rl.TransportAlignedCritic.for_model(hf_model, **tac_kwargs)
+    tac.load_state_dict(full_state(engine.module.comppo_tac))
+    return tac.eval()
+
+
+def response_lengths(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each sequence's real response length (its right padding left out)."""
+    r = batch["responses"].shape[1]
+    return batch["attention_mask"][:, -r:].sum(1)
+
+
+def per_column(x: torch.Tensor, cu: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A ``[B, R]`` per-response-token tensor in the packed ``[1, N−1]`` columns (0 elsewhere): response
+    token k of sequence i (``r_i`` real response tokens) is scored by column ``cu[i+1] − r_i − 1 + k``."""
+    lengths = response_lengths(batch)
+    out = torch.zeros(1, int(cu[-1]) - 1, dtype=x.dtype)
+    for i in range(x.shape[0]):
+        k = torch.arange(int(lengths[i]))
+        out[0, int(cu[i + 1]) - int(lengths[i]) - 1 + k] = x[i, k]
+    return out
+
+
+def per_response(columns: torch.Tensor, cu: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The inverse of :func:`per_column`: packed ``[1, N−1]`` columns → ``[B, R]`` (0 on the padding)."""
+    lengths = response_lengths(batch)
+    out = torch.zeros(batch["responses"].shape, dtype=columns.dtype)
+    for i in range(out.shape[0]):
+        k = torch.arange(int(lengths[i]))
+        out[i, k] = columns[0, int(cu[i + 1]) - int(lengths[i]) - 1 + k]
+    return out
+
+
+def transfer_queue_batch(batch: dict[str, torch.Tensor], **meta: Any) -> Any:
+    """The TensorDict verl's v1 trainer hands the actor's ``update_actor`` from its TransferQueue: every
+    field nested, one unpadded row per sequence (``prompts``, ``responses``, ``input_ids``,
+    ``position_ids``; ``response_mask`` = ``loss_mask`` and any other ``[B, R]`` field of ``batch``
+    response-long), no ``attention_mask``; ``meta`` as its non-tensor data."""
+    from verl.utils import tensordict_utils as tu
+
+    p, r = batch["prompts"].shape[1], batch["responses"].shape[1]
+    mask = batch["attention_mask"] != 0
+    prompt_rows = [mask[i, :p] for i in range(mask.shape[0])]
+    response_rows = [mask[i, p:] for i in range(mask.shape[0])]
+
+    def nested(rows: list[torch.Tensor]) -> torch.Tensor:
+        return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+    fields: dict[str, Any] = {
+        "prompts": nested([batch["prompts"][i, m] for i, m in enumerate(prompt_rows)]),
+        "responses": nested([batch["responses"][i, m] for i, m in enumerate(response_rows)]),
+        "input_ids": nested([batch["input_ids"][i, mask[i]] for i in range(mask.shape[0])]),
+        "position_ids": nested([batch["position_ids"][i, mask[i]] for i in range(mask.shape[0])]),
+    }
+    for name, value in batch.items():
+        if name not in fields and name != "attention_mask" and value.shape[1] == r:
+            fields[name] = nested([value[i, m] for i, m in enumerate(response_rows)])
+    fields["loss_mask"] = fields["response_mask"]
+    td = tu.get_tensordict(fields)
+    tu.assign_non_tensor(td, **meta)
+    return td
+
+
+#: the non-tensor data of an actor update's TensorDict (verl's worker and trainer set them): 2 micro-batches of 2,
+#: τ = TAU, the minibatch's 4 rows as the seq-mean modes' global_batch_size
+UPDATE_META: dict[str, Any] = {
+    "use_remove_padding": True,
+    "use_dynamic_bsz": False,
+    "micro_batch_size_per_gpu": 2,
+    "use_fused_kernels": False,
+    "calculate_entropy": False,
+    "temperature": TAU,
+    "global_batch_size": 4,
+}
+
+
+def update_fields(batch: dict[str, torch.Tensor], seed: int = 9) -> dict[str, torch.Tensor]:
+    """Random ``[B, R]`` old log-probs, advantages, returns and old values for an update of ``batch``."""
+    g = torch.Generator().manual_seed(seed)
+    shape = batch["responses"].shape
+    return {
+        "old_log_probs": -1.0 + 0.1 * torch.randn(shape, generator=g),
+        "advantages": torch.randn(shape, generator=g),
+        "returns": torch.randn(shape, generator=g),
+        "values": torch.randn(shape, generator=g),
+    }
+
+
+def update_batch(batch: dict[str, torch.Tensor], seed: int = 9, **meta: Any) -> Any:
+    """An actor update's TensorDict of ``batch`` and its :func:`update_fields` (``as_no_padding``,
+    :data:`UPDATE_META`, ``comppo_probe``, then ``meta``)."""
+    return as_no_padding({**batch, **update_fields(batch, seed)}, **(UPDATE_META | {"comppo_probe": True} | meta))
+
+
+def actor_config(**overrides: Any) -> Any:
+    """verl's FSDP actor config (``actor_rollout_ref.actor``) of the tests' update (a minibatch of 4 in
+    micro-batches of 2, ratio clip 0.2/0.28, dual clip 3, no entropy bonus), with ``overrides``."""
+    from verl.workers.config.actor import FSDPActorConfig
+
+    fields: dict[str, Any] = {
+        "strategy": "fsdp2",
+        "rollout_n": 1,
+        "ppo_mini_batch_size": 4,
+        "ppo_micro_batch_size_per_gpu": 2,
+        "clip_ratio_low": 0.2,
+        "clip_ratio_high": 0.28,
+        "clip_ratio_c": 3.0,
+        "entropy_coeff": 0.0,
+    }
+    return FSDPActorConfig(**(fields | overrides))
 
 
 def padded_to_packed(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

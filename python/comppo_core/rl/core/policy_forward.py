@@ -87,7 +87,14 @@ from ..critics.tac import causal_gates
 from ..critics.taps import TapRecorder
 from .gate_sources import POLICY_STATISTICS
 
-__all__ = ["ForwardOutput", "GatesFromConcentration", "forward", "policy_entropy"]
+__all__ = [
+    "ForwardOutput",
+    "GatesFromConcentration",
+    "RecordedOutput",
+    "forward",
+    "forward_from_recorded",
+    "policy_entropy",
+]
 
 #: ``gates(concentration_gates, concentration, response_mask) -> gates``, all ``[B, T−1]``.
 GatesFromConcentration = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -399,29 +406,128 @@ def forward(
         if capture is not None:
             capture.hidden = None
 
-    # Comp-GAE's gates, per sequence: a packed row's are computed on one row per sequence
+    recorded = forward_from_recorded(
+        ids,
+        conc,
+        per,
+        resp,
+        cu_seqlens=cu,
+        attention_mask=mask if cu is None else None,
+        position_ids=pos if cu is None else None,
+        taps=dict(recorder.hidden) if taps else {},
+        critic=critic,
+        gates=gates if callable(gates) else given,
+        gate_params=params,
+        causal=causal,
+        gate_statistic=signal,
+        critic_grad=grad if critic_grad is None else critic_grad,
+    )
+    return ForwardOutput(lp, conc, per, recorded.gates, recorded.values, recorded.critic_gates, resp, signal)
+
+
+class RecordedOutput(NamedTuple):
+    """What :func:`forward_from_recorded` returns (``[B, T−1]`` float32 each, as in :class:`ForwardOutput`)."""
+
+    #: Comp-GAE's gates (1 outside the response); None without a gate statistic
+    gates: torch.Tensor | None
+    #: the critic's values (0 outside the scored columns); None without a critic
+    values: torch.Tensor | None
+    #: the causal gate features the critic read (1 without a probe); None without a critic
+    critic_gates: torch.Tensor | None
+
+
+def forward_from_recorded(
+    input_ids: torch.Tensor,
+    concentration: torch.Tensor | None,
+    per_layer: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    taps: dict[int, torch.Tensor] | None = None,
+    critic: nn.Module | None = None,
+    gates: torch.Tensor | GatesFromConcentration | None = None,
+    gate_params: GateParams | None = None,
+    causal: bool = False,
+    gate_statistic: torch.Tensor | None = None,
+    critic_grad: bool = False,
+) -> RecordedOutput:
+    """:func:`forward` after the actor's forward: Comp-GAE's gates and the critic's values from what
+    the forward recorded (the probe's statistics, the critic's taps). :func:`forward` calls it;
+    so does an engine that runs the actor itself (verl's, :mod:`comppo_core.integrations.verl.engine`),
+    so both compute the same gates and values from the same recorded tensors.
+
+    Everything per token is ``[B, T−1]`` (or, with ``cu_seqlens``, a packed ``[1, N−1]`` row:
+    every per-sequence computation runs on one row per sequence, :func:`~comppo_core.hf.lm.unpack_columns`),
+    as :func:`forward` returns it (module docstring)::
+
+        own gates   = gate mapping of gate_statistic over the response (its running z-score: causal)
+        gates       = own gates, or the given ``gates`` (a tensor, or a function of the own gates),
+                      1 outside the response (always with cu_seqlens or given gates)
+        values      = critic(inputs): taps, per_layer, causal gates of the concentration, in float32
+
+    Args:
+      input_ids: ``[B, T]`` token ids, or the packed ``[1, N]`` row with ``cu_seqlens``.
+      concentration, per_layer: the probe's statistics at the scored columns (0 elsewhere), or None
+        (no probe: the critic reads gates of 1 and no per-layer features).
+      response_mask: ``[B, T−1]`` bool, the response columns (inside the scored ones).
+      cu_seqlens: the packed row's ``[S+1]`` offsets (then ``attention_mask`` is None).
+      attention_mask, position_ids: the padded batch's (default all ones; ``cumsum − 1``).
+      taps: the critic's recorded residual streams (layer → ``[B, T, d]``).
+      critic: a critic (a TransportAlignedCritic, a StandardCritic) or None.
+      gates: ``[B, T−1]`` gates in ``[0, 1]`` replacing Comp-GAE's, or a function of its own
+        (:data:`GatesFromConcentration`; called per sequence on a packed row), or None.
+      gate_params, causal: the gate mapping, and whether it uses the running z-score.
+      gate_statistic: what the own gates map (the concentration, or ``−u`` of a policy
+        statistic, 0 outside the response); None: no gates.
+      critic_grad: whether the values carry gradients into the critic.
+
+    Raises:
+      ParameterError: both ``cu_seqlens`` and ``attention_mask``.
+      ShapeError, OutOfRangeError: ``gates`` not ``[B, T−1]`` or outside ``[0, 1]``.
+    """
+    ids = input_ids
+    cu = cu_seqlens
+    if cu is not None and attention_mask is not None:
+        raise ParameterError(
+            "attention_mask: expected None with cu_seqlens (a packed row has no padding), got a mask",
+            argument="attention_mask",
+        )
+    mask: torch.Tensor | None = None
+    if cu is None:
+        mask = attention_mask if attention_mask is not None else torch.ones_like(ids, dtype=torch.bool)
+        columns = scored_columns(mask)
+    else:
+        columns = (packed_position_ids(cu)[:, 1:] != 0).to(ids.device)
+    resp = response_mask.to(torch.bool)
+    shape = (ids.shape[0], ids.shape[1] - 1)
+    given = None if gates is None or callable(gates) else _given_gates(gates, shape, ids.device)
+    params = as_gate_params(gate_params, "gate_params")
+
     def rows(x: torch.Tensor, name: str) -> torch.Tensor:
         return x if cu is None else unpack_columns(x, cu, name)
 
     resp_rows = rows(resp, "response_mask")
+    causal_features: torch.Tensor | None = None  # causal gates of the concentration, per row (the TAC's features)
+    if concentration is not None and critic is not None and cu is None:
+        causal_features = causal_gates(rows(concentration, "concentration"), resp_rows, params)
     comp_gates: torch.Tensor | None = None
-    causal_features: torch.Tensor | None = None  # causal gates of the concentration, per row
-    if conc is not None and ((causal and policy_statistic is None) or (critic is not None and cu is None)):
-        causal_features = causal_gates(rows(conc, "concentration"), resp_rows, params)
-    if signal is not None:
-        if causal and policy_statistic is None:
-            assert causal_features is not None
+    if gate_statistic is not None:
+        if causal and causal_features is not None and gate_statistic is concentration:
             own = causal_features
         elif causal:
-            own = causal_gates(rows(signal, "gate_statistic"), resp_rows, params)
+            own = causal_gates(rows(gate_statistic, "gate_statistic"), resp_rows, params)
         else:
             own = torch.as_tensor(
-                gating.gates_from_concentration(rows(signal, "gate_statistic"), mask=resp_rows, params=params),
+                gating.gates_from_concentration(rows(gate_statistic, "gate_statistic"), mask=resp_rows, params=params),
                 dtype=torch.float32,
             )
         if callable(gates):
             replaced = _given_gates(
-                gates(own, rows(signal, "gate_statistic"), resp_rows), (own.shape[0], own.shape[1]), ids.device
+                gates(own, rows(gate_statistic, "gate_statistic"), resp_rows),
+                (own.shape[0], own.shape[1]),
+                ids.device,
             )
             given = replaced if cu is None else pack_columns(replaced, cu, "gates")
         own = own if cu is None else pack_columns(own, cu, "gates")
@@ -433,31 +539,35 @@ def forward(
     if critic is not None:
         if cu is None:
             # no probe: no routing features; a critic reads gates of 1
-            critic_gates = torch.ones_like(lp) if causal_features is None else causal_features
-            assert mask is not None and pos is not None
+            critic_gates = (
+                torch.ones(shape, dtype=torch.float32, device=ids.device)
+                if causal_features is None
+                else causal_features
+            )
+            assert mask is not None
             inputs = CriticInputs(
                 input_ids=ids,
                 attention_mask=mask,
-                position_ids=pos,
+                position_ids=default_position_ids(mask) if position_ids is None else position_ids,
                 columns=columns,
                 response_mask=resp,
-                taps=dict(recorder.hidden) if taps else {},
-                per_layer=per,
+                taps=dict(taps or {}),
+                per_layer=per_layer,
                 gates=critic_gates,
             )
         else:  # the critic reads one row per sequence (its causal features must not cross sequences)
             inputs = packed_critic_inputs(
                 ids,
                 cu,
-                taps=dict(recorder.hidden) if taps else {},
-                per_layer=per,
-                concentration=conc,
+                taps=dict(taps or {}),
+                per_layer=per_layer,
+                concentration=concentration,
                 response_mask=resp,
                 gate_params=params,
             )
             critic_gates = torch.where(columns, pack_columns(inputs.gates, cu, "critic gates"), 1.0)
-        with torch.enable_grad() if (grad if critic_grad is None else critic_grad) else torch.no_grad():
+        with torch.enable_grad() if critic_grad else torch.no_grad():
             values = critic(inputs)
         if cu is not None:
             values = pack_columns(values, cu, "values")
-    return ForwardOutput(lp, conc, per, comp_gates, values, critic_gates, resp, signal)
+    return RecordedOutput(comp_gates, values, critic_gates)
