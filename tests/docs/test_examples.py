@@ -6,7 +6,8 @@ fails it. An example that imports an optional dependency (torch, transformers, p
 ray, hypothesis), directly or through the ``comppo_core`` module that needs it, is
 skipped when that dependency is missing. examples/ holds nothing but these programs and
 ``accelerate/``, the launch configurations of the TRL example (each a YAML mapping), and
-``paper/``, the paper-scale recipe (tested by tests/examples/test_paper_recipe.py).
+``paper/``, the paper-scale recipe (tested by tests/examples/test_paper_recipe.py), and ``verl/``,
+the verl recipe's GPU launch script (its overrides composed by tests/integrations/verl_recipe/test_verl_config.py).
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ def test_example_runs(program: Path, tmp_path: Path) -> None:
 
 def test_examples_are_the_programs_users_copy() -> None:
     names = sorted(p.name for p in EXAMPLES.iterdir() if not p.name.startswith(".") and p.name != "__pycache__")
-    assert names == sorted([*EXPECTED, "accelerate", "paper"]), (
-        "examples/ holds only the programs in EXPECTED, accelerate/ and paper/"
+    assert names == sorted([*EXPECTED, "accelerate", "paper", "verl"]), (
+        "examples/ holds only the programs in EXPECTED, accelerate/, paper/ and verl/"
     )
     configs = sorted(p.name for p in (EXAMPLES / "accelerate").iterdir())
     assert configs == sorted(ACCELERATE_CONFIGS)

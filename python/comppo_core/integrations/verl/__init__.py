@@ -8,7 +8,13 @@
 * :mod:`.layout`: verl's packed ``NO_PADDING`` per-token layout ↔ comppo_core's packed
   columns (torch only).
 * :mod:`.engine` (needs verl, imported on request): ``CompPOEngine``, verl's FSDP actor
-  engine whose forward also gives the concentration, Comp-GAE's gates and the TAC's values.
+  engine whose forward also gives the concentration, Comp-GAE's gates and the TAC's values,
+  with the TAC sharded, optimised and checkpointed as part of the actor.
+* :mod:`.losses` (needs verl): ``comppo_actor_loss``, verl's PPO loss plus the TAC's value loss.
+* The recipe (need verl, imported on request; docs/verl.md): :mod:`.config` (the ``comppo``
+  config block), :mod:`.worker` (the actor worker on the CompPO engine), :mod:`.trainer` (the
+  ``comppo`` trainer mode: each arm's advantages), :mod:`.plugin` (registers both in every verl
+  process), :mod:`.main_ppo` (``python -m comppo_core.integrations.verl.main_ppo``).
 
 Importing this package needs neither verl nor torch.
 """
