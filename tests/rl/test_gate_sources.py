@@ -31,6 +31,7 @@ from comppo_core.rl.core.gate_sources import GATE_SOURCES, POLICY_STATISTICS  # 
 from comppo_core.rl.core.policy_forward import forward, policy_entropy  # noqa: E402
 from comppo_core.rl.critics.tac import TransportAlignedCritic, causal_gates  # noqa: E402
 from comppo_core.rl.engine.trainer import Trainer  # noqa: E402
+from comppo_core.rl.gate_direction import config_task_record  # noqa: E402
 
 B, T, VOCAB = 4, 12, 40
 TAU = 0.7
@@ -249,7 +250,11 @@ def test_an_uncertainty_arm_trains_a_step_deterministically(arm: str) -> None:
 
 
 def _diagnosis(tmp_path: Path, data: Any, name: str = "diagnosis.json") -> str:
+    """A diagnosis.json of ``data``; a dict without ``settings`` records the default config's
+    task (``TrainConfig()``'s, the task these tests' configs train), as ``diagnose`` does."""
     path = tmp_path / name
+    if isinstance(data, dict) and "settings" not in data:
+        data = {**data, "settings": {"task": config_task_record(TrainConfig())}}
     path.write_text(data if isinstance(data, str) else json.dumps(data))
     return str(path)
 

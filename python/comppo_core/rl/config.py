@@ -42,8 +42,16 @@ from ..options import (
     TEMPORAL_MIXERS,
     check_choice,
 )
-from .core.gate_sources import GATE_DIRECTIONS
-from .gate_direction import direction_of_gate_invert, pinned_diagnosis, recommended_direction, upgrade_fields
+from .gate_direction import (
+    DEFAULT_GATE_DIRECTION,
+    check_diagnosis_task,
+    checked_gate_direction,
+    config_task_record,
+    direction_of_gate_invert,
+    given_gate_direction,
+    recommended_direction,
+    upgrade_fields,
+)
 from .runs.run_dir import absolute
 from .tasks import TASKS, size_fields, task_entry
 
@@ -208,12 +216,13 @@ class TrainConfig:
         "it by the running z-score)",
     )
     gate_direction: str = _f(
-        "as_is",
+        DEFAULT_GATE_DIRECTION,
         "the gate mapping's direction: as_is (a high concentration, a high gate; with the policy_entropy and "
         "token_nll gates, an uncertain token, a low gate), inverted (the mirror image, GateParams.invert), "
         "none (only for an arm whose gates have no direction: a constant gate, the oracle, none), or the path "
-        "of a diagnosis.json (comppo-core diagnose) whose recommended direction for the arm's gates is applied "
-        "(recorded with the file's SHA-256: keep the file with the runs; a changed file is refused)",
+        "of a diagnosis.json (comppo-core diagnose) of the run's task whose recommended direction for the arm's "
+        "gates is applied (the direction only, not its gate range; a diagnosis of another task is refused; recorded "
+        "with the file's SHA-256: keep the file with the runs; a changed file is refused)",
     )
     fixed_gate: float | None = _f(
         None,
@@ -318,8 +327,8 @@ class TrainConfig:
                 DeprecationWarning,
                 stacklevel=3,
             )
-            given = None if self.gate_direction == "as_is" else self.gate_direction  # as_is: the default
-            self.gate_direction = direction_of_gate_invert(gate_invert, given)
+            # the default is not a direction given (an explicit "as_is" beside gate_invert=True is refused)
+            self.gate_direction = direction_of_gate_invert(gate_invert, given_gate_direction(self.gate_direction))
         task = task_entry(self.task)  # the registry's entry, or a ParameterError naming task
         check_choice("group_method", self.group_method, GROUP_METHODS)
         check_choice("statistic", self.statistic, STATISTICS)
@@ -461,15 +470,9 @@ class TrainConfig:
                 f"critic_warmup: expected 0 for the {self.arm} arm, which has no critic, got {self.critic_warmup}",
                 argument="critic_warmup",
             )
-        if not isinstance(self.gate_direction, str) or not self.gate_direction.strip():
-            raise ParameterError(
-                f"gate_direction: expected one of {', '.join(map(repr, GATE_DIRECTIONS))} or the path of a "
-                f"diagnosis.json, got {self.gate_direction!r}",
-                argument="gate_direction",
-            )
-        if self.gate_direction not in GATE_DIRECTIONS:  # a diagnosis: stored absolute, with its contents' hash
-            self.gate_direction = pinned_diagnosis(self.gate_direction)
-        _ = self.applied_gate_direction  # the file's recommendation for this arm, or a ParameterError
+        # a diagnosis: stored absolute, with its contents' hash
+        self.gate_direction = checked_gate_direction(self.gate_direction)
+        _ = self.applied_gate_direction  # the file's recommendation for this arm and task, or a ParameterError
         try:  # low <= high etc., named as this config's fields
             _ = self.gate_params
         except ParameterError as exc:
@@ -493,13 +496,18 @@ class TrainConfig:
     def applied_gate_direction(self) -> str:
         """The direction this run's gates use: ``gate_direction`` itself, or the recommendation
         of the diagnosis.json it names for this arm's gate source
-        (:func:`recommended_direction`); a :class:`~comppo_core.errors.ParameterError` naming
-        ``gate_direction`` for an unreadable file or ``"none"`` on an arm whose gates have a
-        direction."""
-        key = (self.gate_direction, self.arm, self.statistic)
+        (:func:`recommended_direction`), a diagnosis of this run's task
+        (:func:`~comppo_core.rl.gate_direction.check_diagnosis_task`); a
+        :class:`~comppo_core.errors.ParameterError` naming ``gate_direction`` for an unreadable
+        file, a diagnosis of another task, or ``"none"`` on an arm whose gates have a
+        direction. The diagnosis's recommended gate range is not applied (``gate_low`` and
+        ``gate_high`` are the run's: :mod:`~comppo_core.rl.gate_direction`)."""
+        task = config_task_record(self)
+        key = (self.gate_direction, self.arm, self.statistic, json.dumps(task, sort_keys=True, default=str))
         cached = self.__dict__.get("_applied_gate_direction")
         if cached is not None and cached[0] == key:
             return str(cached[1])
+        check_diagnosis_task(self.gate_direction, task)
         direction = recommended_direction(self.gate_direction, self.arm, self.statistic)
         self.__dict__["_applied_gate_direction"] = (key, direction)
         return direction

@@ -10,6 +10,12 @@ The fields added to ``GRPOConfig`` (each named as in :class:`comppo_core.rl.Trai
                         package trainer's default for an arm with a critic; :mod:`.warmup`)
 ``gamma, lam, lam_critic``  Comp-GAE's γ, the actor's λ and the returns' λ (decoupled GAE)
 ``gate_params``         the concentration → gate mapping, one :class:`~comppo_core.GateParams`
+``gate_direction``      its direction, as ``TrainConfig.gate_direction``: ``as_is``, ``inverted``,
+                        ``none`` (an arm whose gates have no direction) or the path of a
+                        diagnosis.json (recorded as ``PATH#sha256=HEX``; the trainer refuses a
+                        diagnosis of another task than its reward function's:
+                        :mod:`comppo_core.rl.gate_direction`); the gates map with
+                        :attr:`CompPOConfig.applied_gate_params`
 ``fixed_gate``          the constant gate of ``tac_fixed`` and ``ppo_fixed`` (None: the batch mean of the gates)
 ``statistic``           the probe's attention-concentration statistic
 ``gate_causal``         Comp-GAE's gates from the running z-score of the row, tokens up to t
@@ -43,6 +49,13 @@ from ...gate_params import GateParams
 from ...options import AGG_MODES, ARM_NAMES, STATISTICS, TEMPORAL_MIXERS, check_choice
 from ...rl.config import DEFAULT_CRITIC_WARMUP
 from ...rl.core.arms import ARMS
+from ...rl.gate_direction import (
+    DEFAULT_GATE_DIRECTION,
+    checked_gate_direction,
+    direction_of_gate_invert,
+    given_gate_direction,
+    recommended_direction,
+)
 
 __all__ = ["ARM_CHOICES", "CompPOConfig", "critic_arms", "tac_arms", "unsupported"]
 
@@ -94,6 +107,15 @@ class CompPOConfig(GRPOConfig):  # type: ignore[misc]  # trl ships no type hints
         metadata={
             "help": "concentration → gate mapping (comppo_core.GateParams; normalize='sequence', which "
             "gate_causal=True replaces by the running z-score)"
+        },
+    )
+    gate_direction: str = dataclasses.field(
+        default=DEFAULT_GATE_DIRECTION,
+        metadata={
+            "help": "the gate mapping's direction, as TrainConfig.gate_direction: as_is, inverted (the mirror image; "
+            "gate_params.invert=True says the same), none (only for an arm whose gates have no direction), or the "
+            "path of a diagnosis.json (comppo-core diagnose) of the trainer's task whose recommended direction for "
+            "the arm's gates is applied (the direction only; recorded with the file's SHA-256)"
         },
     )
     fixed_gate: float | None = dataclasses.field(
@@ -150,6 +172,17 @@ class CompPOConfig(GRPOConfig):  # type: ignore[misc]  # trl ships no type hints
                 f"gate_params: expected a comppo_core.GateParams, got {type(self.gate_params).__name__}",
                 argument="gate_params",
             )
+        self.gate_direction = checked_gate_direction(self.gate_direction)  # a diagnosis: pinned by its hash
+        if self.gate_params.invert:  # GateParams.invert is the switch gate_direction names: "inverted"
+            self.gate_direction = direction_of_gate_invert(
+                True,
+                given_gate_direction(self.gate_direction),
+                argument="gate_params",
+                shown="invert=",
+                instead="GateParams.invert is the switch gate_direction names: give gate_direction alone, with "
+                "GateParams(invert=False)",
+            )
+        _ = self.applied_gate_direction  # the diagnosis's recommendation for this arm, or a ParameterError
         for name in ("gamma", "lam"):
             _unit(name, getattr(self, name))
         if self.lam_critic is not None:
@@ -178,6 +211,25 @@ class CompPOConfig(GRPOConfig):  # type: ignore[misc]  # trl ships no type hints
             raise ParameterError(f"value_clip: expected None or > 0, got {self.value_clip!r}", argument="value_clip")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
             raise ParameterError(f"dual_clip: expected None or > 1, got {self.dual_clip!r}", argument="dual_clip")
+
+    @property
+    def applied_gate_direction(self) -> str:
+        """The direction the arm's gates use: ``gate_direction``, or the recommendation of the
+        diagnosis.json it names for this arm's gate source and ``statistic``
+        (:func:`comppo_core.rl.gate_direction.recommended_direction`, as ``TrainConfig``'s)."""
+        key = (self.gate_direction, self.arm, self.statistic)
+        cached = self.__dict__.get("_applied_gate_direction")
+        if cached is not None and cached[0] == key:
+            return str(cached[1])
+        direction = recommended_direction(self.gate_direction, self.arm, self.statistic)
+        self.__dict__["_applied_gate_direction"] = (key, direction)
+        return direction
+
+    @property
+    def applied_gate_params(self) -> GateParams:
+        """The mapping the trainer's gates use: ``gate_params`` with ``invert`` set by
+        :attr:`applied_gate_direction` (``"inverted"``: True), as ``TrainConfig.gate_params``."""
+        return dataclasses.replace(self.gate_params, invert=self.applied_gate_direction == "inverted")
 
     @property
     def critic_warmup_rounds(self) -> int:

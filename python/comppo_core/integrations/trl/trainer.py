@@ -44,8 +44,9 @@ from ...rl import step
 from ...rl.core.arms import ARMS, Arm
 from ...rl.critics.tac import TransportAlignedCritic
 from ...rl.engine.distributed import Dist
+from ...rl.gate_direction import check_diagnosis_task
 from .config import CompPOConfig, unsupported
-from .tasks import pivotal_completion_columns, pivotal_task
+from .tasks import TaskReward, pivotal_completion_columns, pivotal_task
 from .value_model import ValueModel, build_value_model
 from .warmup import warm_up_critic
 
@@ -107,6 +108,8 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
                     peft_config=kwargs.get("peft_config"),
                     model_init_kwargs=args.model_init_kwargs,
                 )
+        # a diagnosis.json as gate_direction: of the task of reward_funcs (a warning where none is known)
+        check_diagnosis_task(args.gate_direction, _reward_task_record(reward_funcs), run="this trainer")
         #: the task whose pivotal marks the oracle's gates read (the comppo_oracle arm only)
         self._pivotal_task = None
         if self.arm.gate_source.pivotal:
@@ -124,7 +127,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             return
         self.scoring = step.ScoringSettings(
             statistic=args.statistic,
-            gate_params=args.gate_params,
+            gate_params=args.applied_gate_params,  # gate_direction applied, as TrainConfig.gate_params
             temperature=args.temperature,
             fixed_gate=args.fixed_gate,
             causal=args.gate_causal,
@@ -542,3 +545,13 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
         assert self._tac is not None and self._tac_optimizer is not None
         self._tac.load_state_dict(state["critic"])
         self._tac_optimizer.load_state_dict(state["optimizer"])
+
+
+def _reward_task_record(reward_funcs: Any) -> dict[str, Any] | None:
+    """The ``to_dict`` of the task of the first :class:`~.tasks.TaskReward` in ``reward_funcs``
+    (one, or a list): the trainer's task as a diagnosis records one; None when none is there."""
+    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    for fn in funcs:
+        if isinstance(fn, TaskReward):
+            return dict(fn.task.to_dict())
+    return None
