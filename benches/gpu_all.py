@@ -1,12 +1,18 @@
-"""Every GPU bench and the CUDA tests in one run, within 8 minutes, and one table.
+"""Every GPU bench and the CUDA tests in one run, within one 600 s device command, and one table.
 
 Run (CUDA):  python benches/gpu_all.py           (or benches/gpu_all.sh)
-Dry run:     python benches/gpu_all.py --tiny    (the same parts on CPU, tiny shapes; well under a minute)
+Dry run:     python benches/gpu_all.py --tiny    (the same parts on CPU, tiny shapes; about a minute)
 
 Each part runs as a subprocess of its own (one failure or timeout does not stop the
-rest), with a time budget; the budgets add up to the total (``--total``, 470 s), and a
-part may also use what the parts before it left unused, so the whole run stays within
-the total. The parts, in order:
+rest), with a time budget, and a part may also use what the parts before it left unused,
+so the whole run stays within the total (``--total``, 580 s: a 600 s device command less
+20 s for starting and the table). The budgets add up to 680 s (the verl part's two
+launches, Ray, vLLM and FSDP started twice, need about 210 s), more than the total: on a
+GPU each part's budget is scaled by total / 680 (0.85 by default), and the verl part, the
+last, gets all that is left. ``--total 680`` (a longer device command) gives every part its
+whole budget; ``--only`` runs some parts (``--only gpu_verl_step`` alone in its own
+command). Each part gets its time limit in ``GPU_ALL_PART_TIMEOUT`` (seconds), so a part
+that launches jobs can share it out. The parts, in order:
 
     tests/gpu          python -m pytest tests/gpu (--tiny: COMPPO_GPU_TESTS_DEVICE=cpu, the
                        tests' own dry run with the "device" tensors on the CPU)
@@ -19,12 +25,20 @@ the total. The parts, in order:
                        vllm imports (step <= 1.15x, peak memory <= 1.05x)
     gpu_trl_step zero3 the same, each trainer a 1-process DeepSpeed ZeRO-3 job
                        (accelerate launch; the bench checks that ZeRO-3 really ran)
+    gpu_verl_step      the verl recipe (python -m comppo_core.integrations.verl.main_ppo,
+                       comppo arm) against verl's own GAE + critic PPO, 2 steps each at the
+                       same batch on a Qwen3-0.6B shape, vLLM rollouts, FSDP2: step time and
+                       train time (no generation) of each and their ratio (no target: shown,
+                       not judged). Needs verl[verl-core] and vllm; without them (or verl
+                       in the dry run) the row says "skipped: <what is missing>"
 
 With ``--tiny`` every part runs its CPU dry run (tiny shapes, a round or two, one torch
 thread, parts two at a time): the scripts' code paths end to end, without CUDA. What
 needs CUDA is marked ``skipped: no CUDA`` with the reason (the peak-memory targets,
 vLLM), never passed; the dry run's figures are printed but not judged (``n/a``).
-ZeRO-3 runs in the dry run when ``deepspeed`` imports (over gloo on CPU).
+ZeRO-3 runs in the dry run when ``deepspeed`` imports (over gloo on CPU). The verl part's
+dry run builds the files, composes and validates both jobs' configs with verl's own checks
+and prints the command lines; the launch is ``skipped: no CUDA``.
 
 Each part's whole output goes to a log file (the directory is printed; ``--logs DIR``);
 the table follows, then the last lines of each failed part's log. ``--json PATH`` writes
@@ -89,7 +103,8 @@ class Part:
     tiny_budget: float
     parse: Callable[[str, bool], tuple[list[Figure], list[str]]]  # (output, tiny) -> figures, problems
     miss_codes: tuple[int, ...] = ()  # exit codes that mean "ran, a target missed" (figures parsed)
-    needs: Callable[[], str] = lambda: ""  # a reason it cannot run here, or ""
+    skip_codes: tuple[int, ...] = ()  # exit codes that mean "cannot run here" (its "skipped: ..." line says why)
+    needs: Callable[[bool], str] = lambda tiny: ""  # a reason it cannot run here (tiny: in the dry run), or ""
     env: dict[str, str] = field(default_factory=dict)
     tiny_env: dict[str, str] = field(default_factory=dict)
 
@@ -239,6 +254,36 @@ def parse_trl_zero3(out: str, tiny: bool) -> tuple[list[Figure], list[str]]:
     return figures, problems
 
 
+def parse_verl(out: str, tiny: bool) -> tuple[list[Figure], list[str]]:
+    """benches/gpu_verl_step.py: the ratios and each job's step 2 (seconds); the dry run: the configs it
+    composed and validated, the launch marked ``skipped: no CUDA``."""
+    if tiny:
+        dry = re.search(r"^dry run: (\d+) configs composed and validated", out, re.M)
+        launch = re.search(r"^launch: (skipped: no CUDA.*)$", out, re.M)
+        if not dry or not launch:
+            return [], ["no 'dry run: ... configs composed and validated' and 'launch: skipped' lines"]
+        figures = [
+            Figure("configs validated", float(dry.group(1)), unit=""),
+            Figure("comppo / verl-gae step", None, note=f"{launch.group(1)}"),
+        ]
+        return figures, [] if dry.group(1) == "2" else [f"{dry.group(1)} configs validated, expected 2"]
+    step = re.search(rf"^verl step time \([^)]*\): comppo {NUMBER} s, verl-gae {NUMBER} s, ratio {NUMBER}", out, re.M)
+    train = re.search(
+        rf"^verl train time \([^)]*, no generation\): comppo {NUMBER} s, verl-gae {NUMBER} s, ratio {NUMBER}",
+        out,
+        re.M,
+    )
+    if not step or not train:
+        return [], ["no 'verl step time' and 'verl train time' lines"]
+    figures = [
+        Figure("comppo / verl-gae step", float(step.group(3))),
+        Figure("train (no generation)", float(train.group(3))),
+        Figure("comppo step", float(step.group(1)), unit=" s"),
+        Figure("verl-gae step", float(step.group(2)), unit=" s"),
+    ]
+    return figures, []
+
+
 def trl_notes(out: str) -> list[str]:
     notes = []
     gen = re.search(r"generation: ([^;]+);", out)
@@ -272,13 +317,30 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+#: benches/gpu_verl_step.py's exit status for "cannot run here" (its SKIP)
+VERL_SKIP = 3
+
+
+def verl_needs(tiny: bool) -> str:
+    """What the verl part lacks here ("skipped: ..."): verl (and, on a GPU, vllm and transfer_queue)."""
+    if not importable("verl"):
+        return "skipped: verl not installed (pip install 'comppo-core[verl]')"
+    if tiny:
+        return ""
+    for module, what in (("vllm", "'verl[vllm]'"), ("transfer_queue", "'verl[verl-core]'")):
+        if not importable(module):
+            return f"skipped: {module} not importable (pip install {what})"
+    return ""
+
+
 def parts() -> list[Part]:
-    """The parts in table order, with their GPU budgets (seconds; 470 in all, inside the
-    8 minutes) and their dry runs' (a safety net: the dry run's parts share the cores)."""
+    """The parts in table order, with their GPU budgets (seconds; 680 in all, scaled to the
+    total: module docstring) and their dry runs' (a safety net: the dry run's parts share the cores)."""
     py = [sys.executable]
     bench = [*py, "-u"]
     pytest_gpu = [*py, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider"]
     trl = [*bench, "benches/gpu_trl_step.py"]
+    verl = [*bench, "benches/gpu_verl_step.py"]
     return [
         Part(
             "tests/gpu",
@@ -340,7 +402,17 @@ def parts() -> list[Part]:
             tiny_budget=50,
             parse=parse_trl_zero3,
             miss_codes=(1,),
-            needs=lambda: "" if importable("deepspeed") else "skipped: deepspeed is not importable",
+            needs=lambda tiny: "" if importable("deepspeed") else "skipped: deepspeed is not importable",
+        ),
+        Part(
+            "gpu_verl_step (verl recipe vs verl GAE + critic)",
+            gpu=verl,  # two launches of verl's trainer (Ray, vLLM, FSDP2), 2 steps each
+            tiny=[*verl, "--tiny"],
+            budget=210,
+            tiny_budget=45,
+            parse=parse_verl,
+            skip_codes=(VERL_SKIP,),
+            needs=verl_needs,
         ),
     ]
 
@@ -352,7 +424,7 @@ def parts() -> list[Part]:
 
 def run_part(part: Part, tiny: bool, timeout: float, logs: Path) -> Row:
     row = Row(part.name)
-    why = part.needs()
+    why = part.needs(tiny)
     cmd = part.tiny if tiny else part.gpu
     if not tiny and not cuda_available():
         why = f"{NO_CUDA} (torch.cuda.is_available() is False; --tiny is the CPU dry run)"
@@ -362,7 +434,13 @@ def run_part(part: Part, tiny: bool, timeout: float, logs: Path) -> Row:
         row.status = why
         return row
     assert cmd is not None
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **part.env}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "GPU_ALL_PART_TIMEOUT": f"{timeout:.0f}",
+        **part.env,
+    }
     if tiny:
         env.update(part.tiny_env)
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -385,6 +463,10 @@ def run_part(part: Part, tiny: bool, timeout: float, logs: Path) -> Row:
             return row
     row.seconds = time.monotonic() - t0
     out = log.read_text(errors="replace")
+    if row.rc in part.skip_codes:  # the part found it cannot run here: its own reason, never "passed"
+        said = re.findall(r"^(skipped: .+)$", out, re.M)
+        row.status = said[-1] if said else f"skipped (exit {row.rc})"
+        return row
     figures, problems = part.parse(out, tiny)
     row.figures = figures
     if part.parse in (parse_trl, parse_trl_zero3):
@@ -460,13 +542,13 @@ def table(rows: list[Row], tiny: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="the CPU dry run of every part (tiny shapes)")
-    ap.add_argument("--total", type=float, default=None, help="seconds for all parts (default 470; --tiny 120)")
+    ap.add_argument("--total", type=float, default=None, help="seconds for all parts (default 580; --tiny 150)")
     ap.add_argument("--jobs", type=int, default=None, help="parts at a time (default 1 on a GPU, 2 with --tiny)")
     ap.add_argument("--only", default=None, help="comma-separated part names (prefixes) to run")
     ap.add_argument("--logs", default=None, help="directory for the parts' logs (default: a new temporary one)")
     ap.add_argument("--json", default=None, help="write the rows as JSON to this file")
     a = ap.parse_args(argv)
-    total = a.total if a.total is not None else (120.0 if a.tiny else 470.0)
+    total = a.total if a.total is not None else (150.0 if a.tiny else 580.0)
     jobs = a.jobs if a.jobs is not None else (2 if a.tiny else 1)
     ps = parts()
     if a.only:
