@@ -255,11 +255,15 @@ def new_engine(
     mixed_precision: str = "fp32",
     optimizer: dict[str, Any] | None = None,
     save_contents: tuple[str, ...] = ("model", "optimizer", "extra"),
+    attention: str = "sdpa",
+    gradient_checkpointing: bool = True,
 ) -> Any:
     """verl's FSDP2 engine on the model saved at ``path``, initialised: float32 weights, and
     ``mixed_precision`` ("fp32", or "bf16": verl's default bf16 parameters and autocast, float32
     reductions); AdamW lr 1e-2 without weight decay or clipping unless ``optimizer`` (keyword
-    arguments of ``FSDPOptimizerConfig``) says otherwise; ``save_contents`` of the checkpoint."""
+    arguments of ``FSDPOptimizerConfig``) says otherwise; ``save_contents`` of the checkpoint;
+    the model's ``attention`` implementation (verl's default is flash_attention_2, which needs a
+    GPU) and verl's ``enable_gradient_checkpointing`` (on by default, as verl's)."""
     from verl.trainer.config.config import CheckpointConfig
     from verl.workers.config.engine import FSDPEngineConfig
     from verl.workers.config.model import HFModelConfig
@@ -270,7 +274,11 @@ def new_engine(
         model_type=model_type,
         backend="fsdp2",
         model_config=HFModelConfig(
-            path=path, load_tokenizer=False, override_config={"attn_implementation": "sdpa"}, use_remove_padding=True
+            path=path,
+            load_tokenizer=False,
+            override_config={"attn_implementation": attention},
+            use_remove_padding=True,
+            enable_gradient_checkpointing=gradient_checkpointing,
         ),
         engine_config=FSDPEngineConfig(
             strategy="fsdp2",

@@ -343,6 +343,53 @@ def test_the_tac_is_checkpointed_with_the_actor(
     assert len(names) == sum(len(g["params"]) for g in fresh.optimizer.param_groups)
 
 
+@pytest.mark.slow
+def test_an_update_under_gradient_checkpointing_and_the_models_own_attention(
+    model: tuple[str, Any], settings: None
+) -> None:
+    """verl checkpoints the actor's layers by default and runs each micro-batch's backward after
+    ``forward_step`` returns; on a GPU the model's attention is flash_attention_2, not the probe's
+    SDPA. Eager attention stands in for it here: one TAC update with checkpointing gives the
+    gradients of the same update without it (the probe stays installed through the backward, so the
+    recomputation runs the attention the forward ran; before, ``CheckpointError``)."""
+    import functools
+
+    from comppo_core.integrations.verl.losses import comppo_actor_loss
+
+    path, _ = model
+    settings_ = comppo_engine.EngineSettings(tac=TAC, critic_lr=3e-2, tac_seed=0)
+    loss_fn = functools.partial(comppo_actor_loss, config=actor_config(), cliprange_value=0.2)
+    grads = {}
+    for checkpointing in (False, True):
+        engine = comppo_engine_with(path, settings_, attention="eager", gradient_checkpointing=checkpointing)
+        assert engine.module.is_gradient_checkpointing == checkpointing
+        with engine.train_mode():  # (leaving it frees the gradients)
+            engine.train_batch(update_batch(rollout()), loss_function=loss_fn)
+            grads[checkpointing] = {
+                n: p.grad.full_tensor() for n, p in engine.module.named_parameters() if p.grad is not None
+            }
+    assert grads[True].keys() == grads[False].keys()
+    assert sum(n.startswith("comppo_tac.") for n in grads[True]) >= 2  # the TAC's head and more
+    assert sum(not n.startswith("comppo_tac.") for n in grads[True]) >= 10  # the actor's layers
+    for name, g in grads[False].items():
+        assert torch.allclose(grads[True][name], g, rtol=0, atol=TOL), name
+
+
+@pytest.mark.parametrize("what", ["ulysses_sequence_parallel_size", "pad_to_length"])
+def test_what_a_probed_pass_cannot_run_under_is_refused(model: tuple[str, Any], settings: None, what: str) -> None:
+    """Sequence parallelism (the probe would see a slice of each sequence) and rows padded to a fixed
+    length (the outputs' columns would not be the sequences'): a ParameterError naming verl's setting,
+    in the old-log-prob pass and in the update."""
+    path, _ = model
+    engine = comppo_engine_with(path, comppo_engine.EngineSettings(tac=TAC))
+    setattr(engine, what, 2 if what == "ulysses_sequence_parallel_size" else True)
+    with pytest.raises(ParameterError, match=what) as info, engine.eval_mode():
+        engine.infer_batch(old_log_prob_batch(rollout(), comppo_probe=True), loss_function=None)
+    assert info.value.argument == what
+    with pytest.raises(ParameterError, match=what), engine.train_mode():
+        engine.train_batch(update_batch(rollout()), loss_function=lambda **kw: None)
+
+
 def full_tensor(x: Any) -> Any:
     return x.full_tensor() if hasattr(x, "full_tensor") else x
 

@@ -202,6 +202,7 @@ def _engine_class() -> type:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self.comppo_settings = engine_settings()
             self._comppo_pass: tuple[Any, Any] | None = None
+            self._comppo_held: tuple[Any, Any] | None = None  # an update's probe, held through its backward
             super().__init__(*args, **kwargs)
 
         def _build_module(self) -> Any:
@@ -256,15 +257,44 @@ def _engine_class() -> type:
             ]
             return build_optimizer(groups, self.optimizer_config)
 
+        def forward_backward_batch(self, data: Any, loss_function: Any, forward_only: bool = False) -> Any:
+            if forward_only or not tu.get_non_tensor_data(data=data, key="comppo_probe", default=False):
+                return super().forward_backward_batch(data, loss_function, forward_only)
+            # An update: verl runs each micro-batch's backward after forward_step returns. The
+            # probe (its attention function) stays installed until the last backward, so that a
+            # checkpointed layer recomputes its attention as its forward ran it: through the probe
+            # (not recorded), not through the model's own attention (flash_attention_2 on GPUs,
+            # which saves other tensors: CheckpointError, or other numbers).
+            self._check_probed_pass(data)
+            probe, recorder, recording = self._new_probe()
+            with probe, recording:
+                self._comppo_held = (probe, recorder)
+                try:
+                    return super().forward_backward_batch(data, loss_function, forward_only)
+                finally:
+                    self._comppo_held = None
+
         def forward_step(self, micro_batch: Any, loss_function: Any, forward_only: bool) -> Any:
             if not tu.get_non_tensor_data(data=micro_batch, key="comppo_probe", default=False):
                 return super().forward_step(micro_batch, loss_function, forward_only)
-            if not tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
-                raise ParameterError(
-                    "use_remove_padding: the CompPO engine computes gates and values on verl's packed rows; "
-                    "expected True (actor_rollout_ref.model.use_remove_padding=True), got False",
-                    argument="use_remove_padding",
-                )
+            self._check_probed_pass(micro_batch)
+            if self._comppo_held is not None:  # an update: installed for the whole batch
+                self._comppo_pass = self._comppo_held
+                try:
+                    return super().forward_step(micro_batch, loss_function, forward_only)
+                finally:
+                    self._comppo_pass = None
+            probe, recorder, recording = self._new_probe()
+            with probe, recording:
+                self._comppo_pass = (probe, recorder)
+                try:
+                    return super().forward_step(micro_batch, loss_function, forward_only)
+                finally:
+                    self._comppo_pass = None
+
+        def _new_probe(self) -> tuple[Any, Any, Any]:
+            """The probe (every layer's statistic), the TAC's tap recorder and the context that records
+            (the recorder; without a TAC, nothing: it records no layer)."""
             settings = self.comppo_settings
             tac = getattr(self.module, "comppo_tac", None)
             taps = tuple(tac.taps) if tac is not None else ()
@@ -272,12 +302,32 @@ def _engine_class() -> type:
                 self.module, settings.statistic, settings.layers, per_layer=True, record_with_grad=True
             )
             recorder = TapRecorder(self.module, taps)
-            with probe, recorder if taps else contextlib.nullcontext():
-                self._comppo_pass = (probe, recorder)
-                try:
-                    return super().forward_step(micro_batch, loss_function, forward_only)
-                finally:
-                    self._comppo_pass = None
+            return probe, recorder, recorder if taps else contextlib.nullcontext()
+
+        def _check_probed_pass(self, data: Any) -> None:
+            """What a probed pass cannot run under: padded rows, sequence parallelism (the probe
+            would see a slice of each sequence, and verl's Ulysses attention patch is not the
+            probe's), rows padded to a fixed length (the outputs' columns would not be the
+            sequences')."""
+            if not tu.get_non_tensor_data(data=data, key="use_remove_padding", default=True):
+                raise ParameterError(
+                    "use_remove_padding: the CompPO engine computes gates and values on verl's packed rows; "
+                    "expected True (actor_rollout_ref.model.use_remove_padding=True), got False",
+                    argument="use_remove_padding",
+                )
+            if self.ulysses_sequence_parallel_size > 1:
+                raise ParameterError(
+                    "ulysses_sequence_parallel_size: the CompPO engine's probe needs each sequence whole on one "
+                    "rank; expected 1 (actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=1), got "
+                    f"{self.ulysses_sequence_parallel_size}",
+                    argument="ulysses_sequence_parallel_size",
+                )
+            if self.pad_to_length:
+                raise ParameterError(
+                    "pad_to_length: the CompPO engine computes gates and values on verl's packed rows as they "
+                    "are; expected False (actor_rollout_ref.actor.fsdp_config.pad_to_length=False), got True",
+                    argument="pad_to_length",
+                )
 
         def prepare_model_outputs(
             self, output: Any, output_args: Any, micro_batch: Any, logits_processor_func: Any
