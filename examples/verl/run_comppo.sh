@@ -21,7 +21,6 @@ python -m comppo_core.integrations.verl.main_ppo \
     comppo.tac.width=256 \
     comppo.tac.temporal=none \
     comppo.vf_coef=0.5 \
-    comppo.critic_lr=1e-5 \
     data.train_files="$DATA/train.parquet" \
     data.val_files="$DATA/test.parquet" \
     data.train_batch_size=256 \

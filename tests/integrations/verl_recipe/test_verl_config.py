@@ -175,6 +175,7 @@ def test_the_recipe_yaml_composes_on_verls_ppo_trainer() -> None:
         (["actor_rollout_ref.model.use_remove_padding=false"], "actor_rollout_ref.model.use_remove_padding"),
         (["algorithm.rollout_correction.bypass_mode=true"], "algorithm.rollout_correction.bypass_mode"),
         (["distillation.enabled=true"], "distillation.enabled"),
+        (["comppo.arm=tac_fixed", "trainer.critic_warmup=2"], "trainer.critic_warmup"),
     ],
 )
 def test_contradictions_with_the_arm_are_refused(overrides: list[str], key: str) -> None:
@@ -184,6 +185,24 @@ def test_contradictions_with_the_arm_are_refused(overrides: list[str], key: str)
         prepare_verl_config(cfg)
     assert info.value.argument == key
     assert OmegaConf.to_container(cfg) == before  # a refused config is left as it was
+
+
+@pytest.mark.slow
+def test_a_diagnosis_is_read_once_and_its_direction_is_what_the_workers_get(tmp_path: Path) -> None:
+    """The workers run elsewhere (other nodes, other working directories): they get the direction
+    the diagnosis recommends for the arm, not its path; the file may go after preparing. A critic
+    warm-up is fine for an arm whose critic is verl's."""
+    import json
+
+    path = tmp_path / "diagnosis.json"
+    path.write_text(json.dumps({"direction": "inverted", "auc": {}}))
+    cfg = compose_recipe(["comppo.arm=comp_gae", f"comppo.gate_direction={path}", "trainer.critic_warmup=2"])
+    c = prepare_verl_config(cfg)
+    assert (c.gate_direction, c.direction, c.gate_params.invert) == ("inverted", "inverted", True)
+    assert cfg.comppo.gate_direction == cfg.actor_rollout_ref.comppo.gate_direction == "inverted"
+    path.unlink()
+    assert parse(cfg.actor_rollout_ref.comppo).gate_params.invert
+    assert prepare_verl_config(cfg) == c  # idempotent
 
 
 @pytest.mark.slow

@@ -407,7 +407,10 @@ def prepare_verl_config(config: Any) -> CompPOConfig:
     against the arm's critic, ``trainer.v1.trainer_mode`` or ``trainer.use_v1`` other than the
     recipe's, and for the arms whose actor runs the probe: ``actor_rollout_ref.model.use_remove_padding``
     False (the engine computes gates on packed rows), the rollout-correction bypass mode (no
-    old-log-prob pass: no gates), and distillation with a TAC (its loss would replace the TAC's)."""
+    old-log-prob pass: no gates), distillation with a TAC (its loss would replace the TAC's), and a
+    critic warm-up with a TAC (verl skips the actor's update then, so the TAC would not train). A
+    ``gate_direction`` naming a diagnosis.json is replaced by the direction it recommends for the
+    arm (the file is read here, in the driver, not in every worker)."""
     from omegaconf import OmegaConf, open_dict  # type: ignore[import-not-found, unused-ignore]
 
     comppo = parse(config.get("comppo", None))
@@ -464,9 +467,20 @@ def prepare_verl_config(config: Any) -> CompPOConfig:
             "distillation's loss replaces; expected false, got true",
             argument="distillation.enabled",
         )
+    warmup = OmegaConf.select(config, "trainer.critic_warmup")
+    if comppo.has_tac and warmup:
+        raise ParameterError(
+            f"trainer.critic_warmup: the comppo.arm={comppo.arm} arm's TAC trains in the actor's update, which "
+            f"verl skips during the critic warm-up (nothing would train); expected 0, got {warmup!r}",
+            argument="trainer.critic_warmup",
+        )
+    # A diagnosis.json is read here, once, and its direction is what the workers get: they run in
+    # other processes (other nodes, other working directories), where the path may not resolve.
+    block = comppo.as_dict()
+    block["gate_direction"] = comppo.direction
     with open_dict(config):
         for key, value in implied.items():
             OmegaConf.update(config, key, value, force_add=True)
-        config.comppo = comppo.as_dict()
-        config.actor_rollout_ref.comppo = comppo.as_dict()
-    return comppo
+        config.comppo = block
+        config.actor_rollout_ref.comppo = block
+    return parse(block)
