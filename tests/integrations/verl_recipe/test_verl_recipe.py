@@ -60,7 +60,7 @@ from verl_cpu import TAU, CPUPlatform, as_no_padding, cpu_process_group, old_log
 from comppo_core import controls  # noqa: E402
 from comppo_core.errors import ParameterError  # noqa: E402
 from comppo_core.integrations.verl import engine as comppo_engine  # noqa: E402
-from comppo_core.integrations.verl.config import CompPOConfig, parse, prepare_verl_config  # noqa: E402
+from comppo_core.integrations.verl.config import RECIPE_ARMS, CompPOConfig, parse, prepare_verl_config  # noqa: E402
 from comppo_core.integrations.verl.layout import response_layout  # noqa: E402
 from comppo_core.integrations.verl.main_ppo import CONFIG_DIR, CONFIG_NAME, PLUGIN_MODULE  # noqa: E402
 from comppo_core.integrations.verl.trainer import arm_gates, comppo_advantages  # noqa: E402
@@ -146,16 +146,7 @@ def package_advantages(comppo: CompPOConfig, data: dict[str, Any], *, step: int,
     return adv, ret
 
 
-CRITIC_ARMS = [
-    "ppo",
-    "ppo_fixed",
-    "comp_gae",
-    "tac_fixed",
-    "comppo",
-    "comppo_shuffle",
-    "comppo_position",
-    "comppo_inverted",
-]
+CRITIC_ARMS = [a for a in RECIPE_ARMS if a != "grpo"]
 
 
 @pytest.mark.parametrize("arm", CRITIC_ARMS)

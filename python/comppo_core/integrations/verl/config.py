@@ -48,7 +48,7 @@ from typing import Any
 
 from ...errors import ParameterError
 from ...gate_params import GateParams
-from ...options import STATISTICS, TEMPORAL_MIXERS, check_choice
+from ...options import ARM_NAMES, STATISTICS, TEMPORAL_MIXERS, check_choice
 from ...rl.core.arms import ARMS, Arm
 
 __all__ = [
@@ -67,17 +67,7 @@ TRAINER_MODE = "comppo"
 #: The arms the recipe runs: every arm whose gates come from the concentration gates of the actor's
 #: old-log-prob pass (or none). The oracle needs the task's pivotal marks and the policy-statistic arms
 #: a gate mapping the engine does not compute; neither is available inside verl.
-RECIPE_ARMS = (
-    "grpo",
-    "ppo",
-    "ppo_fixed",
-    "comp_gae",
-    "tac_fixed",
-    "comppo",
-    "comppo_shuffle",
-    "comppo_position",
-    "comppo_inverted",
-)
+RECIPE_ARMS = tuple(a for a in ARM_NAMES if a not in ("comppo_oracle", "comppo_policy_entropy", "comppo_token_nll"))
 
 _PREFIX = "comppo"
 
