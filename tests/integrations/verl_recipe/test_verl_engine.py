@@ -131,6 +131,34 @@ def test_old_log_prob_pass_equals_rl_forward(
     assert bool((out["concentration"].values()[boundary] == 0.0).all())
 
 
+def test_dynamic_batch_sizes_give_the_same_outputs(model: tuple[str, Any], settings: None) -> None:
+    """``use_dynamic_bsz`` (micro-batches by token budget, reordered, then put back in order by verl):
+    the old-log-prob pass's concentration, gates and TAC values equal the fixed micro-batches' on
+    every sequence (6 sequences of different lengths; the gates and values are computed per
+    sequence, so the grouping must not matter)."""
+    from verl.workers.engine.utils import prepare_micro_batches
+
+    path, _ = model
+    engine = comppo_engine_with(path, comppo_engine.EngineSettings(tac=TAC, gate_params=cc.GateParams(low=0.2)))
+    batch = rollout(prompt_lens=(6, 3, 5, 4, 2, 7), response_lens=(5, 2, 4, 3, 6, 1))
+    outputs = {}
+    for name, meta in {"fixed": {}, "dynamic": {"use_dynamic_bsz": True, "max_token_len_per_gpu": 14}}.items():
+        td = old_log_prob_batch(batch, comppo_probe=True, **meta)
+        if meta:  # the token budget really regroups and reorders the sequences
+            _, order = prepare_micro_batches(td.clone(), dp_group=None, same_micro_num_in_dp=True)
+            flat = [int(i) for group in order for i in group]
+            assert len(order) > 3 and flat != sorted(flat)
+        with engine.eval_mode():
+            outputs[name] = engine.infer_batch(td, loss_function=None)["model_output"]
+    cu = outputs["fixed"]["log_probs"].offsets()
+    scored = torch.ones(int(cu[-1]), dtype=torch.bool)
+    scored[cu[1:] - 1] = False  # each sequence's last entry scores the next sequence's first token
+    for key in ("log_probs", "concentration", "comp_gates", "values"):
+        fixed, dynamic = outputs["fixed"][key].values(), outputs["dynamic"][key].values()
+        assert torch.equal(outputs["dynamic"][key].offsets(), cu), key
+        assert float((fixed - dynamic)[scored].abs().max()) <= TOL, key
+
+
 def test_probe_off_leaves_verl_outputs_alone(model: tuple[str, Any], settings: None) -> None:
     """Without ``comppo_probe`` the CompPO engine is verl's engine: the same keys, the same log-probs
     (bit for bit, as with the probe on), and ``rl.forward``'s packed log-probs."""
