@@ -57,6 +57,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from verl_cpu import TAU, CPUPlatform, as_no_padding, cpu_process_group, old_log_prob_batch, rollout, tiny_llama  # noqa: E402
 
+import comppo_core  # noqa: E402
 from comppo_core import controls  # noqa: E402
 from comppo_core.errors import ParameterError  # noqa: E402
 from comppo_core.integrations.verl import engine as comppo_engine  # noqa: E402
@@ -74,7 +75,6 @@ from comppo_core.rl.core.step import (  # noqa: E402
 )
 
 TOL = 1e-6
-REPO = Path(__file__).resolve().parents[3]
 
 # ---------------------------------------------------------------------------------------------------------
 # the arms' advantages against the package's trainer
@@ -818,7 +818,9 @@ def _verl_process(tmp_path: Path, code: str, *, entry_point: bool, fail: bool) -
         (site / "transfer_queue.py").write_text("raise ImportError('transfer_queue is broken here')\n")
     elif importlib.machinery.PathFinder.find_spec("transfer_queue") is None:  # not installed: a stand-in
         (site / "transfer_queue.py").write_text("class KVBatchMeta:\n    pass\n")
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO / "python"), env.get("PYTHONPATH", "")])
+    # the comppo_core this process imports (the checkout's python/, or site-packages where it is installed)
+    package_root = Path(comppo_core.__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(package_root), env.get("PYTHONPATH", "")])
     return subprocess.run(
         [sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False
     )
