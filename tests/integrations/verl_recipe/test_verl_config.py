@@ -176,6 +176,7 @@ def test_the_recipe_yaml_composes_on_verls_ppo_trainer() -> None:
         (["algorithm.rollout_correction.bypass_mode=true"], "algorithm.rollout_correction.bypass_mode"),
         (["distillation.enabled=true"], "distillation.enabled"),
         (["comppo.arm=tac_fixed", "trainer.critic_warmup=2"], "trainer.critic_warmup"),
+        (["comppo.arm=ppo", "algorithm.use_pf_ppo=true"], "algorithm.use_pf_ppo"),
     ],
 )
 def test_contradictions_with_the_arm_are_refused(overrides: list[str], key: str) -> None:

@@ -398,7 +398,8 @@ def prepare_verl_config(config: Any) -> CompPOConfig:
     recipe's, and for the arms whose actor runs the probe: ``actor_rollout_ref.model.use_remove_padding``
     False (the engine computes gates on packed rows), the rollout-correction bypass mode (no
     old-log-prob pass: no gates), distillation with a TAC (its loss would replace the TAC's), and a
-    critic warm-up with a TAC (verl skips the actor's update then, so the TAC would not train). A
+    critic warm-up with a TAC (verl skips the actor's update then, so the TAC would not train), and
+    PF-PPO (``algorithm.use_pf_ppo``) for a critic arm (it reweights inside verl's GAE path). A
     ``gate_direction`` naming a diagnosis.json is replaced by the direction it recommends for the
     arm (the file is read here, in the driver, not in every worker)."""
     from omegaconf import OmegaConf, open_dict  # type: ignore[import-not-found, unused-ignore]
@@ -456,6 +457,12 @@ def prepare_verl_config(config: Any) -> CompPOConfig:
             f"distillation.enabled: the comppo.arm={comppo.arm} arm trains a TAC in the actor's loss, which "
             "distillation's loss replaces; expected false, got true",
             argument="distillation.enabled",
+        )
+    if comppo.spec.critic and OmegaConf.select(config, "algorithm.use_pf_ppo"):
+        raise ParameterError(
+            f"algorithm.use_pf_ppo: the comppo.arm={comppo.arm} arm's advantages are the recipe's, which verl's "
+            "PF-PPO reweighting (part of verl's GAE path) does not see; expected false, got true",
+            argument="algorithm.use_pf_ppo",
         )
     warmup = OmegaConf.select(config, "trainer.critic_warmup")
     if comppo.has_tac and warmup:
