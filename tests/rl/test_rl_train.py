@@ -401,6 +401,32 @@ def test_default_gates_are_the_running_mapping_and_read_only_the_prefix() -> Non
     assert w1 is not None and w2 is not None and float((w1 - w2)[before_k].abs().max()) > 1e-4
 
 
+def test_gate_min_spread_reaches_the_trainers_gates() -> None:
+    """``gate_min_spread`` is GateParams.min_spread in the trainer's gates (running and whole-row): a
+    floor far above the concentration's spread keeps every gate near the mid gate, and the gates
+    are the floored mapping's."""
+    from comppo_core.rl.critics.tac import causal_gates
+
+    for causal in (True, False):
+        plain = Trainer(tiny(arm="comppo", gate_low=0.2, gate_causal=causal, prompts_per_step=8))
+        floored = Trainer(
+            tiny(arm="comppo", gate_low=0.2, gate_causal=causal, prompts_per_step=8, gate_min_spread=10.0)
+        )
+        assert floored.config.gate_params.min_spread == 10.0
+        r = plain.rollout()
+        m = r.response_mask
+        g, gf = plain.score(r, 0).gates, floored.score(r, 0).gates
+        assert g is not None and gf is not None
+        mid = 0.2 + 0.8 * 0.5
+        assert float((g - mid)[m].abs().max()) > 0.1  # the z-score spreads the unfloored gates
+        assert float((gf - mid)[m].abs().max()) < 0.02  # the floor keeps them at the midpoint
+        if causal:
+            out = rl.forward(plain.actor, r.input_ids, r.attention_mask, response_mask=m)
+            assert out.concentration is not None
+            want = causal_gates(out.concentration, m, floored.config.gate_params)
+            torch.testing.assert_close(gf, want, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("arm", [name for name, a in ARMS.items() if a.critic is not None])
 def test_every_arms_critic_reads_only_the_prefix(arm: str, monkeypatch: Any) -> None:
     """A critic is a baseline: through the trainer's own scoring path, changing the tokens

@@ -132,7 +132,7 @@ NAMED_BY_COMPARE: dict[str, str] = {
     "lam_critic": "--lam-critic",
     "whiten_advantages": "--whiten-advantages",
     "statistic": "--statistic",
-    "gate_params": "--gate-low, --gate-high, --gate-sharpness, --gate-normalize, --gate-direction",
+    "gate_params": "--gate-low, --gate-high, --gate-sharpness, --gate-min-spread, --gate-normalize, --gate-direction",
     "fixed_gate": "--fixed-gate",
     "gate_causal": "--gate-causal",
     "gate_in_bootstrap": "--gate-in-bootstrap",
@@ -351,8 +351,13 @@ def trainer_arguments(
             whiten_advantages=config.whiten_advantages,
             statistic=config.statistic,
             gate_params=GateParams(
-                low=gp.low, high=gp.high, sharpness=gp.sharpness, normalize=gp.normalize, invert=gp.invert
-            ),  # fmt: skip
+                low=gp.low,
+                high=gp.high,
+                sharpness=gp.sharpness,
+                normalize=gp.normalize,
+                invert=gp.invert,
+                min_spread=gp.min_spread,
+            ),
             fixed_gate=config.fixed_gate,
             gate_causal=config.gate_causal,
             gate_in_bootstrap=config.gate_in_bootstrap,

@@ -210,6 +210,12 @@ class TrainConfig:
     gate_low: float = _f(0.9, "lowest gate of the concentration → gate mapping (GateParams.low)")
     gate_high: float = _f(1.0, "highest gate (GateParams.high)")
     gate_sharpness: float = _f(1.0, "slope of the gate sigmoid (GateParams.sharpness)")
+    gate_min_spread: float = _f(
+        0.0,
+        "floor on the spread the gates' z-score divides by, in the concentration's units: z = (c − μ)/max(σ, "
+        "floor) (GateParams.min_spread; 0: none; 1e-3 keeps a random-init policy's near-constant "
+        "concentration at the mid gate and moved no trained warm start's gates, benches/lab/gate_spread.py)",
+    )
     gate_normalize: str = _f(
         "sequence",
         "z-score of the concentration: sequence, batch, none or causal (GateParams.normalize; gate_causal replaces "
@@ -392,7 +398,7 @@ class TrainConfig:
             )
         for name in ("temperature", "sft_lr", "actor_lr", "critic_lr", "max_grad_norm"):
             _number(name, getattr(self, name), 0.0, math.inf, low_open=True)
-        for name in ("weight_decay", "clip_low", "vf_coef", "kl_coef"):
+        for name in ("weight_decay", "clip_low", "vf_coef", "kl_coef", "gate_min_spread"):
             _number(name, getattr(self, name), 0.0, math.inf)
         for name in ("clip_high", "value_clip"):
             if getattr(self, name) is not None:
@@ -489,6 +495,7 @@ class TrainConfig:
             high=self.gate_high,
             sharpness=self.gate_sharpness,
             normalize=self.gate_normalize,
+            min_spread=self.gate_min_spread,
             invert=self.applied_gate_direction == "inverted",
         )
 

@@ -47,6 +47,7 @@ GATE_SETTINGS = (
     "gate_low",
     "gate_high",
     "gate_sharpness",
+    "gate_min_spread",
     "gate_normalize",
     "gate_direction",
     "gate_causal",
