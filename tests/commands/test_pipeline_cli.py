@@ -244,9 +244,9 @@ def test_nan_names_the_row_of_the_file_across_row_groups(tmp_path: Path, capsys:
     src = write(tmp_path / "in.parquet", make_table(4, nan_at=(30, 1)))
     dst = tmp_path / "out.parquet"
     code, _, err = run_cli(capsys, "advantages", src, "-o", dst)
-    assert code == 1
+    assert code == 2
     assert err.strip() == (
-        f"comppo-core: error: {src}: column 'values': expected finite values at valid positions, got NaN at (row 30, position 1)"
+        f"comppo-core advantages: error: {src}: column 'values': expected finite values at valid positions, got NaN at (row 30, position 1)"
     )
     assert_no_leftovers(tmp_path, "in.parquet")
 
@@ -276,7 +276,7 @@ def test_nan_in_concentration_during_the_batch_pass(tmp_path: Path, capsys: pyte
         "--normalize",
         "batch",
     )
-    assert code == 1
+    assert code == 2
     assert "column 'concentration': expected finite values at valid positions, got inf at (row 45, position 0)" in err
     assert_no_leftovers(tmp_path, "in.parquet")
 
@@ -284,15 +284,15 @@ def test_nan_in_concentration_during_the_batch_pass(tmp_path: Path, capsys: pyte
 def test_missing_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = write(tmp_path / "in.parquet", make_table().drop_columns(["values"]))
     code, _, err = run_cli(capsys, "advantages", src, "-o", tmp_path / "out.parquet")
-    assert code == 1
+    assert code == 2
     assert err.strip() == (
-        f"comppo-core: error: column 'values' (values) not found in {src} "
+        f"comppo-core advantages: error: column 'values' (values) not found in {src} "
         "(columns: id, prompt, rewards, mask, concentration, gates, last_values)"
     )
     code, _, err = run_cli(
         capsys, "advantages", src, "-o", tmp_path / "out.parquet", "--values-col", "gates", "--gates-col", "G"
     )
-    assert code == 1 and "column 'G' (gates) not found" in err
+    assert code == 2 and "column 'G' (gates) not found" in err
     assert_no_leftovers(tmp_path, "in.parquet")
 
 
@@ -301,7 +301,7 @@ def test_schema_mismatch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     strings = pa.array([[str(x) for x in row] for row in t.column("values").to_pylist()])
     bad = write(tmp_path / "in.parquet", t.set_column(3, "values", strings))
     code, _, err = run_cli(capsys, "advantages", bad, "-o", tmp_path / "out.parquet")
-    assert code == 1
+    assert code == 2
     assert f"column 'values' (values) in {bad}: expected a list of float32 or float64" in err
     assert "got list<element: string>" in err
     assert_no_leftovers(tmp_path, "in.parquet")
@@ -314,7 +314,7 @@ def test_row_lengths_differing_from_the_rewards(tmp_path: Path, capsys: pytest.C
     src = write(tmp_path / "in.parquet", t.set_column(3, "values", pa.array(rows, pa.list_(pa.float32()))))
     code, _, err = run_cli(capsys, "advantages", src, "-o", tmp_path / "out.parquet")
     n = len(rows[38]) - 1
-    assert code == 1
+    assert code == 2
     assert f"column 'values': row 38 has {n + 1} values but column 'rewards' has {n}" in err
     assert_no_leftovers(tmp_path, "in.parquet")
 
@@ -324,7 +324,7 @@ def test_existing_output_columns_need_replace(tmp_path: Path, capsys: pytest.Cap
     first = tmp_path / "first.parquet"
     assert run_cli(capsys, "advantages", src, "-o", first, "--lam", "0.9")[0] == 0
     code, _, err = run_cli(capsys, "advantages", first, "-o", tmp_path / "second.parquet", "--lam", "0.5")
-    assert code == 1 and "column 'advantages' (advantages) already exists" in err
+    assert code == 2 and "column 'advantages' (advantages) already exists" in err
     code, _, err = run_cli(capsys, "advantages", first, "-o", tmp_path / "second.parquet", "--lam", "0.5", "--replace")
     assert code == 0, err
     again = pq.read_table(tmp_path / "second.parquet")
@@ -376,14 +376,14 @@ def test_unreadable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     not_parquet = tmp_path / "x.parquet"
     not_parquet.write_text("hello")
     code, _, err = run_cli(capsys, "advantages", not_parquet, "-o", tmp_path / "o.parquet")
-    assert code == 1 and err.startswith(f"comppo-core: error: cannot read {not_parquet} as Parquet:")
+    assert code == 2 and err.startswith(f"comppo-core advantages: error: cannot read {not_parquet} as Parquet:")
     code, _, err = run_cli(capsys, "advantages", tmp_path / "missing.parquet", "-o", tmp_path / "o.parquet")
-    assert code == 1 and "cannot read" in err
+    assert code == 2 and "cannot read" in err
     code, _, err = run_cli(capsys, "advantages", not_parquet, "-o", tmp_path / "x.parquet")
-    assert code == 1
+    assert code == 2
     good = write(tmp_path / "good.parquet", make_table(10))
     code, _, err = run_cli(capsys, "advantages", good, "-o", tmp_path / "no" / "such" / "dir" / "o.parquet")
-    assert code == 1 and err.startswith(f"comppo-core: error: cannot write {tmp_path / 'no'}")
+    assert code == 2 and err.startswith(f"comppo-core advantages: error: cannot write {tmp_path / 'no'}")
     assert_no_leftovers(tmp_path, "x.parquet", "good.parquet")
 
 
@@ -392,8 +392,8 @@ def test_without_pyarrow_the_message_says_what_to_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     code, _, err = run_cli(capsys, "advantages", tmp_path / "in.parquet", "-o", tmp_path / "o.parquet")
-    assert code == 1
-    assert err.strip() == "comppo-core: error: the advantages command needs pyarrow: pip install 'comppo-core[arrow]'"
+    assert code == 2
+    assert err.strip() == "comppo-core advantages: error: the advantages command needs pyarrow: pip install 'comppo-core[arrow]'"
 
 
 def test_installed_command_end_to_end(tmp_path: Path) -> None:
@@ -403,7 +403,7 @@ def test_installed_command_end_to_end(tmp_path: Path) -> None:
     bad = subprocess.run(
         [*exe, "advantages", str(src), "-o", str(tmp_path / "o.parquet")], capture_output=True, text=True, timeout=120
     )
-    assert bad.returncode == 1
+    assert bad.returncode == 2
     assert "column 'values': expected finite values at valid positions, got NaN at (row 12, position 0)" in bad.stderr
     good = write(tmp_path / "good.parquet", make_table(9))
     ok = subprocess.run(

@@ -20,9 +20,10 @@ and mask columns to get their mean and std, so results do not depend on row-grou
 boundaries.
 
 The output is written to a temporary file next to ``OUT`` and renamed when complete: on
-any error no partial ``OUT`` is left behind. Exit status 0 on success, 1 on a missing
-column, a schema mismatch, bad values (the message names the column and the first
-offending row of the file) or an unreadable file, 2 on a usage error.
+any error no partial ``OUT`` is left behind. Exit status 0 on success, 2 on bad input: a
+usage error, or a missing column, a schema mismatch, bad values (the message names the
+column and the first offending row of the file) or an unreadable file, each printed as
+``comppo-core advantages: error: ...`` (the prefix and status of every command's bad input).
 """
 
 from __future__ import annotations
@@ -203,12 +204,13 @@ class _Progress:
 
 
 def _fail(progress: _Progress | None, message: str) -> int:
-    """Ends the progress line (if any), prints ``comppo-core: error: message`` to stderr
-    and returns the exit status 1."""
+    """Ends the progress line (if any), prints ``comppo-core advantages: error: message`` to
+    stderr and returns the exit status 2: a file, a column or a value that cannot be used is
+    bad input, as a bad flag is, with the prefix and status every command gives bad input."""
     if progress is not None:
         progress.close()
-    print(f"comppo-core: error: {message}", file=sys.stderr)
-    return 1
+    print(f"comppo-core advantages: error: {message}", file=sys.stderr)
+    return 2
 
 
 class _Failure(Exception):
@@ -260,21 +262,24 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"-o {dst} is the input file; write to another path")
 
     schema = pf.schema_arrow
-    cols = arrow.resolve_columns(
-        schema,
-        rewards_col=args.rewards_col,
-        values_col=args.values_col,
-        mask_col=None if args.no_mask else (args.mask_col if args.mask_col is not None else arrow.AUTO_MASK),
-        last_values_col=None
-        if args.no_last_values
-        else (args.last_values_col if args.last_values_col is not None else arrow.AUTO_LAST_VALUES),
-        gates_col=args.gates_col,
-        concentration_col=args.concentration_col,
-        advantages_col=args.advantages_col,
-        returns_col=args.returns_col,
-        replace=args.replace,
-        source=src,
-    )
+    try:
+        cols = arrow.resolve_columns(
+            schema,
+            rewards_col=args.rewards_col,
+            values_col=args.values_col,
+            mask_col=None if args.no_mask else (args.mask_col if args.mask_col is not None else arrow.AUTO_MASK),
+            last_values_col=None
+            if args.no_last_values
+            else (args.last_values_col if args.last_values_col is not None else arrow.AUTO_LAST_VALUES),
+            gates_col=args.gates_col,
+            concentration_col=args.concentration_col,
+            advantages_col=args.advantages_col,
+            returns_col=args.returns_col,
+            replace=args.replace,
+            source=src,
+        )
+    except errors.ComppoError as e:
+        return _fail(None, str(e))
     out_type = schema.field(cols.rewards).type
     out_schema = schema
     for name in (cols.advantages, cols.returns):
