@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -173,7 +174,10 @@ def test_run_experiment_runs_and_writes_the_results_without_the_command_line(tmp
     assert set(result.summaries) == {("grpo", 0), ("ppo", 0)}
     assert [p.name for p in result.written] == ["results.md", "results.json", "curves.png"]
     assert all(p.is_file() for p in result.written) and result.table in (out / "results.md").read_text()
-    assert lines[0].startswith("[seed 0] warm start ") and lines[1].startswith("[1/2] grpo seed 0: held-out accuracy")
+    assert lines[0] == "compare: 2 runs of 2 steps, 1 at a time; the time left is estimated after the first run"
+    assert lines[1].startswith("[seed 0] warm start ") and lines[2].startswith("[1/2] grpo seed 0: held-out accuracy")
+    assert re.search(r"\(\d+ s; about \d+ (s|min) left\)$", lines[2]), lines[2]  # the estimate after a run
+    assert not lines[3].endswith("left)"), lines[3]  # none after the last
     record = json.loads((out / "compare.json").read_text())
     assert record["arms"] == ["grpo", "ppo"] and record["seeds"] == 1 and record["grid"] is None
     # a bad task file found only when a run is built is a ParameterError too, not a parser's exit

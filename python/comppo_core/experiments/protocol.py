@@ -354,6 +354,7 @@ class Experiment:
         configs = dict(self.configs)
         total = len(configs) + len(arms) * n_seeds * (grid is not None)
         runner = runs.Runner(out, base, total, stop, settings.jobs, self.source, say, engine=self.engine)
+        say(plan_line(total, base.steps, settings.jobs, runner.timings))
         outcomes: dict[str, list[list[Outcome]]] = {}
         chosen: dict[str, int] = {}
         choice: dict[str, dict[str, Any]] = {}
@@ -401,6 +402,18 @@ class Experiment:
             self.engine,
         )
         return ExperimentResult(out, table, inter, summaries, choice, seconds)
+
+
+def plan_line(total: int, steps: int, jobs: int, timings: dict[str, float]) -> str:
+    """The line a compare starts with: how many runs of how many steps, and what it will
+    take: from ``timings`` (``timings.json``: the seconds of the runs an earlier call of the
+    same compare made) when it holds runs, else after the first run."""
+    runs_timed = [seconds for key, seconds in timings.items() if not key.startswith("warmstart/")]
+    head = f"compare: {total} runs of {steps} steps, {jobs} at a time"
+    if runs_timed:
+        minutes = sum(runs_timed) / len(runs_timed) * total / jobs / 60
+        return f"{head}; about {minutes:.0f} min at the pace of the {len(runs_timed)} runs timed before"
+    return f"{head}; the time left is estimated after the first run"
 
 
 def run_experiment(

@@ -362,6 +362,8 @@ class Runner:
             self.nonfinite = {}
         self.keys: list[str] = []
         self.done = self.reused = 0
+        #: seconds of each run trained (or resumed) by this Runner, for the time-left estimate
+        self.trained_seconds: list[float] = []
         self._init_from: dict[int, str | None] = {}
         self.warm_needed = base.init_from is None and base.model is None
 
@@ -485,17 +487,30 @@ class Runner:
     def _timed(self, rel: str, seconds: float, resumed: bool) -> str:
         """Record a run's seconds (added to its earlier part when resumed); its status text."""
         self.timings[rel] = seconds + self.timings.get(rel, 0.0) * resumed
+        self.trained_seconds.append(seconds)
         run_dir.write_json_atomic(self.timings_path, self.timings)
         return f"{self.timings[rel]:.0f} s" + (", resumed" if resumed else "")
 
+    def time_left(self, done: int) -> str:
+        """``"; about N min left"`` after ``done`` of :attr:`total` runs: the mean seconds of
+        the runs trained so far by this Runner times the runs still to go, divided among
+        ``jobs`` (reused runs cost nothing); empty when nothing is left or nothing was timed."""
+        left = self.total - done
+        if left <= 0 or not self.trained_seconds:
+            return ""
+        seconds = sum(self.trained_seconds) / len(self.trained_seconds) * left / self.jobs
+        return f"; about {seconds / 60:.0f} min left" if seconds >= 60 else f"; about {seconds:.0f} s left"
+
     def _print(self, label: str, summary: dict[str, Any] | None, status: str, split: str, done: int = 0) -> None:
         n = done or self.done
+        left = self.time_left(n)
         if summary is None:
-            self.say(f"[{n}/{self.total}] {label}: stopped on a non-finite value ({status})")
+            self.say(f"[{n}/{self.total}] {label}: stopped on a non-finite value ({status}{left})")
         else:
             first, final = summary["initial_eval_accuracy"], summary["final_eval_accuracy"]
             self.say(
-                f"[{n}/{self.total}] {label}: {split} accuracy {report.pct(first)}% -> {report.pct(final)}% ({status})"
+                f"[{n}/{self.total}] {label}: {split} accuracy {report.pct(first)}% -> {report.pct(final)}% "
+                f"({status}{left})"
             )
 
     def run_all(self, items: list[tuple[str, TrainConfig, str]]) -> dict[str, dict[str, Any] | None]:
