@@ -18,7 +18,16 @@ import pytest
 
 from comppo_core.errors import ParameterError, ShapeError
 from comppo_core.experiments import pivotality as mc
-from comppo_core.experiments.diagnose import DiagnoseSettings, TokenTable, analyse, recommend, token_class
+from comppo_core.experiments.diagnose import (
+    CostEstimate,
+    DiagnoseSettings,
+    TokenTable,
+    analyse,
+    batch_steps,
+    recommend,
+    seconds_range,
+    token_class,
+)
 from comppo_core.experiments.rank_statistics import (
     auc,
     auc_reference,
@@ -316,3 +325,21 @@ def test_policy_gate_directions_are_in_their_own_orientation() -> None:
         "policy_entropy": "none",
         "token_nll": "none",
     }
+
+
+def _response(length: int) -> mc.Response:
+    return mc.Response(Problem("p", "1", ""), (1, 2), tuple(range(3, 3 + length)), True, 1.0)
+
+
+def test_the_time_estimate_counts_a_batchs_longest_row_not_its_tokens() -> None:
+    # a batch is decoded until its longest row stops: rows of remaining lengths 9 and 1 take
+    # 10 steps (9 and EOS) if each is as long as its response's rest, 16 - 0 if one runs to its budget
+    responses = [_response(9), _response(9)]
+    batch = [mc.Continuation(0, 0, 0), mc.Continuation(1, 8, 0)]
+    assert batch_steps(responses, batch, max_new_tokens=16) == (10, 16)
+    # the first batch took 2 s for 10 steps: 0.2 s a step, times the steps of every batch
+    low, high = seconds_range(2.0, 10, [(10, 16), (4, 12), (2, 9)])
+    assert math.isclose(low, 0.2 * 16) and math.isclose(high, 0.2 * 37)
+    # the per-token extrapolation this replaces: 2 s / 10 expected tokens x the 10 + 1 + 1 + ... expected
+    assert CostEstimate(3, 40, 20, (low, high)).line().endswith("about 3-7 s")
+    assert CostEstimate(3, 40, 20, (5.0, 5.2)).line().endswith("about 5 s")

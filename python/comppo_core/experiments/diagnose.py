@@ -43,7 +43,9 @@ the responses); EOS is left out (the marks are per character of the text).
 
 **Cost.** Generated tokens: the responses plus at most ``Σ_responses |B| · K ·
 (max_new_tokens − s)`` for the continuations (``B`` the boundaries to estimate); the first
-batch of continuations is timed and the rest extrapolated from it (:class:`CostEstimate`).
+batch of continuations is timed and the rest extrapolated from it per decoding step, as a range:
+every batch as long as the rest of its longest response, or every batch to its longest budget
+(:func:`seconds_range`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ from .rank_statistics import Interval, auc, cluster_bootstrap, spearman
 __all__ = [
     "DIRECTIONS",
     "CostEstimate",
+    "batch_steps",
+    "seconds_range",
     "CriticUnderTest",
     "DiagnoseSettings",
     "TokenTable",
@@ -551,15 +555,19 @@ def policy_gate_directions(baselines: dict[str, Any]) -> dict[str, str]:
 class CostEstimate:
     """What the continuations will cost: rows, the most tokens they can generate, the tokens
     expected (each continuation as long as the rest of its response), and, once the first
-    batch is timed, the seconds expected (its seconds per expected token × all of them)."""
+    batch is timed, the seconds expected as a range (:func:`seconds_range`)."""
 
     rows: int
     tokens_upper_bound: int
     tokens_expected: int
-    seconds_expected: float | None = None
+    seconds_expected: tuple[float, float] | None = None
 
     def line(self) -> str:
-        t = "" if self.seconds_expected is None else f", about {self.seconds_expected:.0f} s"
+        if self.seconds_expected is None:
+            t = ""
+        else:
+            low, high = self.seconds_expected
+            t = f", about {low:.0f} s" if round(high) <= round(low) else f", about {low:.0f}-{high:.0f} s"
         return (
             f"{self.rows} continuations, at most {self.tokens_upper_bound} generated tokens (about "
             f"{self.tokens_expected} expected){t}"
@@ -568,6 +576,30 @@ class CostEstimate:
 
 def _expected_tokens(responses: Sequence[mc.Response], jobs: Sequence[mc.Continuation]) -> int:
     return sum(responses[j.response].length - j.boundary for j in jobs)
+
+
+def batch_steps(
+    responses: Sequence[mc.Response], batch: Sequence[mc.Continuation], max_new_tokens: int
+) -> tuple[int, int]:
+    """The decoding steps a batch of continuations takes: ``(expected, most)``. A batch is
+    generated until every row has stopped, so it takes as many steps as its longest row:
+    ``expected`` if each row is as long as the rest of its response (and its EOS),
+    ``most`` if a row runs to its budget ``max_new_tokens − boundary`` (sampled continuations
+    of a pretrained model often do)."""
+    expected = max(responses[j.response].length - j.boundary + 1 for j in batch)
+    most = max(max_new_tokens - j.boundary for j in batch)
+    return min(expected, most), most
+
+
+def seconds_range(first_seconds: float, first_steps: int, steps: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """The seconds every batch of continuations takes, from the first batch's: each batch
+    costs ``first_seconds / first_steps`` a decoding step (``first_steps``: the steps the
+    first batch took), so the range is that times the batches' expected and most steps
+    (:func:`batch_steps`) summed. (Extrapolating per generated token instead ignores that a
+    batch runs as long as its longest row, and that the first batch, the longest, has the
+    least fixed cost per token: it underestimates.)"""
+    per_step = first_seconds / max(1, first_steps)
+    return per_step * sum(e for e, _ in steps), per_step * sum(m for _, m in steps)
 
 
 # --------------------------------------------------------------------------- #
@@ -663,8 +695,13 @@ def diagnose(
             bar.update(len(batch))
             if lo == 0 and len(jobs) > len(batch):
                 first = time.perf_counter() - t1
-                per_token = first / max(1, _expected_tokens(responses, batch))
-                estimate = dataclasses.replace(estimate, seconds_expected=per_token * expected)
+                # the steps the first batch took, where the sampler says (PolicyContinuations does)
+                first_steps = getattr(sampler, "last_steps", None) or batch_steps(responses, batch, max_new)[0]
+                steps = [
+                    batch_steps(responses, jobs[k : k + settings.batch_size], max_new)
+                    for k in range(0, len(jobs), settings.batch_size)
+                ]
+                estimate = dataclasses.replace(estimate, seconds_expected=seconds_range(first, first_steps, steps))
                 say(f"diagnose: the first batch took {first:.1f} s: {estimate.line()}")
     seconds["continuations"] = time.perf_counter() - t1
     values, errors = mc.values_from_rewards(responses, jobs, rewards)
@@ -704,7 +741,7 @@ def diagnose(
             "continuation_tokens": generated,
             "generated_tokens": response_tokens + generated,
             "continuation_tokens_upper_bound": upper,
-            "estimated_seconds": estimate.seconds_expected,
+            "estimated_seconds": None if estimate.seconds_expected is None else list(estimate.seconds_expected),
             "seconds": seconds,
         },
         "settings": {**settings.to_dict(), "max_new_tokens": max_new, "task": task.to_dict()},

@@ -224,6 +224,7 @@ class PolicyContinuations:
         self.top_p = top_p
         self.seed = seed
         self.device = device
+        self.last_steps: int | None = None
 
     def __call__(self, responses: Sequence[Response], jobs: Sequence[Continuation]) -> tuple[list[float], int]:
         import torch
@@ -268,6 +269,8 @@ class PolicyContinuations:
         finally:
             logger.setLevel(level)
         new = out[:, width:].tolist()
+        #: the decoding steps the last call took (its longest row; diagnose's time estimate reads it)
+        self.last_steps = out.shape[1] - width
         problems, texts, finished = [], [], []
         generated = 0
         for j, budget, cont in zip(jobs, budgets, new):
