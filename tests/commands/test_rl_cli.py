@@ -247,6 +247,44 @@ def test_compare_help_offers_no_flag_compare_refuses_and_prints_95_percent(
     assert "95% CI" in " ".join(listing.split()) and "%%" not in listing
 
 
+# ---------------------------------------------------------------------------------------------------------
+# --task-option KEY=VALUE (TrainConfig.task_options)
+
+
+@pytest.mark.parametrize("command", ["train", "compare", "diagnose"])
+def test_task_options_gather_one_flag_per_setting(command: str) -> None:
+    from comppo_core.commands.train import config_fields
+
+    given = ["min_terms=2", "max_terms=3", 'ops=["+", "-"]', "flag=true", "word=x y", "empty=", "min_terms=4"]
+    args = cli._build_parser().parse_args([command, *[a for g in given for a in ("--task-option", g)]])
+    assert config_fields(args)["task_options"] == {
+        "min_terms": 4,  # the later one
+        "max_terms": 3,
+        "ops": ["+", "-"],  # JSON when it parses
+        "flag": True,
+        "word": "x y",  # else the string
+        "empty": "",
+    }
+    assert "task_options" not in config_fields(cli._build_parser().parse_args([command]))  # not given: the default
+
+
+def test_task_options_reach_the_config_and_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("reasoning_gym")
+    from comppo_core.commands.train import config_from_args
+
+    argv = ["train", "--task", "reasoning_gym:chain_sum", "--model", str(tmp_path), "--task-option", "min_terms=3"]
+    args = cli._build_parser().parse_args(argv)
+    config = config_from_args(args, args.command_parser)
+    assert config.task_options == {"min_terms": 3}
+    assert cli.main([*argv, "--task-option", "min_term=2"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"--task-option: expected a setting of reasoning_gym:chain_sum \(min_terms=2, max_terms=6", err)
+    assert cli.main(["train", "--task-option", "min_terms=2"]) == 2
+    assert "--task-option: expected none for the task 'addition'" in capsys.readouterr().err
+    assert cli.main([*argv[:5], "--task-option", "min_terms"]) == 2
+    assert "argument --task-option: expected KEY=VALUE, got 'min_terms'" in capsys.readouterr().err
+
+
 def test_building_the_parser_imports_no_torch() -> None:
     code = "import sys\nfrom comppo_core import cli\ncli._build_parser()\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
@@ -258,9 +296,11 @@ def test_training_doc_lists_every_field_with_its_default() -> None:
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text(encoding="utf-8")
     documented = dict(re.findall(r"^\| `--([a-z0-9-]+)` \| `([^`]*)` \|", doc, flags=re.MULTILINE))
+    from comppo_core.rl.config import field_default
+
     for f in dataclasses.fields(TrainConfig):
-        flag = f.name.replace("_", "-")
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))[2:]
         assert flag in documented, f"docs/training.md: no row for --{flag}"
-        assert documented[flag] == repr(f.default), (
-            f"docs/training.md: --{flag} default {documented[flag]} != {f.default!r}"
+        assert documented[flag] == repr(field_default(f)), (
+            f"docs/training.md: --{flag} default {documented[flag]} != {field_default(f)!r}"
         )

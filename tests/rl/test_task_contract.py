@@ -8,7 +8,8 @@ pivotal marks of a task that has them cover the response exactly and mark some o
 and a tiny training run (each task with its own tokenizer) runs, logs within the task's
 budget, and saves a ``task.json`` that ``comppo-core evaluate`` reads back into the same task.
 A new task in the registry is tested here without a line more (its sizes: the defaults,
-unless :data:`SMALL` names smaller ones).
+unless :data:`SMALL` names smaller ones); a family of tasks (``reasoning_gym:NAME``) is
+tested through the member :data:`MEMBERS` names (skipped when its package is missing).
 """
 
 from __future__ import annotations
@@ -32,9 +33,28 @@ SMALL: dict[str, dict[str, Any]] = {
     "addition": {"digits": 2},
     "chain": {"chain_digits": 4, "chain_steps": 2, "chain_filler_max": 4, "chain_tail_max": 3},
     "filler_addition": {"digits": 1, "addition_filler_max": 4, "addition_tail_max": 3},
+    "reasoning_gym:chain_sum": {"task_options": {"min_terms": 2, "max_terms": 3, "size": 4000}},
 }
+#: The member each family is tested through, and the package it needs.
+MEMBERS: dict[str, tuple[str, str]] = {"reasoning_gym": ("reasoning_gym:chain_sum", "reasoning_gym")}
 
-ENTRIES = list(TASKS.values())
+
+def _entries() -> list[Any]:
+    """Every registered task, a family as its member (skipped without the family's package)."""
+    out: list[Any] = []
+    for e in TASKS.values():
+        if not e.family:
+            out.append(pytest.param(e, id=e.name))
+            continue
+        member, package = MEMBERS[e.name]  # a new family: name the member to test here
+        try:
+            out.append(pytest.param(task_entry(member), id=member))
+        except ParameterError:  # its package is missing
+            out.append(pytest.param(e, id=member, marks=pytest.mark.skip(reason=f"needs {package}")))
+    return out
+
+
+ENTRIES = _entries()
 
 
 def config_for(entry: TaskEntry, tmp_path: Path, **changes: Any) -> TrainConfig:
@@ -73,7 +93,7 @@ def reference_response(task: Task, problem: Problem, rng: np.random.Generator) -
     return problem.solution or problem.answer
 
 
-@pytest.fixture(params=ENTRIES, ids=[e.name for e in ENTRIES])
+@pytest.fixture(params=ENTRIES)
 def entry(request: pytest.FixtureRequest) -> TaskEntry:
     return request.param  # type: ignore[no-any-return]
 
@@ -152,7 +172,7 @@ def test_pivotal_marks_fall_inside_the_response(entry: TaskEntry, tmp_path: Path
 # ---------------------------------------------------------------------------------------------------------
 # a tiny run of each task that brings its own tokenizer (a file task's runs: test_rl_jsonl.py)
 
-RUNNABLE = [e for e in ENTRIES if not e.needs_model]
+RUNNABLE = [e for e in TASKS.values() if not e.needs_model]
 
 
 @pytest.mark.usefixtures("one_torch_thread")

@@ -1,7 +1,7 @@
 """``comppo-core train``: one PPO run of one arm (:func:`comppo_core.rl.train`).
 
 Every :class:`~comppo_core.rl.TrainConfig` field is a flag (``--actor-lr``, ``--kl-coef``,
-...). A run's settings are, in order of precedence: the flags given on the command line,
+...; ``task_options`` is ``--task-option KEY=VALUE``, once per setting). A run's settings are, in order of precedence: the flags given on the command line,
 then the ``--preset`` (:data:`comppo_core.rl.config.PRESETS`: ``default`` is the
 TrainConfig defaults, ``quick`` a shorter run), then the TrainConfig defaults. With
 ``--resume`` the settings saved in ``OUT/config.json`` replace the preset, and the flags
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import ParameterError
-from ..rl.config import PRESETS, TrainConfig
+from ..rl.config import PRESETS, TrainConfig, field_default
 from ..rl.runs import run_dir
 
 __all__ = [
@@ -123,7 +123,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, hidden: tuple[str, ...
     for action in parser._actions:
         if action.dest in hidden:
             action.help = argparse.SUPPRESS
-    parser.set_defaults(**{f.name: _Default(f.default) for f in dataclasses.fields(TrainConfig)})
+    parser.set_defaults(**{f.name: _Default(field_default(f)) for f in dataclasses.fields(TrainConfig)})
 
 
 def config_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -303,7 +303,8 @@ def show_log_lines() -> None:
 
 def describe_start(trainer: Any) -> str:
     """The run's first lines: where and with how many threads it computes, the response
-    budget, the evaluation set and, for a JSONL task, its split."""
+    budget, the evaluation set and, for a JSONL task, its split (a reasoning-gym task: its
+    dataset and answer format)."""
     cfg = trainer.config
     threads = "torch's default threads" if trainer.threads is None else f"{trainer.threads} torch thread(s) per process"
     why = " (--num-threads to change)" if cfg.num_threads is None else ""
@@ -312,6 +313,8 @@ def describe_start(trainer: Any) -> str:
     split = ""
     if hasattr(task, "train_rows"):
         split = f" ({len(task.train_rows)} training and {len(task.heldout_rows)} held-out rows of {task.path})"
+    elif hasattr(task, "answer_format"):  # reasoning-gym: which dataset, how the answer is asked for
+        split = f" of {task.describe()}, answer format {task.answer_format}"
     return (
         f"comppo-core train: {cfg.arm}, seed {cfg.seed}, {cfg.steps} steps on {trainer.device}, {threads}{why}\n"
         f"  response budget: {trainer.max_new_tokens} tokens ({budget}); held-out evaluation: "

@@ -142,8 +142,17 @@ class TrainConfig:
     # ---- the task
     task: str = _f(
         "addition",
-        "a registered task (comppo_core.rl.tasks): "
-        + "; ".join(f"{e.name if e.file_suffix is None else '*' + e.file_suffix}: {e.about}" for e in TASKS.values()),
+        "a registered task (comppo_core.rl.tasks): " + "; ".join(f"{e.spelling}: {e.about}" for e in TASKS.values()),
+    )
+    task_options: dict[str, Any] = dataclasses.field(
+        default_factory=dict,
+        metadata={
+            "help": "settings of a task that takes them (reasoning_gym:NAME: its dataset's config fields, and "
+            "answer_format plain or tag), on the command line --task-option KEY=VALUE, once per setting, the value "
+            "read as JSON when it parses, else as a string (--task-option min_terms=2 --task-option "
+            'operators=\'["+", "-"]\'); {}: none',
+            "flag": "--task-option",
+        },
     )
     digits: int = _f(2, "addition's difficulty (and filler_addition's): operands below 10**digits")
     addition_filler_min: int = _f(0, "filler_addition: shortest filler before the worked addition (symbols of abcd)")
@@ -336,6 +345,7 @@ class TrainConfig:
             # the default is not a direction given (an explicit "as_is" beside gate_invert=True is refused)
             self.gate_direction = direction_of_gate_invert(gate_invert, given_gate_direction(self.gate_direction))
         task = task_entry(self.task)  # the registry's entry, or a ParameterError naming task
+        self.task_options = _task_options(self.task_options, task)
         check_choice("group_method", self.group_method, GROUP_METHODS)
         check_choice("statistic", self.statistic, STATISTICS)
         check_choice("loss_agg", self.loss_agg, AGG_MODES)
@@ -585,23 +595,28 @@ class TrainConfig:
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         """Add one ``--field-name`` flag per field (defaults: the dataclass's; booleans get
-        ``--flag/--no-flag``; optional fields accept ``none``)."""
+        ``--flag/--no-flag``; optional fields accept ``none``; a dict field, its
+        ``metadata["flag"]`` given once per ``KEY=VALUE``: :class:`KeyValueAction`)."""
         hints = field_types(cls)
         group = parser.add_argument_group("training (TrainConfig)")
         for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
+            flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
             tp, optional = _unwrap(hints[f.name])
             help_ = f.metadata["help"] + " (default: %(default)s)"
-            if tp is bool:
+            if typing.get_origin(tp) is dict:
                 group.add_argument(
-                    flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=help_
+                    flag, dest=f.name, action=KeyValueAction, default=field_default(f), metavar="KEY=VALUE", help=help_
+                )
+            elif tp is bool:
+                group.add_argument(
+                    flag, dest=f.name, action=argparse.BooleanOptionalAction, default=field_default(f), help=help_
                 )
             else:
                 group.add_argument(
                     flag,
                     dest=f.name,
                     type=_parser(tp, optional),
-                    default=f.default,
+                    default=field_default(f),
                     metavar=tp.__name__.upper(),
                     help=help_,
                 )
@@ -635,6 +650,73 @@ def field_types(cls: type) -> dict[str, Any]:
     as ``from __future__ import annotations`` writes every annotation)."""
     fields = {f.name: f.type for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     return typing.get_type_hints(type(cls.__name__, (), {"__annotations__": fields, "__module__": cls.__module__}))
+
+
+def field_default(f: dataclasses.Field[Any]) -> Any:
+    """A field's default (a fresh one of a ``default_factory``)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` as ``(KEY, VALUE)``, VALUE read as JSON when it parses (``2``, ``true``,
+    ``[1, 2]``, ``"x"``), else as the string it is; an ``argparse.ArgumentTypeError``
+    without ``=`` or with an empty KEY."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+class _Given(dict[str, Any]):
+    """The options given on the command line so far (a default is never one)."""
+
+
+class KeyValueAction(argparse.Action):
+    """A flag given once per ``KEY=VALUE`` (:func:`parse_option`), gathered into a dict (a
+    later KEY replaces an earlier one); the first one given replaces the default."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: Any = None
+    ) -> None:
+        try:
+            key, value = parse_option(str(values))
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+        given = getattr(namespace, self.dest, None)
+        options = _Given(given) if isinstance(given, _Given) else _Given()
+        options[key] = value
+        setattr(namespace, self.dest, options)
+
+
+def _task_options(options: Any, task: Any) -> dict[str, Any]:
+    """``task_options`` checked (a dict of JSON values with string keys; only for a task that
+    takes options, whose entry checks them) and copied through JSON."""
+    if not isinstance(options, dict) or not all(isinstance(k, str) and k for k in options):
+        raise ParameterError(
+            f"task_option: expected a dict of settings with non-empty string keys, got {options!r}",
+            argument="task_option",
+        )
+    try:
+        copied: dict[str, Any] = json.loads(json.dumps(options, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ParameterError(
+            f"task_option: expected settings of JSON values, got {options!r} ({exc})", argument="task_option"
+        ) from None
+    if copied and not task.takes_options:
+        raise ParameterError(
+            f"task_option: expected none for the task {task.name!r}, which takes no options (reasoning_gym:NAME "
+            f"tasks do), got {', '.join(f'{k}={v!r}' for k, v in copied.items())}",
+            argument="task_option",
+        )
+    if task.takes_options and task.check_options is not None:
+        task.check_options(task.member, copied)
+    return copied
 
 
 def _unwrap(tp: Any) -> tuple[type, bool]:
@@ -679,5 +761,5 @@ def _number(name: str, value: Any, low: float, high: float, *, low_open: bool = 
 TrainConfig.__doc__ = (
     (TrainConfig.__doc__ or "")
     + "\n    Fields:\n\n"
-    + "\n".join(f"      {f.name} = {f.default!r}: {f.metadata['help']}" for f in dataclasses.fields(TrainConfig))
+    + "\n".join(f"      {f.name} = {field_default(f)!r}: {f.metadata['help']}" for f in dataclasses.fields(TrainConfig))
 )
