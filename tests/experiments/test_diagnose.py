@@ -27,6 +27,7 @@ from comppo_core.experiments.diagnose import (
     recommend,
     seconds_range,
     token_class,
+    warnings_of,
 )
 from comppo_core.experiments.rank_statistics import (
     auc,
@@ -290,6 +291,10 @@ def test_diagnose_on_a_tiny_warm_start_gives_the_report() -> None:
     )
     assert report["cost"]["continuation_tokens"] <= report["cost"]["continuation_tokens_upper_bound"]
     assert lines and "continuations" in lines[0]
+    # K = 3 is too few for the default threshold: said before the continuations, kept in the report
+    assert lines[1 : 1 + len(report["warnings"])] == [f"diagnose: warning: {w}" for w in report["warnings"]]
+    assert any("--samples-per-prefix 3" in w for w in report["warnings"])
+    assert lines[-1].startswith(f"diagnose: {report['direction']}: ") and "; next: " in lines[-1]
     # the continuations are keyed: the same report again
     again = diagnose(actor, tok, task, settings, device=torch.device("cpu"), say=lambda _: None, progress=False)
     assert again["auc"] == report["auc"] and again["pivotal"] == report["pivotal"]
@@ -343,3 +348,27 @@ def test_the_time_estimate_counts_a_batchs_longest_row_not_its_tokens() -> None:
     # the per-token extrapolation this replaces: 2 s / 10 expected tokens x the 10 + 1 + 1 + ... expected
     assert CostEstimate(3, 40, 20, (low, high)).line().endswith("about 3-7 s")
     assert CostEstimate(3, 40, 20, (5.0, 5.2)).line().endswith("about 5 s")
+
+
+def test_a_diagnosis_warns_before_its_continuations_when_it_cannot_inform() -> None:
+    zero = [mc.Response(Problem("p", "1", ""), (1,), (2, 3), True, 0.0) for _ in range(4)]
+    mixed = [*zero[:2], mc.Response(Problem("q", "1", ""), (1,), (2, 3), True, 1.0)]
+    k16, k8 = DiagnoseSettings(samples_per_prefix=16), DiagnoseSettings(samples_per_prefix=8)
+    assert warnings_of(mixed, k16) == []
+    (all_zero,) = warnings_of(zero, k16)
+    assert all_zero.startswith("every sampled response scored 0:")
+    # K = 8: sqrt(0.5/8) = 0.25, the default pivotal threshold; K = 9 would be the first below it
+    (noise,) = warnings_of(mixed, k8)
+    assert "--samples-per-prefix 8" in noise and "up to 0.25" in noise and "to 9 or more" in noise
+    assert len(warnings_of(zero, k8)) == 2
+
+
+@pytest.mark.parametrize("direction", ["as_is", "inverted", "none"])
+def test_every_recommendation_says_what_to_do_next(direction: str) -> None:
+    ci = {"as_is": (0.6, 0.7), "inverted": (0.3, 0.4), "none": (0.45, 0.55)}[direction]
+    rec = recommend({"estimate": sum(ci) / 2, "ci": list(ci)}, "max")
+    assert rec["direction"] == direction and rec["next"]
+    if direction == "none":
+        assert "max layer average" in rec["next"] and "tac_fixed" in rec["next"] and "--prompts" in rec["next"]
+    else:
+        assert f"--gate-direction {direction}" in rec["next"]

@@ -27,9 +27,11 @@ the outcome. :func:`diagnose` measures the bet on a policy and a task:
    responses differ in level), reported as the key ``"gates"`` beside each statistic's
    layers (and under each policy statistic's baseline entry). Its AUC's interval above 0.5 → ``as_is`` (the default mapping, high concentration → high
    gate); below 0.5 → ``inverted`` (``--gate-direction inverted``); holding 0.5, or no
-   pivotal token → ``none``: the concentration does not rank the pivotal tokens at this
-   budget, and a gate would only add noise, so the range is the constant gate 1 (Comp-GAE =
-   GAE). With a direction the range is the package default ``[GateParams().low,
+   pivotal token → ``none``: the data do not show the concentration ranking the pivotal tokens
+   at this budget (not that it cannot), so no direction is recommended and the range is the
+   constant gate 1 (Comp-GAE = GAE). Each recommendation says what to do ``next``
+   (:data:`NEXT_STEPS`), and ``warnings`` (:func:`warnings_of`, printed before the
+   continuations) say when the diagnosis cannot be informative. With a direction the range is the package default ``[GateParams().low,
    GateParams().high]``; the diagnostic does not tune it. ``directions`` gives the same rule
    for the gates of the policy statistics (:func:`policy_gate_directions`, in their own
    orientation) beside the concentration's (``directions["concentration"] == direction``);
@@ -67,20 +69,22 @@ from .rank_statistics import Interval, auc, cluster_bootstrap, spearman
 
 __all__ = [
     "DIRECTIONS",
+    "NEXT_STEPS",
     "CostEstimate",
-    "batch_steps",
-    "seconds_range",
     "CriticUnderTest",
     "DiagnoseSettings",
     "TokenTable",
     "analyse",
+    "batch_steps",
     "critic_values",
     "diagnose",
     "explained_variance_section",
     "policy_gate_directions",
     "recommend",
     "row_gates",
+    "seconds_range",
     "token_class",
+    "warnings_of",
 ]
 
 #: The recommendation's gate directions.
@@ -449,7 +453,8 @@ def recommend(layer_average_auc: dict[str, Any], statistic: str) -> dict[str, An
     default = GateParams()
     if estimate is None or low is None or high is None:
         why = "no interval: no token reached the pivotal threshold, or every token did"
-        return {"direction": "none", "gate_range": [1.0, 1.0], "statistic": statistic, "why": why}
+        next_step = NEXT_STEPS["none"].format(statistic=statistic)
+        return {"direction": "none", "gate_range": [1.0, 1.0], "statistic": statistic, "why": why, "next": next_step}
     if low > 0.5:
         direction, why = "as_is", f"the AUC's interval [{low:.3f}, {high:.3f}] lies above 0.5"
     elif high < 0.5:
@@ -457,7 +462,50 @@ def recommend(layer_average_auc: dict[str, Any], statistic: str) -> dict[str, An
     else:
         direction, why = "none", f"the AUC's interval [{low:.3f}, {high:.3f}] holds 0.5"
     gate_range = [1.0, 1.0] if direction == "none" else [default.low, default.high]
-    return {"direction": direction, "gate_range": gate_range, "statistic": statistic, "why": why}
+    return {
+        "direction": direction,
+        "gate_range": gate_range,
+        "statistic": statistic,
+        "why": why,
+        "next": NEXT_STEPS[direction].format(statistic=statistic),
+    }
+
+
+#: What to do after each recommended direction (the recommendation's ``next``).
+NEXT_STEPS = {
+    "as_is": "train with the default mapping (--gate-direction as_is, or this diagnosis.json as --gate-direction)",
+    "inverted": "train with --gate-direction inverted (or this diagnosis.json as --gate-direction)",
+    "none": (
+        "the data do not support a direction for the {statistic} layer average: a constant-gate arm (tac_fixed, "
+        "ppo) is the choice they leave; to look closer, diagnose more prompts (--prompts) or more continuations "
+        "(--samples-per-prefix), or read the single layers' and other statistics' AUCs in diagnosis.png (a layer "
+        "or statistic picked there must be confirmed on other prompts before training with it)"
+    ),
+}
+
+
+def warnings_of(responses: Sequence[mc.Response], settings: DiagnoseSettings) -> list[str]:
+    """What makes a diagnosis uninformative, known before the continuations are sampled: every
+    response scored the same (no prefix can then move the value but by chance), or ``K`` so
+    small that the standard error of ``|V_{t+1} − V_t|``, at most ``sqrt(0.5/K)``, reaches the
+    pivotal threshold (pivotal tokens would be mostly noise)."""
+    out: list[str] = []
+    rewards = {r.reward for r in responses}
+    if len(rewards) == 1 and len(responses) > 1:
+        out.append(
+            f"every sampled response scored {rewards.pop():g}: the values of its prefixes will be near it, and "
+            "tokens will be pivotal only by chance; use a task (or settings, --temperature) on which the policy "
+            "sometimes succeeds and sometimes fails"
+        )
+    bound = math.sqrt(0.5 / settings.samples_per_prefix)
+    if bound >= settings.pivotal_threshold:
+        k = math.ceil(0.5 / settings.pivotal_threshold**2) + 1
+        out.append(
+            f"with --samples-per-prefix {settings.samples_per_prefix} the noise of |ΔV| (standard error up to "
+            f"{bound:.2f}) is as large as the pivotal threshold {settings.pivotal_threshold}: raise "
+            f"--samples-per-prefix to {k} or more"
+        )
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -671,11 +719,14 @@ def diagnose(
     jobs = mc.continuation_jobs(responses, chosen, settings.samples_per_prefix)
     upper = sum(max_new - j.boundary for j in jobs)
     expected = _expected_tokens(responses, jobs)
+    warnings = warnings_of(responses, settings)
     say(
         f"diagnose: {len(responses)} responses ({'greedy' if settings.greedy else 'sampled'}, {response_tokens} tokens, "
         f"mean reward {np.mean([r.reward for r in responses]):.3f}); {sum(len(c) for c in chosen)} tokens to score, "
         + CostEstimate(len(jobs), upper, expected).line()
     )
+    for line in warnings:
+        say(f"diagnose: warning: {line}")
     sampler = continuations or mc.PolicyContinuations(
         actor, tokenizer, task, max_new_tokens=max_new, temperature=settings.temperature, top_p=settings.top_p,
         seed=settings.seed, device=device,
@@ -720,10 +771,12 @@ def diagnose(
     else:
         report["critic"] = None
     seconds["total"] = time.perf_counter() - t0
+    say(f"diagnose: {rec['direction']}: {rec['why']}; next: {rec['next']}")
     return {
         "direction": rec["direction"],
         "recommendation": rec,
         "directions": directions,
+        "warnings": warnings,
         **report,
         "responses": {
             "count": len(responses),

@@ -43,6 +43,9 @@ def render_markdown(report: dict[str, Any], source: str) -> str:
         f"**Recommendation: `{rec['direction']}`**, gate range {rec['gate_range']} ({rec['why']}; as gates, per response, the layer-average "
         f"`{rec['statistic']}` concentration).",
         "",
+        *([f"Next: {rec['next']}.", ""] if rec.get("next") else []),
+        *[f"**Warning:** {w}." for w in report.get("warnings", [])],
+        *([""] if report.get("warnings") else []),
         "| score | AUC (pivotal vs rest) | Spearman ρ vs pivotality |",
         "|---|---|---|",
     ]
