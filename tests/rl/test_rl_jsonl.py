@@ -194,7 +194,8 @@ def test_task_file_errors_without_a_line(tmp_path: Path, model_dir: Path) -> Non
         JsonlTask(tmp_path / "one.jsonl")
     with pytest.raises(
         ParameterError,
-        match=r"^task: expected addition, chain, filler_addition or a path to a .jsonl file or a path to a .hf.json "
+        match=r"^task: expected addition, chain, filler_addition, reasoning_gym:NAME or a path to a .jsonl file or a path "
+        r"to a .hf.json "
         r"file, got 'data.csv'",
     ):
         TrainConfig(task="data.csv", model=str(model_dir))

@@ -33,6 +33,12 @@ TRL passes a dataset's columns to its reward functions. A function written for T
 (``def f(completions, answer, **kwargs)``) is such a function: it reads text completions
 and must accept ``**kwargs``. It returns one number per response (an error otherwise).
 
+The task compares no answers itself. **A built-in reward** for a dataset with an answer
+column named ``answer``: ``"reward": "comppo_core.rl.tasks.answers:math_answer"`` gives 1.0
+where the response's final answer is the row's answer by math-verify (the hand rule
+without it; :mod:`comppo_core.rl.tasks.answers`, the JSONL task's check), else 0.0; a
+GSM8K-style answer ``"... #### 72"`` reads as ``72``.
+
 Loading the dataset needs the ``datasets`` package (in the ``[trl]`` extra).
 """
 

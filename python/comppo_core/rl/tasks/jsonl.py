@@ -15,33 +15,29 @@ a **validation** split (:meth:`JsonlTask.validation`), disjoint from the held-ou
 never sampled for training; ``v = 0`` (the default) has none and leaves the training rows
 exactly as without it.
 
-**Verifier** (:func:`verify`): 0 unless the response stopped at EOS; then the response's
-final answer (:func:`extract_answer`) is compared with the row's answer
-(:func:`answers_match`):
-
-1. *extract*: the text after the last ``"####"`` or ``"answer:"`` (case-insensitive),
-   whichever occurs last; without either marker, the last number in the response; without
-   a number, the whole response;
-2. *normalise* both sides: strip, runs of whitespace to one space, one trailing ``.``
-   dropped;
-3. *compare*: when both parse as numbers (an integer, a decimal, an exponent or ``a/b``,
-   with ``,`` thousands separators and a leading ``$`` allowed), their exact rational
-   values are compared (``"72" == "72.0" == "$72" == "144/2"``); otherwise the normalised
-   texts must be equal.
+**Verifier** (:func:`verify`): 0 unless the response stopped at EOS; then 1 when the
+response's final answer is the row's answer by :func:`comppo_core.rl.tasks.answers.is_correct`
+(``method="auto"``): math-verify when it is installed (the ``[rl]`` extra installs it),
+else the hand rule — the text after the last ``"####"`` or ``"answer:"``, else the last
+number, else the whole response (:func:`extract_answer`), compared as exact numbers
+(``"72" == "72.0" == "$72" == "144/2"``) or as normalised text (:func:`answers_match`).
+A row's answer written ``"... #### 72"`` reads as ``72``. ``docs/answers.md`` tables where
+the two comparisons agree and differ. :func:`normalize`, :func:`parse_number`,
+:func:`extract_answer` and :func:`answers_match` are the hand rule's steps, re-exported
+from :mod:`~comppo_core.rl.tasks.answers`.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...errors import ParameterError
+from .answers import answers_match, extract_answer, is_correct, normalize, parse_number
 from .base import HashSplit, Problem, rewards_of
 
 __all__ = ["JsonlTask", "answers_match", "extract_answer", "normalize", "parse_number", "verify"]
@@ -49,61 +45,13 @@ __all__ = ["JsonlTask", "answers_match", "extract_answer", "normalize", "parse_n
 #: Response budget when the config gives none (a JSONL file states no response length).
 DEFAULT_MAX_NEW_TOKENS = 256
 
-_MARKER = re.compile(r"####|answer:", re.IGNORECASE)
-_NUMBER_IN_TEXT = re.compile(r"[-+]?\$?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:/\d+)?|[-+]?\.\d+")
-_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?:/\d+)?")
-
-
-def normalize(text: str) -> str:
-    """Strip, collapse whitespace runs to one space, drop one trailing ``.``."""
-    out = " ".join(str(text).split())
-    return out[:-1].rstrip() if out.endswith(".") else out
-
-
-def parse_number(text: str) -> Fraction | None:
-    """The exact value of a number written as ``text`` (after :func:`normalize`), or None.
-
-    Integers, decimals, exponents and ``a/b``; ``,`` separators and one leading ``$`` (after
-    the sign) are allowed: ``"-$1,234.50"`` is −1234.5."""
-    s = normalize(text).replace(",", "")
-    sign = ""
-    if s and s[0] in "+-":
-        sign, s = s[0], s[1:]
-    s = s[1:] if s.startswith("$") else s
-    s = sign + s
-    if not _NUMBER.fullmatch(s):
-        return None
-    try:
-        if "/" in s:
-            num, den = s.split("/")
-            return Fraction(num) / Fraction(den) if Fraction(den) != 0 else None
-        return Fraction(s)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def extract_answer(response: str) -> str:
-    """The final answer of ``response`` (module docstring, step 1), not yet normalised."""
-    markers = list(_MARKER.finditer(response))
-    if markers:
-        return response[markers[-1].end() :]
-    numbers = _NUMBER_IN_TEXT.findall(response)
-    return numbers[-1] if numbers else response
-
-
-def answers_match(predicted: str, reference: str) -> bool:
-    """Steps 2 and 3 of the module docstring: numeric when both parse, else exact text."""
-    p, r = parse_number(predicted), parse_number(reference)
-    if p is not None and r is not None:
-        return p == r
-    return normalize(predicted) == normalize(reference)
-
 
 def verify(response: str, answer: str, finished: bool) -> float:
-    """1.0 when the response stopped at EOS and its final answer matches ``answer``, else 0.0."""
+    """1.0 when the response stopped at EOS and its final answer is ``answer``
+    (:func:`~comppo_core.rl.tasks.answers.is_correct`), else 0.0."""
     if not finished:
         return 0.0
-    return 1.0 if answers_match(extract_answer(response), answer) else 0.0
+    return 1.0 if is_correct(response, answer) else 0.0
 
 
 class JsonlTask:
