@@ -456,3 +456,75 @@ def test_what_a_saved_dataset_task_refuses(files: dict[str, Path], tmp_path: Pat
     with pytest.raises(ParameterError, match=r"^eos_token_ids: expected the ids that end a response") as info:
         task_reward_function(task)
     assert info.value.argument == "eos_token_ids"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a reasoning-gym dataset on TRL (rl/tasks/reasoning_gym.py)
+
+#: Printable ASCII and the newline but < and > (no alphabet may spell a special token, <pad>): a character
+#: tokenizer that encodes chain_sum's questions.
+ASCII = "".join(chr(c) for c in range(32, 127) if chr(c) not in "<>") + "\n"
+#: chain_sum at small sizes.
+CHAIN_SUM = {"task": "reasoning_gym:chain_sum", "task_options": {"min_terms": 2, "max_terms": 2, "size": 2000}}
+
+
+@pytest.fixture(scope="module")
+def ascii_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama and a character tokenizer of printable ASCII, saved."""
+    from conftest import tiny_lm
+
+    path = tmp_path_factory.mktemp("ascii")
+    tok = CharTokenizer(ASCII)
+    tok.to_hf().save_pretrained(path)
+    special = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    tiny_lm(
+        "llama", vocab=tok.vocab_size, init=None, special_tokens=False, max_positions=256, **special
+    ).save_pretrained(path)
+    return path
+
+
+def test_a_reasoning_gym_dataset_and_its_reward_on_trl(ascii_model: Path, tmp_path: Path) -> None:
+    pytest.importorskip("reasoning_gym")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from comppo_core.rl.models.pretrained import load_tokenizer
+    from comppo_core.rl.tasks.reasoning_gym import ReasoningGymTask
+
+    config = TrainConfig(**CHAIN_SUM, model=str(ascii_model), validation_fraction=0.1, seed=2)
+    data = dataset_and_rewards(config, train_size=30, eval_size=12)
+    task = data.task
+    assert isinstance(task, ReasoningGymTask) and task.to_dict() == build_task(config).to_dict()
+    assert data.validation is not None and tuple(data.train.column_names) == TASK_COLUMNS
+    assert rows_of(data.train) == task.sample(np.random.default_rng(2), 30)  # the package's draws
+    assert rows_of(data.validation) == task.validation(12) and rows_of(data.heldout) == task.heldout(12)
+    sides = [{p.prompt for p in rows_of(d)} for d in (data.train, data.validation, data.heldout)]
+    assert not sides[0] & sides[1] and not sides[0] & sides[2] and not sides[1] & sides[2]
+    by_name = dataset_and_rewards("reasoning_gym:chain_sum", model=str(ascii_model), **{"task_options": {}})
+    assert by_name.task.name == "reasoning_gym:chain_sum" and by_name.task.options == {}
+    # the reward: the dataset's score_answer on TRL's completions, the package's on the same tokens
+    reward = data.reward_funcs[0]
+    assert reward.__name__ == "reasoning_gym:chain_sum" and sorted(reward.eos_token_ids) == [2]
+    tok, hf = load_tokenizer(str(ascii_model)), AutoTokenizer.from_pretrained(ascii_model)
+    problems: list[Problem] = []
+    ids: list[list[int]] = []
+    for p in task.heldout(4):  # right, wrong, partial (the answer among other text), right but cut short
+        for text, finished in ((p.answer, True), ("x", True), (f"it is {p.answer}", True), (p.answer, False)):
+            problems.append(p)
+            ids.append(tok.encode(text) + ([2] if finished else []))
+    expected = package_rewards(task, tok, problems, ids)
+    partial = [task._generator("train").score_answer(f"it is {p.answer}", task.entry(p)) for p in problems[::4]]
+    assert expected[0::4] == [1.0] * 4 and expected[1::4] == [0.0] * 4 and expected[3::4] == [0.0] * 4
+    assert expected[2::4] == [float(np.float32(s)) for s in partial] and all(0.0 < s < 1.0 for s in partial)
+    on_trl = trl_call(reward, hf, [p.prompt for p in problems], problems, ids)  # float64 there, float32 in a rollout
+    assert on_trl[2::4] == partial and [float(np.float32(r)) for r in on_trl] == expected
+    chat = [[{"role": "user", "content": p.prompt}] for p in problems]
+    assert trl_call(reward, hf, chat, problems, ids) == on_trl
+    # a CompPOTrainer step with real generation: its rewards are the package's on TRL's completions
+    calls: list[dict[str, Any]] = []
+    model = AutoModelForCausalLM.from_pretrained(ascii_model)
+    trainer = trainer_for(tmp_path / "trl", model, hf, data.train, recording(reward, calls))
+    trainer.train()
+    assert "rewards/reasoning_gym:chain_sum/mean" in trainer.state.log_history[0]
+    call = calls[0]
+    drawn = [Problem(p, a, s) for p, a, s in zip(call["prompts"], call["answer"], call["solution"])]
+    assert [float(np.float32(r)) for r in call["out"]] == package_rewards(task, tok, drawn, call["completion_ids"])

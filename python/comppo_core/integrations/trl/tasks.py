@@ -1,12 +1,24 @@
 """The package's tasks on TRL: a ``datasets.Dataset`` per split and a reward function with TRL's signature.
 
 A registered task (:mod:`comppo_core.rl.tasks`: ``addition``, ``chain``, ``filler_addition``,
-a ``.jsonl`` file, a ``.hf.json`` saved Hugging Face dataset) trains under
-:class:`~comppo_core.integrations.trl.CompPOTrainer` (or ``trl.GRPOTrainer``) unchanged::
+a ``.jsonl`` file, a ``.hf.json`` saved Hugging Face dataset, a reasoning-gym dataset
+``reasoning_gym:NAME``) trains under :class:`~comppo_core.integrations.trl.CompPOTrainer`
+(or ``trl.GRPOTrainer``) unchanged::
 
     data = dataset_and_rewards("addition", digits=2, train_size=4096, eval_size=256)
     trainer = CompPOTrainer(model=..., reward_funcs=data.reward_funcs, train_dataset=data.train,
                             eval_dataset=data.heldout, processing_class=data.task.tokenizer.to_hf(), args=...)
+
+    data = dataset_and_rewards("reasoning_gym:chain_sum", model=MODEL, chat_template=True,
+                               task_options={"min_terms": 2, "max_terms": 3}, train_size=2048)
+    trainer = CompPOTrainer(model=MODEL, reward_funcs=data.reward_funcs, train_dataset=data.train, ...)
+
+A reasoning-gym task's rows are its generator's questions (with the answer format's
+instruction) on each side of its split, and its reward function is the dataset's
+``score_answer`` on the extracted answer (0 for a completion cut short; partial scores
+pass through: :mod:`comppo_core.rl.tasks.reasoning_gym`). The task keeps the entry of each
+question it drew, which the verifier reads: give TRL the reward functions of the same
+:class:`TaskData` as its dataset (each process builds both, as each process runs the script).
 
 **Datasets** (:func:`task_dataset`): one row per problem with the columns ``prompt`` (the
 problem's prompt text, or with ``chat=True`` one user message holding it), ``answer`` and
@@ -319,7 +331,8 @@ def dataset_and_rewards(
 
     ``task``: a built task, a :class:`~comppo_core.rl.config.TrainConfig`, or its ``task``
     (a registered name or a file) with other TrainConfig fields in ``settings``
-    (``dataset_and_rewards("chain", chain_digits=4)``). With a config the defaults are
+    (``dataset_and_rewards("chain", chain_digits=4)``, ``dataset_and_rewards("reasoning_gym:chain_sum",
+    model=DIR, task_options={"min_terms": 2})``). With a config the defaults are
     its: ``train_size = steps · prompts_per_step``, ``eval_size``, ``seed``,
     ``chat = chat_template``, and for a task on the user's model (``config.model``) TRL's
     EOS ids of that model (:func:`trl_eos_token_ids`). A built task: ``seed`` 0, no chat,
@@ -341,9 +354,14 @@ def dataset_and_rewards(
         seed = config.seed if seed is None else seed
         chat = config.chat_template if chat is None else chat
         if eos_token_ids is None and built.tokenizer is None and config.model is not None:
-            from transformers import AutoTokenizer
+            from pathlib import Path
 
-            eos_token_ids = trl_eos_token_ids(AutoTokenizer.from_pretrained(config.model), config.model)
+            from ...rl.models.pretrained import load_tokenizer
+
+            # the package's loader reads a model directory's tokenizer or a GGUF file's own; a GGUF
+            # file holds no generation_config.json, so its tokenizer's EOS is the one there is
+            directory = config.model if Path(config.model).is_dir() else None
+            eos_token_ids = trl_eos_token_ids(load_tokenizer(config.model), directory)
     else:
         built = task
     seed, chat = (0 if seed is None else seed), bool(chat)
