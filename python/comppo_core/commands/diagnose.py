@@ -13,7 +13,8 @@ intervals over responses; then it recommends the gate direction
     comppo-core diagnose --model ~/models/my-sft --task data.jsonl --out diag/mine --prompts 16 --positions 8
 
 The policy is ``--model DIR`` (a local Hugging Face model with its tokenizer: a run's
-``warmstart/`` or ``checkpoint/actor``, a TRL output, yours; ``DIR/task.json``, written with a
+``warmstart/`` or ``checkpoint/actor``, a TRL output, yours; or a GGUF file,
+``--model FILE.gguf``, :mod:`comppo_core.rl.models.gguf`; ``DIR/task.json``, written with a
 run's warm start, gives the task's settings under the flags given, as for ``comppo-core
 evaluate``), ``--init-from DIR`` (a built-in task's saved warm start), or, with neither, the
 built-in task's SFT warm start made here exactly as ``comppo-core train`` and ``compare``
@@ -47,7 +48,7 @@ from typing import Any
 from ..errors import ParameterError
 from ..experiments.pivotality import POSITION_CHOICES
 from ..rl.config import TrainConfig
-from ..rl.models.pretrained import check_model_directory
+from ..rl.models.pretrained import check_model_path
 from ..rl.tasks import TASKS
 from ._argtypes import nonnegative_int, positive_int, unit_float
 from .evaluate import saved_task_settings
@@ -88,8 +89,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "from continuations sampled from the policy, and report how well the attention concentration (every "
             "statistic and layer) and the baselines (position, policy entropy, token NLL, token class) rank the "
             "pivotal tokens: AUC and Spearman with bootstrap CIs over responses, and the gate direction to use. "
-            "The policy: --model DIR, --init-from DIR, or the built-in task's SFT warm start for --seed (as "
-            "train makes it). Writes diagnosis.json, diagnosis.md and diagnosis.png in --out."
+            "The policy: --model DIR (or FILE.gguf), --init-from DIR, or the built-in task's SFT warm start for "
+            "--seed (as train makes it). Writes diagnosis.json, diagnosis.md and diagnosis.png in --out."
         ),
     )
     group = cmd.add_argument_group("diagnose")
@@ -227,7 +228,7 @@ def _config(args: argparse.Namespace, cmd: argparse.ArgumentParser) -> tuple[Tra
     model = given.get("model")
     if model is not None:
         try:
-            model_dir = check_model_directory(model)
+            model_dir = check_model_path(model)
             saved, task_json = saved_task_settings(model_dir)
         except ParameterError as exc:
             usage_error(cmd, exc)

@@ -3,7 +3,8 @@
 ``comppo-core evaluate --model DIR`` loads the causal LM and the tokenizer saved in ``DIR``
 (:func:`comppo_core.rl.models.pretrained.load_policy`, :func:`~comppo_core.rl.models.pretrained.load_tokenizer`:
 a run's ``warmstart/`` or ``checkpoint/actor``, a TRL output directory, any model saved with
-``save_pretrained`` beside its tokenizer), builds each task as the trainer does
+``save_pretrained`` beside its tokenizer), or ``--model FILE.gguf`` the model and tokenizer of
+a GGUF file (:mod:`comppo_core.rl.models.gguf`; no ``task.json`` then), builds each task as the trainer does
 (:func:`comppo_core.rl.tasks.build_task`: a registered task, e.g. the built-in addition
 task, its split fixed by ``--digits``, ``--split-seed`` and ``--heldout-fraction``, or
 ``--task FILE.jsonl``; ``--task`` may be given several times), takes the same evaluation
@@ -58,8 +59,9 @@ and ``macro``. ``problems`` is the number of held-out problems evaluated:
 ``--eval-size`` is an upper bound (a split with fewer problems is evaluated whole: 2024
 for 2-digit addition), so the JSON gives the requested size as ``eval_size_requested``.
 
-Exit status: 0 on success; 2 on a bad flag, a ``--model`` that is not a directory or holds
-no tokenizer, a bad task file or split (one line naming the flag), all checked before
+Exit status: 0 on success; 2 on a bad flag, a ``--model`` that is neither a GGUF file nor a
+directory holding a tokenizer (a training run's directory is refused naming its
+``checkpoint/actor`` and ``warmstart``), a bad task file or split (one line naming the flag), all checked before
 torch is imported where they can be; 1 without the ``[rl]`` extra.
 """
 
@@ -75,7 +77,7 @@ from ..errors import ParameterError
 from ..experiments.pass_at_k import macro
 from ..rl.config import TrainConfig
 from ..rl.engine.evaluation import Sampling, TaskEvaluation, check_batch_size
-from ..rl.models.pretrained import check_model_directory
+from ..rl.models.pretrained import check_model_path
 from ..rl.runs import run_dir
 from ..rl.tasks import TASKS, Task, build_task
 from ..rl.tasks.base import Problem
@@ -107,10 +109,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Register the ``evaluate`` command on the ``comppo-core`` parser."""
     cmd = subparsers.add_parser(
         "evaluate",
-        help="frozen evaluation of a saved model (a run's warmstart/ or checkpoint/actor, a TRL output, yours): "
+        help="frozen evaluation of a saved model (a run's warmstart/ or checkpoint/actor, a TRL output, yours, a "
+        "GGUF file): "
         "held-out greedy accuracy, pass@k with --samples (needs [rl])",
         description=(
-            "Load the model and tokenizer saved in --model DIR, build each --task as the trainer does and print the "
+            "Load the model and tokenizer saved in --model DIR (or the GGUF file --model FILE.gguf), build each "
+            "--task as the trainer does and print the "
             "greedy accuracy on its held-out problems, with --samples N also pass@k (k = 1, 2, 4, ... <= N, the "
             "unbiased estimator), per task and macro-averaged over the tasks. Defaults: DIR/task.json (written "
             "with a run's warm start) for its task, then the TrainConfig defaults; the flags given override both."
@@ -120,7 +124,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--model",
         required=True,
         metavar="DIR",
-        help="a local Hugging Face model directory with its tokenizer (a run's warmstart/ or checkpoint/actor)",
+        help="a local Hugging Face model directory with its tokenizer (a run's warmstart/ or checkpoint/actor), "
+        "or a GGUF file (FILE.gguf: its model and tokenizer, read by transformers' GGUF loader; needs "
+        "comppo-core[gguf])",
     )
     cmd.add_argument(
         "--task",
@@ -240,9 +246,10 @@ def saved_task_settings(model_dir: Path) -> tuple[dict[str, Any], Path | None]:
     """The TrainConfig fields ``model_dir/task.json`` gives defaults for, and the file
     (``({}, None)`` without one). The file is what the trainer writes beside its warm start,
     ``{**task.to_dict(), "tokenizer": tokenizer.to_dict()}``; a file that is not a JSON
-    object is a :class:`~comppo_core.errors.ParameterError` naming ``model``."""
+    object is a :class:`~comppo_core.errors.ParameterError` naming ``model``. A GGUF file
+    (``model_dir`` a file) has none."""
     path = model_dir / "task.json"
-    if not path.is_file():
+    if model_dir.is_file() or not path.is_file():
         return {}, None
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
@@ -354,7 +361,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     t0 = time.perf_counter()
     # ---- everything that needs no torch: the paths, the settings, the tasks and their held-out sets
     try:
-        model_dir = check_model_directory(args.model)
+        model_dir = check_model_path(args.model)
     except ParameterError as exc:
         usage_error(cmd, exc)
     json_path = None if args.json is None else Path(args.json)

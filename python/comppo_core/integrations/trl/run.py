@@ -19,6 +19,11 @@ and writes what the package's trainer writes for ``experiments/report.py``:
   (``initial_eval_accuracy``, ``final_eval_accuracy``, ``eval``, ...) with ``engine: "trl"``;
 * ``model/``: the final policy and its tokenizer (``comppo-core evaluate --model RUN_DIR/model``).
 
+**A GGUF model** (``config.model`` a ``.gguf`` file) is converted once into
+``RUN_DIR/model_from_gguf/`` (:func:`comppo_core.rl.models.gguf.gguf_as_directory`: the plain
+model and its tokenizer, reused on resume) and TRL loads that directory: its trainer loads
+the policy and the reference model with ``from_pretrained`` itself.
+
 **Evaluation** is the package's: greedy decoding of ``task.heldout(eval_size)`` (tuning runs:
 ``task.validation``) with the package's tokenizer of ``config.model``, decoded and rewarded
 as :func:`comppo_core.rl.engine.evaluation.heldout_rewards` does; under a launcher each
@@ -162,6 +167,7 @@ def _train(run_out: Path, stop: Any) -> int:
     import torch
     from transformers import AutoTokenizer, TrainerCallback
 
+    from ...rl.models.gguf import gguf_as_directory, is_gguf_file
     from ...rl.models.pretrained import load_tokenizer
     from ...rl.tasks import build_task
     from .config import CompPOConfig
@@ -171,6 +177,8 @@ def _train(run_out: Path, stop: Any) -> int:
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     model_dir = str(config.model)
+    if is_gguf_file(model_dir):  # TRL loads from_pretrained: a save_pretrained copy (module docstring)
+        model_dir = str(gguf_as_directory(model_dir, run_out / "model_from_gguf"))
     task = build_task(config)
     max_new_tokens = config.max_new_tokens or task.max_new_tokens
     eval_problems = task.validation(config.eval_size) if tuning else task.heldout(config.eval_size)

@@ -10,8 +10,8 @@ loads anything.
   entries only, never other files a user keeps there. :func:`check_out` is the rule.
 * **Paths** of a run's settings are stored absolute (:func:`absolute`), so a run resumes
   from any working directory and with any spelling of its directory.
-* **Inputs.** A fresh run records a SHA-256 fingerprint of its model directory, task file
-  and ``init_from`` directory in ``OUT/inputs.json`` (:func:`fingerprint`: every file's
+* **Inputs.** A fresh run records a SHA-256 fingerprint of its model (a directory or a GGUF
+  file), task file and ``init_from`` directory in ``OUT/inputs.json`` (:func:`fingerprint`: every file's
   relative path, size and content). A resumed run may name a different path for one of
   them only if that path's fingerprint is the recorded one (:func:`check_moved_input`),
   that is, a moved or copied input with the same bytes.
@@ -223,19 +223,33 @@ def check_moved_input(name: str, recorded: dict[str, Any] | None, saved_path: st
 
 def check_paths(config: TrainConfig, *, overwrite: bool) -> None:
     """The run's paths, checked before anything is imported or loaded: ``out`` (not a file;
-    a run there only with resume or overwrite), ``model`` and ``init_from`` (directories;
-    ``model`` with a tokenizer, and a chat template for ``chat_template``), ``task`` (a
-    file); ``report_to``'s package installed. A ParameterError naming the setting otherwise."""
+    a run there only with resume or overwrite), ``model`` (a directory with a tokenizer, or
+    a GGUF file: its magic bytes; either with a chat template for ``chat_template``),
+    ``init_from`` (a directory), ``task`` (a file); ``report_to``'s package installed. A
+    ParameterError naming the setting otherwise."""
+    from ..models.gguf import check_gguf_file, gguf_metadata, is_gguf_file
     from ..models.pretrained import TOKENIZER_FILES
     from ..tasks import task_entry
 
     if config.out is not None:
         check_out(config.out, resume=config.resume, overwrite=overwrite)
-    for name in ("model", "init_from"):
-        path = getattr(config, name)
-        if path is not None and not Path(path).is_dir():
-            raise ParameterError(f"{name}: expected a local model directory, got {path!r}", argument=name)
-    if config.model is not None:
+    if config.model is not None and is_gguf_file(config.model):
+        check_gguf_file(config.model)
+        if config.chat_template and not gguf_metadata(config.model, ("tokenizer.chat_template",)):
+            raise ParameterError(
+                f"chat_template: the GGUF file {config.model!r} has no chat template (tokenizer.chat_template); "
+                "drop --chat-template to encode prompts as plain text",
+                argument="chat_template",
+            )
+    elif config.model is not None and not Path(config.model).is_dir():
+        raise ParameterError(
+            f"model: expected a local model directory or a GGUF file, got {config.model!r}", argument="model"
+        )
+    if config.init_from is not None and not Path(config.init_from).is_dir():
+        raise ParameterError(
+            f"init_from: expected a local model directory, got {config.init_from!r}", argument="init_from"
+        )
+    if config.model is not None and not is_gguf_file(config.model):
         model = Path(config.model)
         if not any((model / f).is_file() for f in TOKENIZER_FILES):
             raise ParameterError(
