@@ -267,3 +267,14 @@ def test_math_answer_as_a_saved_datasets_reward(tmp_path: Path) -> None:
     got = task.rewards(problems, ["the sum is 0", "#### 2", "#### 5"], [True, True, True])
     assert got == [1.0, 1.0, 0.0]
     assert task.rewards(problems[:1], ["the sum is 0"], [False]) == [0.0]  # no EOS
+
+
+def test_a_jsonl_tasks_record_names_what_checks_its_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from comppo_core.rl.tasks.jsonl import JsonlTask
+
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": i + 1}) + "\n" for i in range(40)))
+    if math_verify_available():
+        assert JsonlTask(path).to_dict()["answer_check"].startswith("math-verify ")
+    no_math_verify(monkeypatch)
+    assert JsonlTask(path).to_dict()["answer_check"] == "hand"  # a run's rewards depend on it: task.json says

@@ -28,6 +28,7 @@ from comppo_core.rl.gate_direction import (
     task_identity,
 )
 from comppo_core.rl.tasks import TASKS, build_task
+from comppo_core.rl.tasks.answers import answer_check
 from comppo_core.rl.tasks.jsonl import JsonlTask
 
 
@@ -87,7 +88,8 @@ def test_a_file_task_is_compared_by_its_file_name(tmp_path: Path) -> None:
     rows = tmp_path / "add.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": i + 1}) + "\n" for i in range(20)))
     recorded = JsonlTask(str(rows)).to_dict()
-    assert task_identity(recorded) == {"name": "jsonl", "path": "add.jsonl"}
+    # the answer check is the task's too: a diagnosis rewarded by math-verify is not one rewarded by the hand rule
+    assert task_identity(recorded) == {"name": "jsonl", "path": "add.jsonl", "answer_check": answer_check()}
     # the diagnosis ran elsewhere (a relative path); the run names the file by its absolute path
     check_diagnosis_task(diagnosis(tmp_path, {**recorded, "path": "data/add.jsonl"}), recorded)
     with pytest.raises(ParameterError, match="path: 'other.jsonl' there, 'add.jsonl' here") as info:

@@ -67,6 +67,7 @@ __all__ = [
     "METHODS",
     "PARSE_TIMEOUT_S",
     "VERIFY_TIMEOUT_S",
+    "answer_check",
     "answers_match",
     "extract_answer",
     "is_correct",
@@ -168,6 +169,19 @@ def _hand(response: str, answer: str) -> bool:
 def math_verify_available() -> bool:
     """Whether ``math_verify`` imports (the ``[rl]`` extra installs it)."""
     return _import_math_verify() is not None
+
+
+def answer_check() -> str:
+    """What decides an answer here, for a task's ``to_dict``: ``"math-verify X.Y.Z"`` when it
+    imports, else ``"hand"`` (the fallback rule)."""
+    if not math_verify_available():
+        return "hand"
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"math-verify {version('math-verify')}"
+    except PackageNotFoundError:  # importable but not installed as a distribution (a source tree)
+        return "math-verify"
 
 
 def _import_math_verify() -> Any:

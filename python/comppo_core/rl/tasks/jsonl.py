@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ParameterError
-from .answers import answers_match, extract_answer, is_correct, normalize, parse_number
+from .answers import answer_check, answers_match, extract_answer, is_correct, normalize, parse_number
 from .base import HashSplit, Problem, rewards_of
 
 __all__ = ["JsonlTask", "answers_match", "extract_answer", "normalize", "parse_number", "verify"]
@@ -125,6 +125,8 @@ class JsonlTask:
             "split_seed": self.split_seed,
             "heldout_fraction": self.heldout_fraction,
             **({"validation_fraction": self.validation_fraction} if self.validation_fraction else {}),
+            # the rewards depend on it: math-verify's verdicts and the hand rule's differ (docs/answers.md)
+            "answer_check": answer_check(),
         }
 
 
