@@ -36,10 +36,9 @@ for every task of a user's model). The answer formats (``answer_format``):
 
 * ``"plain"`` (the default): ``"Answer with just the final answer."``; the answer is the
   whole response, stripped of surrounding whitespace;
-* ``"tag"`` (reasoning-gym's own convention, for a model that reasons first): ``"Think it
-  through, then give only the final answer between <answer> and </answer> tags."``; the
-  answer is the last tag's content (``reasoning_gym.utils.extract_answer``), none without a
-  tag.
+* ``"tag"`` (reasoning-gym's own convention, for a model that reasons first): ``"Give the
+  final answer between <answer> and </answer> tags."``; the answer is the last tag's content
+  (``reasoning_gym.utils.extract_answer``), none without a tag.
 
 On SmolLM2-135M-Instruct ``plain`` scored higher on the validation problems of every task
 measured (docs/experiments/smollm2-task-accuracy.md), hence the default.
@@ -92,7 +91,7 @@ INSTALL = 'pip install "comppo-core[reasoning-gym]"'
 #: The answer formats: the instruction that follows the question.
 ANSWER_FORMATS: dict[str, str] = {
     "plain": "Answer with just the final answer.",
-    "tag": "Think it through, then give only the final answer between <answer> and </answer> tags.",
+    "tag": "Give the final answer between <answer> and </answer> tags.",
 }
 #: The answer format without the option (measured: docs/experiments/smollm2-task-accuracy.md).
 DEFAULT_ANSWER_FORMAT = "plain"
