@@ -196,7 +196,6 @@ def test_an_old_gguf_package_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
         gguf.require_gguf_packages()
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # transformers' GGUF import of its tokenizer converters
 def test_an_architecture_transformers_cannot_load_is_named(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
