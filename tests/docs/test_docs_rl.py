@@ -150,5 +150,5 @@ def test_training_doc_settings_table_says_what_help_says() -> None:
     training = (DOC.parent / "training.md").read_text(encoding="utf-8")
     rows = dict(re.findall(r"^\| `--([a-z0-9-]+)` \| `[^`]*` \| (.*) \|$", training, flags=re.MULTILINE))
     for f in dataclasses.fields(TrainConfig):
-        flag = f.name.replace("_", "-")
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))[2:]
         assert rows.get(flag) == f.metadata["help"], f"docs/training.md: --{flag}'s meaning is not its help text"

@@ -239,12 +239,7 @@ def test_the_checker_splits_tables_and_lists_into_their_own_units() -> None:
 #: violations in docs this change could not edit (another session's file), each with the mend
 #: asked for. A listed violation that no longer occurs fails the test, so that its entry goes
 #: when the doc is mended; nothing else may be added here without such a reason.
-PENDING: dict[tuple[str, str, str], str] = {
-    ("docs/trl.md", "tests/integrations/test_trl_backends.py", "4a293ab"): (
-        "the backends' figures name 4a293ab, their test file came in 03c7ca8: name 03c7ca8 (asked for in "
-        "helper H6's report on issue 54)"
-    ),
-}
+PENDING: dict[tuple[str, str, str], str] = {}
 
 
 def test_every_commit_the_docs_name_exists_and_holds_its_scripts() -> None:
