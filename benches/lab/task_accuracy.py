@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct's sample accuracy on reasoning-gym tasks and on one-digit addition, per answer format.
 
-Run (2 threads; about 10 minutes on a quiet 2-core CPU with the defaults)::
+Run (2 threads)::
 
     OMP_NUM_THREADS=2 python benches/lab/task_accuracy.py [--model FILE.gguf|DIR] [--json FILE]
 
@@ -17,15 +17,17 @@ validation rows, 20 of them at that split).
 
 **Samples.** ``--samples`` responses per problem at temperature 1 (top-p 1), each drawn with the
 package's keyed sampler (:func:`comppo_core.rl.engine.sampling.row_keys`, seed 0), prompts
-through the model's chat template, ``--max-new-tokens`` per answer format (:data:`BUDGET`), the
-reward the task's verifier (0 unless the response stopped at EOS).
+through the model's chat template, the new-token budget of :data:`BUDGET` (the largest of the
+formats that share a prompt), the reward the task's verifier (0 unless the response stopped at
+EOS). The answer formats of :mod:`comppo_core.rl.tasks.reasoning_gym` whose prompts are the same
+(``plain`` and ``final``) are scored on the same samples; ``tag`` has its own.
 
 **Columns.** ``score``: the mean reward (reasoning-gym's partial credit included); ``pass@1``:
 the share of samples scored 1 (:data:`~comppo_core.experiments.pass_at_k.PASS_REWARD`, the
 "correct" of ``comppo-core evaluate --samples``); ``pass@k``: the unbiased estimator over the
 ``--samples`` per problem; ``EOS``: the share of samples that stopped at EOS within the budget;
-``s``: seconds of generation. Each answer format of :mod:`comppo_core.rl.tasks.reasoning_gym`
-(``plain``, ``tag``) is a row; ``add1`` has its own prompt (``plain``).
+``s``: seconds of generation (of the shared samples). ``add1`` has its own prompt and the JSONL
+task's verifier (``plain`` in the table).
 """
 
 from __future__ import annotations
@@ -58,12 +60,16 @@ TASKS: dict[str, dict[str, Any]] = {
     "leg_counting": {"min_animals": 1, "max_animals": 2, "max_instances": 3},
     "letter_counting": {"min_words": 1, "max_words": 3},
     "spell_backward": {"min_word_len": 3, "max_word_len": 4},
-    "count_bits": {"max_n": 32},
+    "count_bits": {"max_n": 1000},
     "gsm_symbolic": {},
     "number_sorting": {"min_numbers": 3, "max_numbers": 3, "max_decimals": 0, "min_value": 0, "max_value": 20},
 }
+#: The tasks measured by default (gsm_symbolic and number_sorting: with ``--tasks``; their prompts are long).
+DEFAULT_TASKS = [
+    "basic_arithmetic", "chain_sum", "leg_counting", "letter_counting", "spell_backward", "count_bits", "add1",
+]  # fmt: skip
 #: Response budget (new tokens) per answer format.
-BUDGET = {"plain": 32, "tag": 64}
+BUDGET = {"plain": 32, "final": 32, "tag": 64}
 #: The one-digit addition prompt (the issue's).
 ADD1_PROMPT = "What is {a} + {b}? Answer with just the number."
 
@@ -104,8 +110,11 @@ def add1_task(root: Path) -> Any:
     return JsonlTask(path, validation_fraction=0.2)
 
 
-def measure(policy: Any, tok: Any, task: Any, problems: list[Any], samples: int, budget: int, batch: int) -> dict:
-    """Samples of every problem: their rewards and EOS flags, and the summary numbers."""
+def measure(policy: Any, tok: Any, tasks: dict[str, Any], problems: list[Any], samples: int, budget: int,
+            batch: int) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """``samples`` responses to every problem (the prompts of every task in ``tasks``, answer
+    format → task, are the same: one generation, scored by each task's verifier); per format,
+    the summary numbers and the first sample of the first two problems."""
     import torch
 
     from comppo_core.experiments.pass_at_k import pass_at_k, passed
@@ -113,9 +122,10 @@ def measure(policy: Any, tok: Any, task: Any, problems: list[Any], samples: int,
     from comppo_core.rl.engine.evaluation import sampling_stream
     from comppo_core.rl.engine.sampling import row_keys
 
+    first = next(iter(tasks.values()))
     rows = [(i, j) for i in range(len(problems)) for j in range(samples)]
     width = rollout.prompt_width(tok, problems)
-    rewards: list[float] = []
+    rewards: dict[str, list[float]] = {fmt: [] for fmt in tasks}
     finished: list[bool] = []
     texts: list[str] = []
     t0 = time.perf_counter()
@@ -125,27 +135,31 @@ def measure(policy: Any, tok: Any, task: Any, problems: list[Any], samples: int,
             chunk = [problems[i] for i, _ in keyed]
             ids, _, w, in_response = rollout.generate(
                 policy, tok, chunk, max_new_tokens=budget, device=torch.device("cpu"), sample=True,
-                temperature=1.0, top_p=1.0, keys=row_keys(0, sampling_stream(task), keyed), width=width,
+                temperature=1.0, top_p=1.0, keys=row_keys(0, sampling_stream(first), keyed), width=width,
             )  # fmt: skip
             out, fin = rollout.decode(tok, ids, w, in_response)
-            rewards += [float(r) for r in task.rewards(chunk, out, fin.tolist())]
+            for fmt, task in tasks.items():
+                rewards[fmt] += [float(r) for r in task.rewards(chunk, out, fin.tolist())]
             finished += fin.tolist()
             texts += out
     seconds = time.perf_counter() - t0
-    per = np.array(rewards).reshape(len(problems), samples)
-    correct = [sum(passed(float(r)) for r in row) for row in per]
-    return {
-        "problems": len(problems),
-        "samples": samples,
-        "max_new_tokens": budget,
-        "score": float(per.mean()),
-        "pass@1": float(np.mean([passed(float(r)) for r in rewards])),
-        f"pass@{samples}": float(np.mean([pass_at_k(samples, c, samples) for c in correct])),
-        "eos": float(np.mean(finished)),
-        "seconds": seconds,
-        "examples": [{"prompt": problems[i].prompt, "answer": problems[i].answer, "response": texts[k],
-                      "reward": rewards[k]} for k, (i, _) in enumerate(rows[: 2 * samples : samples])],
-    }  # fmt: skip
+    results = {}
+    for fmt, got in rewards.items():
+        per = np.array(got).reshape(len(problems), samples)
+        correct = [sum(passed(float(r)) for r in row) for row in per]
+        results[fmt] = {
+            "problems": len(problems),
+            "samples": samples,
+            "max_new_tokens": budget,
+            "score": float(per.mean()),
+            "pass@1": float(np.mean([passed(float(r)) for r in got])),
+            f"pass@{samples}": float(np.mean([pass_at_k(samples, c, samples) for c in correct])),
+            "eos": float(np.mean(finished)),
+            "seconds": seconds,
+            "examples": [{"prompt": problems[i].prompt, "answer": problems[i].answer, "response": texts[k],
+                          "reward": got[k]} for k, (i, j) in enumerate(rows) if j == 0 and i < 2],
+        }  # fmt: skip
+    return results
 
 
 def main() -> int:
@@ -154,14 +168,14 @@ def main() -> int:
     parser.add_argument("--problems", type=int, default=64, help="validation problems per task (default 64)")
     parser.add_argument("--samples", type=int, default=4, help="samples per problem (default 4)")
     parser.add_argument("--batch", type=int, default=256, help="rows per generate call (default 256)")
-    parser.add_argument("--tasks", nargs="*", default=[*TASKS, "add1"], help="which tasks (default: all)")
-    parser.add_argument("--formats", nargs="*", default=list(BUDGET), help="answer formats (default: plain tag)")
+    parser.add_argument("--tasks", nargs="*", default=DEFAULT_TASKS, help="which tasks (default: %(default)s)")
+    parser.add_argument("--formats", nargs="*", default=list(BUDGET), help="answer formats (default: %(default)s)")
     parser.add_argument("--json", type=Path, default=None, help="also write every number and two examples per row")
     args = parser.parse_args()
 
     import torch
 
-    from comppo_core.rl.tasks.reasoning_gym import ReasoningGymTask
+    from comppo_core.rl.tasks.reasoning_gym import ANSWER_FORMATS, ReasoningGymTask
 
     threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
     torch.set_num_threads(threads)
@@ -175,24 +189,31 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.tasks:
-            formats = ["plain"] if name == "add1" else args.formats
-            for fmt in formats:
-                if name == "add1":
-                    task, settings = add1_task(Path(tmp)), {}
-                else:
-                    settings = TASKS[name]
+            if name == "add1":
+                groups = [{"plain": add1_task(Path(tmp))}]
+                settings: dict[str, Any] = {}
+            else:  # the formats that share a prompt share one generation
+                settings = TASKS[name]
+                by_prompt: dict[str, dict[str, Any]] = {}
+                for fmt in args.formats:
                     task = ReasoningGymTask(name, options={**settings, "answer_format": fmt}, validation_fraction=0.2)
-                problems = task.validation(args.problems)
-                row = measure(policy, tok, task, problems, args.samples, BUDGET[fmt], args.batch)
-                row.update(task=name, settings=settings, format=fmt)
-                results.append(row)
-                shown = ", ".join(f"{k}={v}" for k, v in settings.items()) or "defaults"
-                print(
-                    f"| {name} | {shown} | {fmt} | {row['problems']} × {row['samples']} | {100 * row['score']:.1f}% | "
-                    f"{100 * row['pass@1']:.1f}% | {100 * row[f'pass@{args.samples}']:.1f}% | "
-                    f"{100 * row['eos']:.0f}% | {row['seconds']:.0f} |",
-                    flush=True,
-                )
+                    by_prompt.setdefault(ANSWER_FORMATS[fmt], {})[fmt] = task
+                groups = list(by_prompt.values())
+            for group in groups:
+                first = next(iter(group.values()))
+                problems = first.validation(args.problems)
+                budget = max(BUDGET[fmt] for fmt in group)
+                measured = measure(policy, tok, group, problems, args.samples, budget, args.batch)
+                for fmt, row in measured.items():
+                    row.update(task=name, settings=settings, format=fmt)
+                    results.append(row)
+                    shown = ", ".join(f"{k}={v}" for k, v in settings.items()) or "defaults"
+                    print(
+                        f"| {name} | {shown} | {fmt} | {row['problems']} × {row['samples']} | "
+                        f"{100 * row['score']:.1f}% | {100 * row['pass@1']:.1f}% | "
+                        f"{100 * row[f'pass@{args.samples}']:.1f}% | {100 * row['eos']:.0f}% | {row['seconds']:.0f} |",
+                        flush=True,
+                    )
     total = time.perf_counter() - t0
     print(f"{total:.0f} s in all; commit {commit}; {platform.processor() or platform.machine()}")
     if args.json is not None:

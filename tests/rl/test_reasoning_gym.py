@@ -6,7 +6,8 @@ a bad option or name is refused naming ``task_option`` / ``task`` (a missing pac
 how to install it); the reward is the dataset's ``score_answer`` of the extracted answer on
 right, wrong, partial and unfinished responses, in both answer formats; the options
 survive config.json and task.json; and a tiny random Llama with a character tokenizer
-trains one step on ``reasoning_gym:chain_sum``, with and without the chat template.
+trains one step on ``reasoning_gym:chain_sum``, with and without the chat template, and
+``comppo-core evaluate --samples`` reports pass@k of the saved policy on the run's task.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def test_evaluate_reads_the_options_back_from_task_json(tmp_path: Path) -> None:
         ),
         ({"seed": 3}, "other than 'seed' \\(the split seeds its generators"),
         ({"min_terms": 0}, "refused the settings min_terms=0: AssertionError"),
-        ({"answer_format": "xml"}, "answer_format to be one of plain, tag, got 'xml'"),
+        ({"answer_format": "xml"}, "answer_format to be one of plain, final, tag, got 'xml'"),
         ({"size": 0}, "size .* positive integer, got 0"),
     ],
 )
@@ -214,10 +215,44 @@ def test_the_tag_format_reads_the_last_answer_tag() -> None:
     assert extract("no tag", "tag") is None and extract(" 5 \n", "plain") == "5"
 
 
-def test_a_problem_the_task_did_not_draw_is_refused() -> None:
+@pytest.mark.parametrize(
+    ("response", "answer"),
+    [
+        ("5 - 2 = 3", "3"),  # no marker: the last number
+        ("The final answer is 11.", "11"),
+        ("Final answer: tfab.", "tfab"),  # after the last "answer:", one trailing "." dropped
+        ("The answer is: tfab.", "The answer is: tfab"),  # "answer is:" is no marker
+        ("It is 1,250 apples", "1,250"),
+        ("no digits", "no digits"),  # no marker, no number: the whole response
+    ],
+)
+def test_the_final_format_reads_the_final_answer(response: str, answer: str) -> None:
+    assert extract(response, "final") == answer
+
+
+def test_the_final_format_scores_the_final_answer() -> None:
+    task = task_of(options={**CHAIN, "answer_format": "final"})
+    plain = task_of()
+    for p in task.heldout(10):
+        assert p in plain.heldout(10)  # the same prompt and problems as plain's
+        wrong = f"{p.answer} + 1 = {int(p.answer) + 1}"  # the last number is the final answer
+        assert task.reward(p, f"So {p.answer}", True) == 1.0 and task.reward(p, wrong, True) == 0.0
+        assert plain.reward(p, f"So {p.answer}", True) < 1.0
+        assert task.reward(p, f"So {p.answer}", False) == 0.0
+
+
+def test_a_problem_no_task_of_the_settings_drew_is_refused() -> None:
     task = task_of()
-    with pytest.raises(ParameterError, match="^problem: expected a problem this reasoning_gym:chain_sum task drew"):
+    match = "^problem: expected a problem a reasoning_gym:chain_sum task of these settings drew"
+    with pytest.raises(ParameterError, match=match) as info:
         task.reward(Problem("What is 1 + 1?", "2", "2"), "2", True)
+    assert info.value.argument == "problem"
+    other = task_of(options={"min_terms": 2, "max_terms": 2, "min_digits": 3, "max_digits": 3})  # other settings
+    (p,) = other.heldout(1)
+    with pytest.raises(ParameterError, match=match):
+        task.reward(p, p.answer, True)
+    fresh = task_of()  # the same settings: it scores what the first task drew
+    assert fresh.reward(task.heldout(1)[0], task.heldout(1)[0].answer, True) == 1.0
 
 
 def test_a_verifier_that_raises_scores_zero(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -298,6 +333,16 @@ def test_one_step_of_training_on_a_tiny_model(model_dir: Path, tmp_path: Path, c
     steps = [r for r in rows if r.get("reward_mean") is not None]
     assert [r["step"] for r in steps] == [0] and 0.0 <= steps[0]["reward_mean"] <= 1.0
     assert 0.0 <= summary["final_eval_accuracy"] <= 1.0
-    saved, _ = saved_task_settings(tmp_path / "run" / "checkpoint" / "actor")  # a model: no warm start
+    actor = tmp_path / "run" / "checkpoint" / "actor"  # a model: no warm start
+    saved, _ = saved_task_settings(actor)
     assert saved["task"] == "reasoning_gym:chain_sum" and saved["task_options"] == options
     assert saved["chat_template"] is chat_template
+    # comppo-core evaluate --samples on the saved policy: its task.json's task, pass@k over the samples
+    from comppo_core import cli
+
+    report = tmp_path / "eval.json"
+    assert cli.main(["evaluate", "--model", str(actor), "--samples", "4", "--json", str(report)]) == 0
+    (result,) = json.loads(report.read_text())["tasks"].values()
+    assert {k: result["task"][k] for k in build_task(config).to_dict()} == build_task(config).to_dict()
+    assert result["problems"] == 3 and result["n"] == 4
+    assert 0.0 <= result["pass@1"] <= result["pass@2"] <= result["pass@4"] <= 1.0

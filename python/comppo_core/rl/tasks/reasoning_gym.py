@@ -34,14 +34,20 @@ whatever is drawn, and a question two generators both make lands on one side.
 ``--chat-template`` the tokenizer renders that text as one user turn (the trainer does, as
 for every task of a user's model). The answer formats (``answer_format``):
 
-* ``"plain"`` (the default): ``"Answer with just the final answer."``; the answer is the
-  whole response, stripped of surrounding whitespace;
+* ``"plain"``: ``"Answer with just the final answer."``; the answer is the whole response,
+  stripped of surrounding whitespace;
+* ``"final"``: the same instruction; the answer is the response's final answer as the JSONL
+  task's hand rule reads it (:func:`comppo_core.rl.tasks.answers.extract_answer`: the text
+  after the last ``"answer:"`` or ``"####"``, else the last number, else the whole
+  response), normalised (:func:`~comppo_core.rl.tasks.answers.normalize`: whitespace runs
+  to one space, one trailing ``.`` dropped): ``"5 - 2 = 3"`` answers ``3``, ``"Final
+  answer: tfab."`` answers ``tfab``;
 * ``"tag"`` (reasoning-gym's own convention, for a model that reasons first): ``"Give the
   final answer between <answer> and </answer> tags."``; the answer is the last tag's content
   (``reasoning_gym.utils.extract_answer``), none without a tag.
 
-On SmolLM2-135M-Instruct ``plain`` scored higher on the validation problems of every task
-measured (docs/experiments/smollm2-task-accuracy.md), hence the default.
+The default is chosen on SmolLM2-135M-Instruct's validation problems
+(docs/experiments/smollm2-task-accuracy.md).
 
 **Reward.** 0 unless the response stopped at EOS (as every task); else
 ``score_answer(extracted, entry)``, the dataset's verifier on the entry the problem came
@@ -55,8 +61,10 @@ one, and the critic arms' value targets are the same scores. The pass@k of
 (:data:`~comppo_core.experiments.pass_at_k.PASS_REWARD`); the printed accuracy is the mean
 greedy score, partial scores included.
 
-The task remembers the entry of every question it drew (the verifier may read the entry's
-metadata), so it scores problems it drew itself: a problem it never drew is a
+The verifier may read the entry's metadata, so every question drawn is remembered with its
+entry, per process, for the dataset and settings that made it (:data:`_ENTRIES`): a task
+scores the problems that it, or another task of the same dataset and settings (another
+answer format, a second ``dataset_and_rewards`` call), drew; a problem none drew is a
 :class:`~comppo_core.errors.ParameterError` naming ``problem``.
 """
 
@@ -91,18 +99,22 @@ INSTALL = 'pip install "comppo-core[reasoning-gym]"'
 #: The answer formats: the instruction that follows the question.
 ANSWER_FORMATS: dict[str, str] = {
     "plain": "Answer with just the final answer.",
+    "final": "Answer with just the final answer.",
     "tag": "Give the final answer between <answer> and </answer> tags.",
 }
 #: The answer format without the option (measured: docs/experiments/smollm2-task-accuracy.md).
 DEFAULT_ANSWER_FORMAT = "plain"
 #: Response budget per answer format when the config gives none.
-MAX_NEW_TOKENS = {"plain": 32, "tag": 128}
+MAX_NEW_TOKENS = {"plain": 32, "final": 32, "tag": 128}
 #: Entries of each generator without the ``size`` option.
 DEFAULT_SIZE = 10_000
 #: The options the package adds to a dataset's settings.
 OWN_OPTIONS = ("answer_format",)
 #: The dataset settings that are not options: the split seeds the generators.
 FIXED_SETTINGS = ("seed",)
+#: (dataset, its settings as JSON) → question → the entry that asked it: every entry drawn in this
+#: process (entries are a fixed function of the dataset, its settings, a seed and an index).
+_ENTRIES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
 #: Side → the stream of its generator's seed.
 _STREAM: dict[Side, int] = {"train": 0, "validation": 1, "heldout": 2}
 
@@ -216,13 +228,19 @@ def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def extract(response: str, answer_format: str) -> str | None:
-    """The answer in ``response``: the stripped response (``plain``), or the last
+    """The answer in ``response`` (module docstring): the stripped response (``plain``), its
+    final answer by the JSONL task's hand rule, normalised (``final``), or the last
     ``<answer>…</answer>`` tag's stripped content, None without one (``tag``)."""
     if answer_format == "tag":
         from reasoning_gym.utils import extract_answer  # type: ignore[import-untyped]
 
         found: str | None = extract_answer(response)
         return found
+    if answer_format == "final":
+        from .answers import extract_answer as final_answer
+        from .answers import normalize
+
+        return normalize(final_answer(response))
     return response.strip()
 
 
@@ -262,8 +280,8 @@ class ReasoningGymTask:
         self._generators: dict[Side, Any] = {}
         self._drawn: dict[tuple[Side, int], tuple[Problem, Side]] = {}
         self._lists: dict[Side, tuple[list[Problem], int]] = {}
-        #: prompt → the entry it came from (the verifier's input)
-        self._entries: dict[str, dict[str, Any]] = {}
+        #: question → the entry that asked it (the verifier's input), shared by the tasks of these settings
+        self._entries = _ENTRIES.setdefault((self.dataset, json.dumps(self.settings, sort_keys=True)), {})
 
     # ---- the generators
 
@@ -292,7 +310,7 @@ class ReasoningGymTask:
             answer = "" if entry.get("answer") is None else str(entry["answer"])
             solution = f"<answer>{answer}</answer>" if self.answer_format == "tag" else answer
             problem = Problem(self.prompt(question), answer, solution)
-            self._entries.setdefault(problem.prompt, entry)
+            self._entries.setdefault(question.rstrip(), entry)
             self._drawn[key] = (problem, self.split.side(question))
         return self._drawn[key]
 
@@ -346,11 +364,13 @@ class ReasoningGymTask:
     def entry(self, problem: Problem) -> dict[str, Any]:
         """The reasoning-gym entry ``problem`` came from; a ParameterError naming ``problem``
         for a problem this task did not draw."""
-        found = self._entries.get(problem.prompt)
+        suffix = f"\n\n{ANSWER_FORMATS[self.answer_format]}"
+        prompt = problem.prompt
+        found = self._entries.get(prompt[: -len(suffix)]) if prompt.endswith(suffix) else None
         if found is None:
             raise ParameterError(
-                f"problem: expected a problem this {self.name} task drew (sample, validation or heldout: its "
-                f"verifier reads the entry), got the prompt {problem.prompt[:80]!r}",
+                f"problem: expected a problem a {self.name} task of these settings drew (sample, validation or "
+                f"heldout: its verifier reads the entry), got the prompt {problem.prompt[:80]!r}",
                 argument="problem",
             )
         return found
