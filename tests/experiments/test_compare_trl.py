@@ -114,7 +114,7 @@ def test_a_trl_config_field_compare_sets_is_refused_naming_the_flag(tmp_path: Pa
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        ([], r"--model: expected a local Hugging Face model directory with --engine trl"),
+        ([], r"--model: expected a local Hugging Face model directory or a GGUF file with --engine trl"),
         (["--warmup-sft-steps", "5"], r"--warmup-sft-steps: not with --engine trl"),
         (["--kl-kind", "k2"], r"--kl-kind: expected k3 with --engine trl"),
         (["--jobs", "2"], r"--jobs: expected 1 with --engine trl"),

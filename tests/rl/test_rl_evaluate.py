@@ -483,7 +483,7 @@ def task_json_with_bad_digits(d: Path) -> None:
         (
             ["--model", "{model}", "--task", "sums.csv"],
             None,
-            r"--task: expected addition, chain, filler_addition or a path to a .jsonl file",
+            r"--task: expected addition, chain, filler_addition, reasoning_gym:NAME or a path to a .jsonl file",
         ),
         (["--model", "{model}", "--task", "{nowhere}.jsonl"], None, r"--task: expected a JSONL file, got '.*'"),
         (
@@ -505,7 +505,7 @@ def task_json_with_bad_digits(d: Path) -> None:
         (
             ["--model", "{model}", "--task", "addition", "--task", "nope", "--samples", "4"],
             None,
-            r"--task: expected addition, chain, filler_addition or a path to a .jsonl file.*, got 'nope'",
+            r"--task: expected addition, chain, filler_addition, reasoning_gym:NAME or a path to a .jsonl file.*, got 'nope'",
         ),
         (["--model", "{model}", "--task", "chain", "--task", "chain"], None, r"--task: expected each task once"),
         (

@@ -175,8 +175,8 @@ def check_config(config: TrainConfig, defaults: TrainConfig | None = None) -> No
     defaults = TrainConfig() if defaults is None else defaults
     if config.model is None:
         raise ParameterError(
-            "model: expected a local Hugging Face model directory with --engine trl (every run starts from it), "
-            "got none",
+            "model: expected a local Hugging Face model directory or a GGUF file with --engine trl (every run "
+            "starts from it), got none",
             argument="model",
         )
     for name, why in NOT_ON_TRL.items():
