@@ -158,6 +158,7 @@ def measure(policy: Any, tok: Any, tasks: dict[str, Any], problems: list[Any], s
             "seconds": seconds,
             "examples": [{"prompt": problems[i].prompt, "answer": problems[i].answer, "response": texts[k],
                           "reward": got[k]} for k, (i, j) in enumerate(rows) if j == 0 and i < 2],
+            "responses": [[i, j, texts[k], finished[k], got[k]] for k, (i, j) in enumerate(rows)],
         }  # fmt: skip
     return results
 
@@ -170,7 +171,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=256, help="rows per generate call (default 256)")
     parser.add_argument("--tasks", nargs="*", default=DEFAULT_TASKS, help="which tasks (default: %(default)s)")
     parser.add_argument("--formats", nargs="*", default=list(BUDGET), help="answer formats (default: %(default)s)")
-    parser.add_argument("--json", type=Path, default=None, help="also write every number and two examples per row")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also write every number, two examples per row and every response"
+    )
     args = parser.parse_args()
 
     import torch

@@ -508,11 +508,11 @@ def test_a_reasoning_gym_dataset_and_its_reward_on_trl(ascii_model: Path, tmp_pa
     problems: list[Problem] = []
     ids: list[list[int]] = []
     for p in task.heldout(4):  # right, wrong, partial (the answer among other text), right but cut short
-        for text, finished in ((p.answer, True), ("x", True), (f"it is {p.answer}", True), (p.answer, False)):
+        for text, finished in ((p.answer, True), ("x", True), (f"{p.answer} or 100000", True), (p.answer, False)):
             problems.append(p)
             ids.append(tok.encode(text) + ([2] if finished else []))
     expected = package_rewards(task, tok, problems, ids)
-    partial = [task._generator("train").score_answer(f"it is {p.answer}", task.entry(p)) for p in problems[::4]]
+    partial = [task._generator("train").score_answer(f"{p.answer} or 100000", task.entry(p)) for p in problems[::4]]
     assert expected[0::4] == [1.0] * 4 and expected[1::4] == [0.0] * 4 and expected[3::4] == [0.0] * 4
     assert expected[2::4] == [float(np.float32(s)) for s in partial] and all(0.0 < s < 1.0 for s in partial)
     on_trl = trl_call(reward, hf, [p.prompt for p in problems], problems, ids)  # float64 there, float32 in a rollout

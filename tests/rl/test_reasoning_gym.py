@@ -26,7 +26,7 @@ from comppo_core.errors import ParameterError
 from comppo_core.rl.config import TrainConfig
 from comppo_core.rl.tasks import TASKS, build_task, task_entry
 from comppo_core.rl.tasks.base import HashSplit, Problem
-from comppo_core.rl.tasks.reasoning_gym import ANSWER_FORMATS, DEFAULT_SIZE, ReasoningGymTask, extract
+from comppo_core.rl.tasks.reasoning_gym import ANSWER_FORMATS, DEFAULT_SIZE, ReasoningGymTask, readings
 
 CHAIN = {"min_terms": 2, "max_terms": 3, "max_digits": 2, "size": 6000}
 
@@ -184,8 +184,8 @@ def test_the_config_needs_a_model() -> None:
 # the reward
 
 
-def test_the_reward_is_score_answer_of_the_extracted_answer() -> None:
-    task = task_of("basic_arithmetic", options={"max_terms": 3, "max_digits": 2})
+def test_the_reward_is_score_answer_of_the_whole_response_in_the_plain_format() -> None:
+    task = task_of("basic_arithmetic", options={"max_terms": 3, "max_digits": 2, "answer_format": "plain"})
     scorer = rg.create_dataset("basic_arithmetic", seed=0)
     for p in task.heldout(30):
         entry, answer = task.entry(p), p.answer
@@ -202,6 +202,50 @@ def test_the_reward_is_score_answer_of_the_extracted_answer() -> None:
         assert task.rewards([p, p], [answer, partial], [True, True]) == [1.0, expected]
 
 
+def test_the_final_format_scores_the_better_of_two_readings() -> None:
+    task = task_of("basic_arithmetic", options={"max_terms": 3, "max_digits": 2})  # the default format
+    assert task.answer_format == "final"
+    scorer = rg.create_dataset("basic_arithmetic", seed=0)
+    for p in task.heldout(30):
+        entry, answer = task.entry(p), p.answer
+        assert task.reward(p, answer, True) == 1.0 == task.reward(p, f"{p.prompt[10:20]} = {answer}.", True)
+        assert task.reward(p, f"The answer is {answer}", False) == 0.0  # cut short: nothing
+        both = f"{answer} or 100000"  # the last number is wrong; the whole response holds the answer
+        best = max(scorer.score_answer(both, entry), scorer.score_answer("100000", entry))
+        assert task.reward(p, both, True) == best >= scorer.score_answer(both, entry) > 0.0  # the better one
+        assert task.reward(p, "100000", True) == scorer.score_answer("100000", entry) < 1.0
+    sorting = ReasoningGymTask("number_sorting", options={"min_numbers": 3, "max_numbers": 3})
+    for p in sorting.heldout(5):  # a list: its last number alone is wrong, the whole response right
+        assert p.answer.startswith("[") and sorting.reward(p, p.answer, True) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("response", "read"),
+    [
+        ("5 - 2 = 3", ["5 - 2 = 3", "3"]),  # no marker: the last number
+        ("The final answer is 11.", ["The final answer is 11.", "11"]),
+        ("Final answer: tfab.", ["Final answer: tfab.", "tfab"]),  # after the last "answer:", one "." dropped
+        ("The answer is: tfab.", ["The answer is: tfab.", "The answer is: tfab"]),  # "answer is:" is no marker
+        ("It is 1,250 apples", ["It is 1,250 apples", "1,250"]),
+        (" 42 ", ["42"]),  # the two agree: one reading
+        ("no digits", ["no digits"]),  # no marker, no number: the whole response
+    ],
+)
+def test_the_final_format_reads_the_response_and_its_final_answer(response: str, read: list[str]) -> None:
+    assert readings(response, "final") == read
+    assert readings(response, "plain") == [response.strip()]
+
+
+def test_the_final_format_scores_what_plain_scores_and_a_final_answer() -> None:
+    final, plain = task_of(), task_of(options={**CHAIN, "answer_format": "plain"})
+    for p in final.heldout(10):
+        assert p in plain.heldout(10)  # the same prompt and problems as plain's
+        assert final.reward(p, f"So {p.answer}", True) == 1.0 > plain.reward(p, f"So {p.answer}", True)
+        wrong = f"{p.answer} + 1 = {int(p.answer) + 1}"  # the last number is the final answer
+        assert final.reward(p, wrong, True) == plain.reward(p, wrong, True) < 1.0
+        assert final.reward(p, f"So {p.answer}", False) == 0.0
+
+
 def test_the_tag_format_reads_the_last_answer_tag() -> None:
     task = task_of(options={**CHAIN, "answer_format": "tag"})
     assert task.max_new_tokens > task_of().max_new_tokens
@@ -211,34 +255,8 @@ def test_the_tag_format_reads_the_last_answer_tag() -> None:
         assert task.reward(p, f"3 + 4 ... <answer>x</answer> so <answer> {a} </answer>", True) == 1.0
         assert task.reward(p, a, True) == 0.0  # no tag, no answer
         assert task.reward(p, f"<answer>{a}</answer>", False) == 0.0
-    assert extract("a <answer>1</answer> b <answer>2</answer>", "tag") == "2"
-    assert extract("no tag", "tag") is None and extract(" 5 \n", "plain") == "5"
-
-
-@pytest.mark.parametrize(
-    ("response", "answer"),
-    [
-        ("5 - 2 = 3", "3"),  # no marker: the last number
-        ("The final answer is 11.", "11"),
-        ("Final answer: tfab.", "tfab"),  # after the last "answer:", one trailing "." dropped
-        ("The answer is: tfab.", "The answer is: tfab"),  # "answer is:" is no marker
-        ("It is 1,250 apples", "1,250"),
-        ("no digits", "no digits"),  # no marker, no number: the whole response
-    ],
-)
-def test_the_final_format_reads_the_final_answer(response: str, answer: str) -> None:
-    assert extract(response, "final") == answer
-
-
-def test_the_final_format_scores_the_final_answer() -> None:
-    task = task_of(options={**CHAIN, "answer_format": "final"})
-    plain = task_of()
-    for p in task.heldout(10):
-        assert p in plain.heldout(10)  # the same prompt and problems as plain's
-        wrong = f"{p.answer} + 1 = {int(p.answer) + 1}"  # the last number is the final answer
-        assert task.reward(p, f"So {p.answer}", True) == 1.0 and task.reward(p, wrong, True) == 0.0
-        assert plain.reward(p, f"So {p.answer}", True) < 1.0
-        assert task.reward(p, f"So {p.answer}", False) == 0.0
+    assert readings("a <answer>1</answer> b <answer>2</answer>", "tag") == ["2"]
+    assert readings("no tag", "tag") == [None]
 
 
 def test_a_problem_no_task_of_the_settings_drew_is_refused() -> None:

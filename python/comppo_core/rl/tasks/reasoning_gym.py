@@ -35,23 +35,28 @@ whatever is drawn, and a question two generators both make lands on one side.
 for every task of a user's model). The answer formats (``answer_format``):
 
 * ``"plain"``: ``"Answer with just the final answer."``; the answer is the whole response,
-  stripped of surrounding whitespace;
-* ``"final"``: the same instruction; the answer is the response's final answer as the JSONL
-  task's hand rule reads it (:func:`comppo_core.rl.tasks.answers.extract_answer`: the text
-  after the last ``"answer:"`` or ``"####"``, else the last number, else the whole
-  response), normalised (:func:`~comppo_core.rl.tasks.answers.normalize`: whitespace runs
-  to one space, one trailing ``.`` dropped): ``"5 - 2 = 3"`` answers ``3``, ``"Final
-  answer: tfab."`` answers ``tfab``;
+  stripped of surrounding whitespace (reasoning-gym's verifiers compare it as it is);
+* ``"final"`` (the default): the same instruction, and two readings of the response, the
+  better scored: the whole response stripped (``plain``'s) and its final answer as the
+  JSONL task's hand rule reads it (:func:`comppo_core.rl.tasks.answers.extract_answer`: the
+  text after the last ``"answer:"`` or ``"####"``, else the last number, else the whole
+  response), normalised (:func:`~comppo_core.rl.tasks.answers.normalize`: whitespace runs to
+  one space, one trailing ``.`` dropped). ``"5 - 2 = 3"`` answers ``3``; ``"Final answer:
+  tfab."`` answers ``tfab``; a list such as ``"['1', '2']"`` still scores as the whole
+  response (its last number alone would not). A small model that answers in a sentence is
+  scored on its answer, not its wording;
 * ``"tag"`` (reasoning-gym's own convention, for a model that reasons first): ``"Give the
   final answer between <answer> and </answer> tags."``; the answer is the last tag's content
   (``reasoning_gym.utils.extract_answer``), none without a tag.
 
-The default is chosen on SmolLM2-135M-Instruct's validation problems
+``final`` is the default: on SmolLM2-135M-Instruct's validation problems it scored the same
+samples higher than ``plain`` and ``tag`` did on every task measured
 (docs/experiments/smollm2-task-accuracy.md).
 
 **Reward.** 0 unless the response stopped at EOS (as every task); else
-``score_answer(extracted, entry)``, the dataset's verifier on the entry the problem came
-from (a verifier that raises on the model's text scores it 0). Scores may be **partial**
+``score_answer(answer, entry)``, the dataset's verifier on the entry the problem came from,
+of the answer read from the response (the best of ``final``'s two readings; a reading the
+verifier raises on scores 0). Scores may be **partial**
 (``basic_arithmetic``'s default verifier gives ``len(answer)/len(response)`` to a response
 that contains the right answer among other text: ``"The answer is 42"`` scores 0.125). The
 group baselines treat a fractional score as any reward: GRPO z-scores the scores of a
@@ -91,7 +96,7 @@ __all__ = [
     "check_options",
     "dataset_names",
     "dataset_settings",
-    "extract",
+    "readings",
 ]
 
 #: What a missing package asks for.
@@ -103,7 +108,7 @@ ANSWER_FORMATS: dict[str, str] = {
     "tag": "Give the final answer between <answer> and </answer> tags.",
 }
 #: The answer format without the option (measured: docs/experiments/smollm2-task-accuracy.md).
-DEFAULT_ANSWER_FORMAT = "plain"
+DEFAULT_ANSWER_FORMAT = "final"
 #: Response budget per answer format when the config gives none.
 MAX_NEW_TOKENS = {"plain": 32, "final": 32, "tag": 128}
 #: Entries of each generator without the ``size`` option.
@@ -227,21 +232,24 @@ def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def extract(response: str, answer_format: str) -> str | None:
-    """The answer in ``response`` (module docstring): the stripped response (``plain``), its
-    final answer by the JSONL task's hand rule, normalised (``final``), or the last
-    ``<answer>…</answer>`` tag's stripped content, None without one (``tag``)."""
+def readings(response: str, answer_format: str) -> list[str | None]:
+    """The answers ``response`` is read as (module docstring), the best scored: the stripped
+    response (``plain``); that and its final answer by the JSONL task's hand rule, normalised
+    (``final``; one reading when they agree); the last ``<answer>…</answer>`` tag's stripped
+    content, None without one (``tag``)."""
     if answer_format == "tag":
         from reasoning_gym.utils import extract_answer  # type: ignore[import-untyped]
 
         found: str | None = extract_answer(response)
-        return found
+        return [found]
+    whole = response.strip()
     if answer_format == "final":
         from .answers import extract_answer as final_answer
         from .answers import normalize
 
-        return normalize(final_answer(response))
-    return response.strip()
+        last = normalize(final_answer(response))
+        return [whole] if last == whole else [whole, last]
+    return [whole]
 
 
 class ReasoningGymTask:
@@ -376,20 +384,22 @@ class ReasoningGymTask:
         return found
 
     def score(self, problem: Problem, response: str) -> float:
-        """``score_answer(extract(response), entry)``, whether or not the response finished
-        (0 when the verifier raises on the text)."""
+        """The best ``score_answer(reading, entry)`` over the response's :func:`readings`, whether
+        or not it finished (a reading the verifier raises on scores 0)."""
         entry = self.entry(problem)
-        answer = extract(response, self.answer_format)
-        try:
-            value = float(self._generator("train").score_answer(answer, entry))
-        except Exception:  # the library's verifier on a model's malformed text: no credit
-            return 0.0
-        if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-            raise ParameterError(
-                f"problem: expected reasoning-gym's score_answer in [0, 1], got {value!r} for {answer!r}",
-                argument="problem",
-            )
-        return value
+        best = 0.0
+        for answer in readings(response, self.answer_format):
+            try:
+                value = float(self._generator("train").score_answer(answer, entry))
+            except Exception:  # the library's verifier on a model's malformed text: no credit
+                continue
+            if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+                raise ParameterError(
+                    f"problem: expected reasoning-gym's score_answer in [0, 1], got {value!r} for {answer!r}",
+                    argument="problem",
+                )
+            best = max(best, value)
+        return best
 
     def reward(self, problem: Problem, response: str, finished: bool) -> float:
         """0 for a response cut short, else :meth:`score` (module docstring)."""
