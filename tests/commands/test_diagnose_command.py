@@ -9,6 +9,7 @@ keys, diagnosis.md and diagnosis.png, and prints the cost before the recommendat
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,22 @@ def test_out_is_required_and_an_existing_directory_is_kept(tmp_path: Path, capsy
     assert "--out: expected a directory, got" in capsys.readouterr().err
 
 
+def test_help_lists_what_diagnose_reads_and_every_train_flag_is_still_accepted(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert cli.main(["diagnose", "--help"]) == 0
+    shown = capsys.readouterr().out
+    flags = re.findall(r"^  (--[a-z0-9-]+)", shown, flags=re.MULTILINE)
+    assert {"--prompts", "--samples-per-prefix", "--model", "--task", "--task-option", "--out", "--seed"} <= set(flags)
+    assert "--actor-lr" not in flags and "--ppo-epochs" not in flags and len(flags) <= 45, flags  # was ~150
+    assert "comppo-core train --help lists them" in shown
+    args = cli._build_parser().parse_args(["diagnose", "--actor-lr", "1e-5", "--out", str(tmp_path / "d")])
+    assert args.actor_lr == 1e-5  # accepted, read where it applies
+    (tmp_path / "file").write_text("x")
+    assert cli.main(["diagnose", "--out", str(tmp_path / "file" / "under")]) == 2
+    assert "--out: expected a directory that can be made" in capsys.readouterr().err
+
+
 def test_a_model_directory_that_is_not_one_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["diagnose", "--model", str(tmp_path / "nowhere"), "--out", str(tmp_path / "d")]) == 2
     assert "--model:" in capsys.readouterr().err
@@ -77,7 +94,7 @@ def test_diagnose_end_to_end_writes_the_report(tmp_path: Path, capsys: pytest.Ca
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("matplotlib")
-    out = tmp_path / "diag"
+    out = tmp_path / "diags" / "tiny" / "seed1"  # its parents are made, as train makes --out's
     assert cli.main(["diagnose", *TINY, *BUDGET, "--seed", "1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed.index("continuations, at most") < printed.index("direction")

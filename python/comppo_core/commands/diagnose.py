@@ -41,6 +41,7 @@ imported where it can be); 1 without the ``[rl]`` extra.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -49,12 +50,21 @@ from ..errors import ParameterError
 from ..experiments.pivotality import POSITION_CHOICES
 from ..rl.config import TrainConfig
 from ..rl.models.pretrained import check_model_path
-from ..rl.tasks import TASKS
+from ..rl.tasks import TASKS, size_fields
 from ._argtypes import nonnegative_int, positive_int, unit_float
 from .evaluate import saved_task_settings
 from .train import _Default, add_config_arguments, config_fields, require_rl_extra, usage_error
 
 __all__ = ["add_parser", "run"]
+
+#: The TrainConfig fields whose flags ``--help`` lists (with every task's sizes): the policy, the task,
+#: the sampling, where to compute and write. The others are accepted and read where they apply (the
+#: built-in warm start's model and SFT settings), or refused (resume), but not listed.
+LISTED_FIELDS = (
+    "model", "init_from", "chat_template", "task", "task_options", "split_seed", "heldout_fraction",
+    "warmup_sft_steps", "sft_carry_noise", "seed", "temperature", "top_p", "max_new_tokens", "statistic",
+    "device", "dtype", "num_threads", "progress", "out",
+)  # fmt: skip
 
 #: The default budget (docs/diagnose.md gives its cost on the built-in tasks).
 DEFAULT_PROMPTS = 32
@@ -84,6 +94,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "diagnose",
         help="will the gate help? concentration against Monte-Carlo pivotality on held-out responses, with "
         "bootstrap CIs and a gate direction (needs [rl])",
+        epilog=(
+            "Every other flag of comppo-core train is accepted too and read where it applies (the built-in warm "
+            "start's --model-* and --sft-* settings, say); comppo-core train --help lists them."
+        ),
         description=(
             "Sample responses to held-out problems, estimate each token's pivotality |V(prefix+token) - V(prefix)| "
             "from continuations sampled from the policy, and report how well the attention concentration (every "
@@ -157,7 +171,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "critic's values are compared with the Monte-Carlo values (explained variance); not with --model or "
         "--init-from",
     )
-    add_config_arguments(cmd, hidden=("resume", "steps", "arm", "save_every", "eval_every", "report_to"))
+    listed = {*LISTED_FIELDS, *size_fields()}
+    add_config_arguments(cmd, hidden=tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in listed))
     for action in cmd._actions:
         if action.dest == "out":
             action.metavar = "DIR"
@@ -169,6 +184,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _check_out(cmd: argparse.ArgumentParser, out: Any, overwrite: bool) -> Path:
+    """``--out`` as a path: a new or empty directory (made with its missing parents when the
+    report is written, as ``train`` makes its ``--out``), or any with ``--overwrite``."""
     if not isinstance(out, str):
         cmd.error("--out: expected the directory to write diagnosis.json, diagnosis.md and diagnosis.png in")
     path = Path(out)
@@ -177,8 +194,9 @@ def _check_out(cmd: argparse.ArgumentParser, out: Any, overwrite: bool) -> Path:
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         cmd.error(f"--out: expected a new or empty directory, got {out!r}, which holds files (--overwrite replaces "
                   "diagnosis.json, .md and .png there)")  # fmt: skip
-    if not path.exists() and not path.parent.is_dir():
-        cmd.error(f"--out: expected a directory whose parent exists, got {out!r}")
+    existing = next(parent for parent in path.absolute().parents if parent.exists())
+    if not path.exists() and not existing.is_dir():
+        cmd.error(f"--out: expected a directory that can be made, got {out!r}, under the file {str(existing)!r}")
     return path
 
 
