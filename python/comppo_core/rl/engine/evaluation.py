@@ -20,7 +20,7 @@ batches (up to the float rounding of batched kernels).
 
 **Frozen evaluation** (``comppo-core evaluate``): :func:`task_evaluation` gives one task's
 :class:`TaskEvaluation`: the greedy rewards above and, with a :class:`Sampling`, pass@k by the unbiased
-estimator (:mod:`comppo_core.experiments.pass_at_k`) from ``samples`` responses per
+estimator (:mod:`comppo_core.rl.engine.pass_at_k`) from ``samples`` responses per
 problem drawn by :func:`sampled_passes`. Each draw is keyed, as the trainer's rollouts
 are (:mod:`comppo_core.rl.engine.sampling`), by::
 
@@ -41,8 +41,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import ParameterError
-from ...experiments.pass_at_k import passed, task_summary
 from ..tasks.base import Problem, Task
+from .pass_at_k import passed, task_summary
 
 __all__ = [
     "Sampling",
@@ -154,7 +154,7 @@ def sampled_passes(
     width: int | None = None,
 ) -> list[int]:
     """How many of ``sampling.samples`` keyed draws (module docstring) pass the verifier
-    (:func:`~comppo_core.experiments.pass_at_k.passed`), per problem: the ``c`` of the
+    (:func:`~comppo_core.rl.engine.pass_at_k.passed`), per problem: the ``c`` of the
     pass@k estimator. The ``len(problems) · samples`` rows, problem by problem, are
     generated ``batch_size`` at a time, at the prompts' common ``width`` (default: the
     widest prompt of ``problems``)."""
@@ -210,8 +210,8 @@ class TaskEvaluation:
         """``accuracy`` (the mean greedy reward: the trainer's ``eval_accuracy``),
         ``greedy_pass@1`` (the share of greedy responses that pass; ``accuracy`` itself for
         a 0/1 verifier) and, with ``sampling``, ``pass@k`` for every ``k`` of
-        :func:`~comppo_core.experiments.pass_at_k.pass_ks` ``(samples)``: the numbers
-        :func:`~comppo_core.experiments.pass_at_k.macro` averages over tasks."""
+        :func:`~comppo_core.rl.engine.pass_at_k.pass_ks` ``(samples)``: the numbers
+        :func:`~comppo_core.rl.engine.pass_at_k.macro` averages over tasks."""
         greedy = [passed(r) for r in self.rewards]
         out = {"accuracy": self.reward_sum / self.problems, "greedy_pass@1": sum(greedy) / len(greedy)}
         if self.sampling is not None and self.correct is not None:
