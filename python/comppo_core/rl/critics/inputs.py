@@ -9,8 +9,14 @@ concentration, whatever gates the caller gave Comp-GAE);
 :class:`~comppo_core.rl.StandardCritic` runs its own transformer on the ids. Swapping one
 for the other is one argument.
 
+**Gate features.** :func:`causal_gates` (the gate mapping on the row's running z-score,
+:func:`running_zscore`) is what a critic reads as ``CriticInputs.gates``; it is defined
+here, beside the inputs it fills, so that :func:`packed_critic_inputs` and the TAC
+(:mod:`comppo_core.rl.critics.tac`, which re-exports both) import it from one place below
+them.
+
 **Packed rows.** A critic reads one row per sequence: its causal features (the running
-z-score of :func:`~comppo_core.rl.critics.tac.causal_gates`, the running log-gate, the
+z-score of :func:`causal_gates`, the running log-gate, the
 temporal mixer) run along the row, so a packed row (several sequences end to end, verl's
 ``NO_PADDING`` layout) would carry one sequence's statistics into the next.
 :func:`packed_critic_inputs` turns the actor's packed forward (its taps ``[1, N, d]``, its
@@ -28,11 +34,61 @@ from typing import Any
 
 import torch
 
+from ... import gating
 from ...errors import ShapeError
 from ...gate_params import GateParams, as_gate_params
 from ...hf.lm import check_cu_seqlens, default_position_ids, scored_columns, unpack_columns, unpack_tokens
 
-__all__ = ["CriticInputs", "packed_critic_inputs"]
+__all__ = ["CriticInputs", "causal_gates", "packed_critic_inputs", "running_zscore"]
+
+
+#: ε added to the running σ, as the gate mapping's z-score does.
+_STD_EPS = 1e-8
+
+
+def running_zscore(x: torch.Tensor, mask: torch.Tensor, min_spread: float = 0.0) -> torch.Tensor:
+    """Causal z-score of each row: ``z_t = (x_t − μ_t)/(S(σ_t) + 1e-8)`` over the valid s ≤ t,
+    ``S(σ) = max(σ, min_spread)`` (``σ`` itself for ``min_spread = 0``:
+    :attr:`comppo_core.GateParams.min_spread`).
+
+    ``μ_t`` and ``σ_t`` (population, ddof 0) are the mean and spread of the row's valid
+    entries up to and including t, so ``z_t`` depends on nothing after t. A row's first
+    valid entry, and any entry whose running spread is zero, gets 0 (as the gate
+    mapping's z-score does for a single token or a constant row). Masked entries are 0.
+    Computed in float64 on differences to the row's first valid entry, so a constant row
+    is exactly 0. Shapes ``[B, T]``; returns float64."""
+    m = mask.to(torch.bool)
+    xd = x.detach().to(torch.float64)
+    first_idx = torch.argmax(m.to(torch.int8), dim=-1, keepdim=True)
+    d = torch.where(m, xd - xd.gather(-1, first_idx), torch.zeros_like(xd))
+    n = m.to(torch.float64).cumsum(-1)
+    s1 = d.cumsum(-1)
+    s2 = (d * d).cumsum(-1)
+    safe_n = n.clamp(min=1.0)
+    mean = s1 / safe_n
+    var = (s2 / safe_n - mean * mean).clamp(min=0.0)
+    std = var.sqrt()
+    spread = std.clamp(min=min_spread) if min_spread > 0.0 else std
+    z = (d - mean) / (spread + _STD_EPS)
+    return torch.where(m & (n > 1) & (std > 0), z, torch.zeros_like(z))
+
+
+def causal_gates(concentration: torch.Tensor, mask: torch.Tensor, params: GateParams) -> torch.Tensor:
+    """The gate mapping with causal normalisation: ``[B, T]`` float32, 1 outside ``mask``.
+
+    ``normalize="sequence"`` or ``"batch"`` use the row's running z-score
+    (:func:`running_zscore`) instead of a statistic over the whole row or batch;
+    ``"none"`` is already pointwise, so it equals :func:`comppo_core.gates_from_concentration`.
+    The sigmoid and bounds are the package's kernel's (``normalize="none"`` on z)."""
+    m = mask.to(torch.bool)
+    if params.normalize == "none":
+        z = concentration.detach().to(torch.float64)
+        pointwise = params
+    else:
+        z = running_zscore(concentration, m, params.min_spread)
+        pointwise = dataclasses.replace(params, normalize="none", center=0.0, scale=1.0)
+    # a tensor in gives a tensor out (on its own device)
+    return torch.as_tensor(gating.gates_from_concentration(z, mask=m, params=pointwise), dtype=torch.float32)
 
 
 @dataclasses.dataclass
@@ -51,7 +107,7 @@ class CriticInputs:
       per_layer: ``[B, T−1, L]`` float32 per-layer concentration, detached, or None.
       gates: ``[B, T−1]`` float32 gate features the critic reads (1 outside the
         response), detached and causal: :func:`comppo_core.rl.forward` fills them with
-        :func:`~comppo_core.rl.critics.tac.causal_gates` of its own concentration (gates of
+        :func:`causal_gates` of its own concentration (gates of
         1 when no probe ran), never with its ``gates=`` override, which changes Comp-GAE's
         gates only.
     """
@@ -105,8 +161,6 @@ def packed_critic_inputs(
         column); columns that score no token of their sequence are ignored.
       gate_params: the concentration → gate mapping (default :class:`GateParams`).
     """
-    from .tac import causal_gates  # tac imports this module
-
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
         got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ShapeError(f"input_ids: expected one packed row [1, N], got {got}", argument="input_ids")

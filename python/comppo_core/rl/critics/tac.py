@@ -16,7 +16,8 @@ package's reading of it (docs/rl.md). For column j (the prefix ``ids[:, :j+1]``)
 ``h^{(k)}`` is the residual stream after tap layer k, ``c^{(l)}`` the per-layer
 attention concentration at query position j, ``g̃`` the gates the critic reads: always
 :func:`causal_gates`, the gate mapping with the row's *running* statistics up to j in
-place of the whole-row z-score, computed from the forward's own concentration.
+place of the whole-row z-score, computed from the forward's own concentration (defined in
+:mod:`comppo_core.rl.critics.inputs`, what every critic reads, and re-exported here).
 :func:`comppo_core.rl.forward`'s ``gates=`` (constant gates, controls, an oracle) changes
 Comp-GAE's gates only and never reaches the critic: with or without it the values are
 the same, bit for bit. Everything V_j reads is a function of tokens ≤ j, so V stays a
@@ -29,7 +30,6 @@ fraction of the value gradient into the trunk (``sg(h) + α·(h − sg(h))``: th
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -37,64 +37,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ... import gating
 from ...errors import ParameterError, ShapeError
-from ...gate_params import GateParams
 from ...options import TEMPORAL_MIXERS, check_choice
-from .inputs import CriticInputs
+from .inputs import CriticInputs, causal_gates, running_zscore
 from .taps import normalize_taps
 
 __all__ = ["TEMPORAL_MIXERS", "TransportAlignedCritic", "causal_gates", "running_zscore"]
 
 # TEMPORAL_MIXERS, the causal temporal mixers TAC offers, is defined in comppo_core.options (re-exported).
-
-#: ε added to the running σ, as the gate mapping's z-score does.
-_STD_EPS = 1e-8
-
-
-def running_zscore(x: torch.Tensor, mask: torch.Tensor, min_spread: float = 0.0) -> torch.Tensor:
-    """Causal z-score of each row: ``z_t = (x_t − μ_t)/(S(σ_t) + 1e-8)`` over the valid s ≤ t,
-    ``S(σ) = max(σ, min_spread)`` (``σ`` itself for ``min_spread = 0``:
-    :attr:`comppo_core.GateParams.min_spread`).
-
-    ``μ_t`` and ``σ_t`` (population, ddof 0) are the mean and spread of the row's valid
-    entries up to and including t, so ``z_t`` depends on nothing after t. A row's first
-    valid entry, and any entry whose running spread is zero, gets 0 (as the gate
-    mapping's z-score does for a single token or a constant row). Masked entries are 0.
-    Computed in float64 on differences to the row's first valid entry, so a constant row
-    is exactly 0. Shapes ``[B, T]``; returns float64."""
-    m = mask.to(torch.bool)
-    xd = x.detach().to(torch.float64)
-    first_idx = torch.argmax(m.to(torch.int8), dim=-1, keepdim=True)
-    d = torch.where(m, xd - xd.gather(-1, first_idx), torch.zeros_like(xd))
-    n = m.to(torch.float64).cumsum(-1)
-    s1 = d.cumsum(-1)
-    s2 = (d * d).cumsum(-1)
-    safe_n = n.clamp(min=1.0)
-    mean = s1 / safe_n
-    var = (s2 / safe_n - mean * mean).clamp(min=0.0)
-    std = var.sqrt()
-    spread = std.clamp(min=min_spread) if min_spread > 0.0 else std
-    z = (d - mean) / (spread + _STD_EPS)
-    return torch.where(m & (n > 1) & (std > 0), z, torch.zeros_like(z))
-
-
-def causal_gates(concentration: torch.Tensor, mask: torch.Tensor, params: GateParams) -> torch.Tensor:
-    """The gate mapping with causal normalisation: ``[B, T]`` float32, 1 outside ``mask``.
-
-    ``normalize="sequence"`` or ``"batch"`` use the row's running z-score
-    (:func:`running_zscore`) instead of a statistic over the whole row or batch;
-    ``"none"`` is already pointwise, so it equals :func:`comppo_core.gates_from_concentration`.
-    The sigmoid and bounds are the package's kernel's (``normalize="none"`` on z)."""
-    m = mask.to(torch.bool)
-    if params.normalize == "none":
-        z = concentration.detach().to(torch.float64)
-        pointwise = params
-    else:
-        z = running_zscore(concentration, m, params.min_spread)
-        pointwise = dataclasses.replace(params, normalize="none", center=0.0, scale=1.0)
-    # a tensor in gives a tensor out (on its own device)
-    return torch.as_tensor(gating.gates_from_concentration(z, mask=m, params=pointwise), dtype=torch.float32)
 
 
 class _RMSNorm(nn.Module):
