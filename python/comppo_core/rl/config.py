@@ -148,7 +148,7 @@ class TrainConfig:
         default_factory=dict,
         metadata={
             "help": "settings of a task that takes them (reasoning_gym:NAME: its dataset's config fields, and "
-            "answer_format plain or tag), on the command line --task-option KEY=VALUE, once per setting, the value "
+            "answer_format final, plain or tag), on the command line --task-option KEY=VALUE, once per setting, the value "
             "read as JSON when it parses, else as a string (--task-option min_terms=2 --task-option "
             'operators=\'["+", "-"]\'); {}: none',
             "flag": "--task-option",
