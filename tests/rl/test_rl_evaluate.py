@@ -44,6 +44,7 @@ from comppo_core.rl.engine.evaluation import heldout_accuracy, heldout_rewards
 from comppo_core.rl.engine.rollout import generate
 from comppo_core.rl.engine.trainer import Trainer, train
 from comppo_core.rl.models import pretrained
+from comppo_core.rl.models import tokenizer as tokenizer_module
 from comppo_core.rl.models.pretrained import HFTokenizer, load_policy, load_tokenizer, save_tokenizer
 from comppo_core.rl.tasks import build_task
 from comppo_core.rl.tasks.addition import ALPHABET, AdditionTask, CharTokenizer
@@ -190,7 +191,7 @@ def test_a_crash_while_saving_leaves_no_partial_tokenizer(tmp_path: Path, monkey
         moved.append(Path(dst).name)
         real(src, dst)
 
-    monkeypatch.setattr(pretrained.os, "replace", crash_at_tokenizer_json)
+    monkeypatch.setattr(tokenizer_module.os, "replace", crash_at_tokenizer_json)
     with pytest.raises(OSError, match="disk full"):
         save_tokenizer(CHAR, tmp_path / "actor")
     monkeypatch.undo()

@@ -14,7 +14,7 @@ plain model of the same class from the same config without ``quantization_config
 moves the dequantised state dict into it; tied input and output embeddings
 (``tie_word_embeddings``) stay one tensor. The result is an ordinary float32
 ``PreTrainedModel``: it saves with ``save_pretrained``, and the directory it writes (with
-:func:`comppo_core.rl.models.pretrained.save_tokenizer` beside it) loads back as
+:func:`comppo_core.rl.models.tokenizer.save_tokenizer` beside it) loads back as
 ``model=DIR`` with the same logits. :func:`convert_gguf` writes that directory, and
 :func:`gguf_as_directory` does so once per file content (for a tool that loads
 ``from_pretrained`` itself: verl's workers, TRL's trainer).
@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ...errors import ParameterError
+from .tokenizer import quiet_transformers, save_tokenizer
 
 __all__ = [
     "GGUF_MAGIC",
@@ -217,8 +218,6 @@ def load_gguf_model(path: str | Path, *, argument: str = "model") -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .pretrained import quiet_transformers
-
     try:
         with quiet_transformers(), _one_tensor_name_map():
             loaded = AutoModelForCausalLM.from_pretrained(
@@ -321,10 +320,8 @@ def _supported_architectures() -> list[str]:
 def convert_gguf(path: str | Path, directory: str | Path, *, argument: str = "model") -> Path:
     """Write the GGUF file ``path`` as a Hugging Face model directory: the plain model
     (:func:`load_gguf_model`, ``save_pretrained``) and its tokenizer
-    (:func:`~comppo_core.rl.models.pretrained.save_tokenizer`), so that ``from_pretrained``
+    (:func:`~comppo_core.rl.models.tokenizer.save_tokenizer`), so that ``from_pretrained``
     loads it without the GGUF loader; returns the directory."""
-    from .pretrained import quiet_transformers, save_tokenizer
-
     model = load_gguf_model(path, argument=argument)
     tokenizer = load_gguf_tokenizer(path, argument=argument)
     target = Path(directory)

@@ -33,7 +33,7 @@ from torch import nn
 
 from ...errors import ParameterError
 from ..config import RESUMABLE_CHANGES, TrainConfig
-from ..models.pretrained import quiet_transformers, save_tokenizer
+from ..models.tokenizer import quiet_transformers, save_tokenizer
 from .run_dir import (
     INPUT_FIELDS,
     check_moved_input,
