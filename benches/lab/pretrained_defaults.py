@@ -330,7 +330,7 @@ def choose(rows: list[dict[str, Any]], arms: list[str]) -> str | None:
     """The criterion of the module docstring over the cells every arm in ``arms`` has."""
     by = {(r["arm"], r["cell"]): r for r in rows}
     best: tuple[float, float, str] | None = None
-    for cell in CELLS:
+    for cell in {**CELLS, **EXTRA_CELLS}:
         got = [by.get((arm, cell)) for arm in arms]
         if any(r is None or r["erodes"] or r["reward_rise"] is None for r in got):
             continue
