@@ -75,7 +75,7 @@ from typing import Any
 
 from ..errors import ParameterError
 from ..experiments.pass_at_k import macro
-from ..rl.config import TrainConfig
+from ..rl.config import KeyValueAction, TrainConfig
 from ..rl.engine.evaluation import Sampling, TaskEvaluation, check_batch_size
 from ..rl.models.pretrained import check_model_path
 from ..rl.runs import run_dir
@@ -133,11 +133,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="append",
         default=None,
         metavar="TASK",
-        help=", ".join(e.name for e in TASKS.values() if e.file_suffix is None)
+        help=", ".join(e.spelling for e in TASKS.values() if e.file_suffix is None)
         + " (the registered tasks) or "
         + " or ".join(f"a {e.file_suffix} file" for e in TASKS.values() if e.file_suffix is not None)
         + "; give it again for more tasks, each evaluated on its held-out split (default: DIR/task.json's, "
         "else addition)",
+    )
+    cmd.add_argument(
+        "--task-option",
+        dest="task_options",
+        action=KeyValueAction,
+        default=None,
+        metavar="KEY=VALUE",
+        help="a setting of a task that takes them (reasoning_gym:NAME: its dataset's), once per setting, the value "
+        "read as JSON when it parses (default: DIR/task.json's for its task, else none)",
     )
     cmd.add_argument(
         "--eval-size",
@@ -298,7 +307,7 @@ def _task_configs(
     saved_task = own.pop("task", TrainConfig.task)
     given = {
         name: getattr(args, name)
-        for name in ("eval_size", "digits", "split_seed", "heldout_fraction", "max_new_tokens")
+        for name in ("eval_size", "digits", "split_seed", "heldout_fraction", "max_new_tokens", "task_options")
         + ("chat_template", "device", "num_threads")
         if getattr(args, name) is not None
     }
