@@ -44,7 +44,7 @@ from .core.gate_sources import GATE_DIRECTIONS
 from .runs.run_dir import absolute
 
 if TYPE_CHECKING:
-    from .config import TrainConfig
+    from .tasks.base import TaskSettings
 
 __all__ = [
     "DEFAULT_GATE_DIRECTION",
@@ -242,7 +242,7 @@ def task_identity(record: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def config_task_record(config: TrainConfig) -> dict[str, Any]:
+def config_task_record(config: TaskSettings) -> dict[str, Any]:
     """The task of ``config`` as its ``to_dict`` would name it, without building it (a file
     task's file is not read): ``name`` and the sizes of a registered task (the keys of
     :attr:`~comppo_core.rl.tasks.TaskEntry.sizes`, the TrainConfig fields' values), or

@@ -38,19 +38,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import ParameterError
 from .addition import AdditionTask
-from .base import PivotalTask, Problem, Task, Tokenizer
+from .base import PivotalTask, Problem, Task, TaskSettings, Tokenizer
 from .chain import ChainTask
 from .filler_addition import FillerAdditionTask
 from .hf_dataset import HFDatasetTask
 from .jsonl import JsonlTask
 from .reasoning_gym import ReasoningGymTask, check_name, check_options
-
-if TYPE_CHECKING:
-    from ..config import TrainConfig
 
 __all__ = [
     "TASKS",
@@ -112,7 +109,7 @@ class TaskEntry:
             return "*" + self.file_suffix
         return f"{self.name}:NAME" if self.family else self.name
 
-    def build(self, config: TrainConfig) -> Task:
+    def build(self, config: TaskSettings) -> Task:
         """The task of ``config``: its size fields and split settings."""
         args: dict[str, Any] = {arg: getattr(config, field) for arg, field in self.sizes.items()}
         split = {
@@ -267,7 +264,7 @@ def task_entry(task: str) -> TaskEntry:
     raise ParameterError(f"task: expected {' or '.join([', '.join(names), *files])}, got {task!r}", argument="task")
 
 
-def build_task(config: TrainConfig) -> Task:
+def build_task(config: TaskSettings) -> Task:
     """The task of ``config`` (:meth:`TaskEntry.build` of its entry), as the trainer and
     ``comppo-core evaluate`` build it. Imports no torch."""
     return task_entry(config.task).build(config)

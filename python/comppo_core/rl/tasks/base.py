@@ -59,6 +59,7 @@ __all__ = [
     "Problem",
     "Side",
     "Task",
+    "TaskSettings",
     "Tokenizer",
     "distinct_problems",
 ]
@@ -131,6 +132,25 @@ class PivotalTask(Task, Protocol):
     """A task that marks the response tokens that decide its reward (module docstring)."""
 
     def pivotal(self, problem: Problem, response: str) -> list[bool]: ...
+
+
+class TaskSettings(Protocol):
+    """The settings a run's task is built from (a :class:`~comppo_core.rl.config.TrainConfig`
+    is one): the task's name or file, its split and its response budget, and the size
+    fields its registry entry names (:attr:`~comppo_core.rl.tasks.TaskEntry.sizes`, read
+    by name). The registry takes this instead of ``TrainConfig`` so that it names no type
+    of the config above it (the config imports the registry)."""
+
+    @property
+    def task(self) -> str: ...
+    @property
+    def split_seed(self) -> int: ...
+    @property
+    def heldout_fraction(self) -> float: ...
+    @property
+    def validation_fraction(self) -> float: ...
+    @property
+    def max_new_tokens(self) -> int | None: ...
 
 
 def rewards_of(
