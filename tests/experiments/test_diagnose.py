@@ -342,11 +342,12 @@ def test_the_time_estimate_counts_a_batchs_longest_row_not_its_tokens() -> None:
     responses = [_response(9), _response(9)]
     batch = [mc.Continuation(0, 0, 0), mc.Continuation(1, 8, 0)]
     assert batch_steps(responses, batch, max_new_tokens=16) == (10, 16)
-    # the first batch took 2 s for 10 steps: 0.2 s a step, times the steps of every batch
-    low, high = seconds_range(2.0, 10, [(10, 16), (4, 12), (2, 9)])
-    assert math.isclose(low, 0.2 * 16) and math.isclose(high, 0.2 * 37)
-    # the per-token extrapolation this replaces: 2 s / 10 expected tokens x the 10 + 1 + 1 + ... expected
-    assert CostEstimate(3, 40, 20, (low, high)).line().endswith("about 3-7 s")
+    # the first batch (10 steps) took 2.2 s, the last (2 steps) 0.6 s: 0.2 s of prefill + 0.2 s a step
+    low, high = seconds_range([(10, 2.2), (2, 0.6)], [(10, 16), (4, 12), (2, 9)])
+    assert math.isclose(low, 3 * 0.2 + 0.2 * 16) and math.isclose(high, 3 * 0.2 + 0.2 * 37)
+    assert CostEstimate(3, 40, 20, (low, high)).line().endswith("about 4-8 s")
+    # two batches of the same steps: all per step (no prefill can be told apart)
+    assert seconds_range([(8, 4.0), (8, 4.0)], [(8, 8), (8, 8)]) == (8.0, 8.0)
     assert CostEstimate(3, 40, 20, (5.0, 5.2)).line().endswith("about 5 s")
 
 

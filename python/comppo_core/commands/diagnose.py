@@ -32,7 +32,7 @@ Monte-Carlo values (explained variance with its interval, MSE).
 Writes ``DIR/diagnosis.json``, ``DIR/diagnosis.md`` and ``DIR/diagnosis.png`` (each atomically);
 an existing non-empty ``--out`` is refused unless ``--overwrite`` (then only these three files
 are replaced). Prints the cost estimate (continuations, generated tokens, and seconds from a
-timed first batch) before the bulk of the work, a progress bar, then the recommendation.
+timed first and last batch) before the bulk of the work, a progress bar, then the recommendation.
 
 Exit status: 0 on success; 2 on a bad flag (one line naming it; checked before torch is
 imported where it can be); 1 without the ``[rl]`` extra.

@@ -45,9 +45,9 @@ the responses); EOS is left out (the marks are per character of the text).
 
 **Cost.** Generated tokens: the responses plus at most ``Σ_responses |B| · K ·
 (max_new_tokens − s)`` for the continuations (``B`` the boundaries to estimate); the first
-batch of continuations is timed and the rest extrapolated from it per decoding step, as a range:
-every batch as long as the rest of its longest response, or every batch to its longest budget
-(:func:`seconds_range`).
+and the last batch of continuations are run first and timed, and the rest extrapolated from them
+(a batch's prefill plus its decoding steps), as a range: every batch as long as the rest of its
+longest response, or every batch to its longest budget (:func:`seconds_range`).
 """
 
 from __future__ import annotations
@@ -639,15 +639,22 @@ def batch_steps(
     return min(expected, most), most
 
 
-def seconds_range(first_seconds: float, first_steps: int, steps: Sequence[tuple[int, int]]) -> tuple[float, float]:
-    """The seconds every batch of continuations takes, from the first batch's: each batch
-    costs ``first_seconds / first_steps`` a decoding step (``first_steps``: the steps the
-    first batch took), so the range is that times the batches' expected and most steps
-    (:func:`batch_steps`) summed. (Extrapolating per generated token instead ignores that a
-    batch runs as long as its longest row, and that the first batch, the longest, has the
-    least fixed cost per token: it underestimates.)"""
-    per_step = first_seconds / max(1, first_steps)
-    return per_step * sum(e for e, _ in steps), per_step * sum(m for _, m in steps)
+def seconds_range(timed: Sequence[tuple[int, float]], steps: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """The seconds every batch of continuations takes, from two timed batches ``timed`` =
+    ``[(decoding steps, seconds), ...]`` (the first batch, the longest, and the last, the
+    shortest): a batch costs ``a + b · steps``, ``a`` its prefill and fixed costs, ``b`` a
+    decoding step, the line through the two points (``a, b ≥ 0``; one point, or two of the same
+    steps: ``a = 0``). The range is that summed over the batches at their expected and most
+    steps (:func:`batch_steps`). Per generated token, or per step alone, underestimates: a batch
+    runs as long as its longest row, and its prompt's prefill costs the same however few steps
+    follow (on SmolLM2 with 8-token responses, most of a batch's time)."""
+    (s1, t1), (s2, t2) = timed[0], timed[-1]
+    if s1 != s2:
+        b = max(0.0, (t1 - t2) / (s1 - s2))
+        a = max(0.0, t1 - b * s1)
+    else:
+        a, b = 0.0, t1 / max(1, s1)
+    return sum(a + b * e for e, _ in steps), sum(a + b * m for _, m in steps)
 
 
 # --------------------------------------------------------------------------- #
@@ -731,29 +738,37 @@ def diagnose(
         actor, tokenizer, task, max_new_tokens=max_new, temperature=settings.temperature, top_p=settings.top_p,
         seed=settings.seed, device=device,
     )  # fmt: skip
-    rewards: list[float] = []
     generated = 0
     t1 = time.perf_counter()
     estimate = CostEstimate(len(jobs), upper, expected)
     from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
+    starts = list(range(0, len(jobs), settings.batch_size))
+    # the first and the last batch first (the longest continuations and the shortest: the jobs are
+    # sorted so), timed for the estimate; the rows are keyed, so the order changes no reward
+    order = [*starts[:1], *starts[-1:][: len(starts) - 1], *starts[1:-1]]
+    got_by_start: dict[int, list[float]] = {}
+    timed: list[tuple[int, float]] = []
     with tqdm(total=len(jobs), desc="continuations", unit="row", disable=not progress, leave=False) as bar:
-        for lo in range(0, len(jobs), settings.batch_size):
+        for k, lo in enumerate(order):
             batch = jobs[lo : lo + settings.batch_size]
+            t_batch = time.perf_counter()
             got, n_tokens = sampler(responses, batch)
-            rewards += got
+            got_by_start[lo] = got
             generated += n_tokens
             bar.update(len(batch))
-            if lo == 0 and len(jobs) > len(batch):
-                first = time.perf_counter() - t1
-                # the steps the first batch took, where the sampler says (PolicyContinuations does)
-                first_steps = getattr(sampler, "last_steps", None) or batch_steps(responses, batch, max_new)[0]
-                steps = [
-                    batch_steps(responses, jobs[k : k + settings.batch_size], max_new)
-                    for k in range(0, len(jobs), settings.batch_size)
-                ]
-                estimate = dataclasses.replace(estimate, seconds_expected=seconds_range(first, first_steps, steps))
-                say(f"diagnose: the first batch took {first:.1f} s: {estimate.line()}")
+            if k < 2 and len(starts) > 2:
+                # the steps the batch took, where the sampler says (PolicyContinuations does)
+                took = getattr(sampler, "last_steps", None) or batch_steps(responses, batch, max_new)[0]
+                timed.append((took, time.perf_counter() - t_batch))
+                if k == 1:
+                    steps = [batch_steps(responses, jobs[i : i + settings.batch_size], max_new) for i in starts]
+                    estimate = dataclasses.replace(estimate, seconds_expected=seconds_range(timed, steps))
+                    say(
+                        f"diagnose: the first and last batches took {timed[0][1]:.1f} s and {timed[1][1]:.1f} s: "
+                        f"{estimate.line()}"
+                    )
+    rewards = [r for lo in starts for r in got_by_start[lo]]
     seconds["continuations"] = time.perf_counter() - t1
     values, errors = mc.values_from_rewards(responses, jobs, rewards)
     piv = [mc.pivotality_of(v, c) for v, c in zip(values, chosen)]
