@@ -43,14 +43,15 @@ template): the same five steps with the model as its own warm start (no SFT) on 
 one-digit additions ``"What is a + b? Answer with just the number."`` (written to
 ``OUT/additions.jsonl``; :data:`REAL_SPLIT` of them held out), each prompt one user turn of
 the model's chat template, the reward 1 for a response that stops at EOS with the right
-number (:mod:`comppo_core.rl.tasks.jsonl`). The settings are :data:`REAL` (a learning rate
-chosen so that a few steps move the rollouts' accuracy within minutes on a 2-core CPU:
-docs/experiments/demo.md, which also says how it compares with the settings a ``--model``
-training run starts from), with ``--num-threads`` defaulting to the machine's cores (up to
-4): a 135M model gains from a second thread. Besides the accuracies the demo prints the forms of the
-held-out greedy responses before and after (:func:`response_form`: just the number, the sum
-written out, other, cut at the budget) and the rollouts' accuracy at every step. ``--quick`` with ``--model`` is
-:data:`REAL_QUICK`, a smoke run (one step of 2 × 2 responses of 4 tokens).
+number (:mod:`comppo_core.rl.tasks.jsonl`). The settings are :data:`REAL`: the update
+docs/experiments/pretrained-defaults.md proposes for a pretrained model (actor lr 1e-5 with
+the KL anchor, one epoch of one minibatch, two critic warm-up rounds) for 6 steps of 8
+prompts × 4 responses of up to 16 tokens (docs/experiments/demo.md has a run), with
+``--num-threads`` defaulting to the machine's cores, up to 4 (the tiny Llama's default
+stays one thread). Besides the accuracies the demo prints the forms of the held-out greedy
+responses before and after (:func:`response_form`: just the number, the sum written out,
+other, cut at the budget) and the rollouts' accuracy at every step. ``--quick`` with
+``--model`` is :data:`REAL_QUICK`, a smoke run (one step of 2 × 2 responses of 4 tokens).
 
 Needs the ``[rl]`` extra (torch, transformers, tqdm, matplotlib); ``comppo-core
 synthetic`` runs with NumPy only.
