@@ -124,13 +124,14 @@ def test_header_of_the_wheels_file() -> None:
 
 def test_run_paths_accept_the_file_and_fingerprint_it(tmp_path: Path) -> None:
     from comppo_core.rl.config import TrainConfig
+    from comppo_core.rl.paths import check_paths
     from comppo_core.rl.runs import checkpoint, run_dir
 
     path = smollm2.gguf_file()
     task = tmp_path / "t.jsonl"
     task.write_text('{"prompt": "1+1=", "answer": "2"}\n')
     config = TrainConfig(model=str(path), task=str(task), chat_template=True, out=str(tmp_path / "run"))
-    run_dir.check_paths(config, overwrite=False)
+    check_paths(config, overwrite=False)
     (tmp_path / "run").mkdir()
     checkpoint.record_inputs(tmp_path / "run", config)
     recorded = json.loads((tmp_path / "run" / "inputs.json").read_text())["model"]

@@ -48,6 +48,7 @@ from typing import Any, NoReturn
 
 from ..errors import ParameterError
 from ..rl.config import PRESETS, TrainConfig, field_default
+from ..rl.paths import check_paths
 from ..rl.runs import run_dir
 
 __all__ = [
@@ -197,7 +198,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cmd: argparse.ArgumentParser = args.command_parser
     config = _resumed_config(args, cmd) if args.resume is True else config_from_args(args, cmd)
     try:
-        run_dir.check_paths(config, overwrite=args.overwrite)
+        check_paths(config, overwrite=args.overwrite)
     except ParameterError as exc:
         usage_error(cmd, exc)
     require_rl_extra("train")

@@ -62,6 +62,7 @@ from typing import Any
 from ..errors import ParameterError
 from ..options import ARM_NAMES
 from ..rl.config import TrainConfig, upgrade_fields
+from ..rl.paths import check_paths
 from ..rl.runs import run_dir
 from . import report, runs, trl_engine
 from .grid import Grid
@@ -276,7 +277,7 @@ class Experiment:
                 except ParameterError as exc:
                     raise ParameterError(f"grid: {rel}: {exc}", argument="grid") from None
         check_out(self.out, self.base, self.configs, settings.resume, settings.overwrite, self.protocol, self.engine)
-        run_dir.check_paths(self.base.replace(out=None), overwrite=False)
+        check_paths(self.base.replace(out=None), overwrite=False)
         self.source: Path | None = self._warm_start_source(settings.warm_starts)
 
     def _planned(self) -> dict[str, TrainConfig]:
