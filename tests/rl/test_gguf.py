@@ -124,8 +124,9 @@ def test_header_of_the_wheels_file() -> None:
 
 def test_run_paths_accept_the_file_and_fingerprint_it(tmp_path: Path) -> None:
     from comppo_core.rl.config import TrainConfig
+    from comppo_core.rl.engine import checkpoint
     from comppo_core.rl.paths import check_paths
-    from comppo_core.rl.runs import checkpoint, run_dir
+    from comppo_core.rl.runs import run_dir
 
     path = smollm2.gguf_file()
     task = tmp_path / "t.jsonl"

@@ -226,7 +226,7 @@ class Dist:
 
     def stop_all(self, exc: BaseException, *, step: int, kept: str) -> BaseException:
         """The exception to raise when ``exc`` ended this process's run at ``step``
-        (``kept``: what is left of the run, :func:`comppo_core.rl.runs.checkpoint.describe_kept`).
+        (``kept``: what is left of the run, :func:`comppo_core.rl.engine.checkpoint.describe_kept`).
 
         * one process: ``exc``; a :class:`~comppo_core.errors.NonFiniteError` restated with
           the step and ``kept``.

@@ -5,7 +5,7 @@ The orchestration of a run: building or resuming it, the loop over steps (1. rol
 3. advantages, 4. ``ppo_epochs`` × ``num_minibatches`` updates: the maths in
 :mod:`comppo_core.rl.core.step`, one equation per function), evaluation and logging. What a
 run is built from is :mod:`comppo_core.rl.engine.build`; the optimisers :mod:`comppo_core.rl.engine.optimize`;
-checkpoints :mod:`comppo_core.rl.runs.checkpoint`; the rows it logs :mod:`comppo_core.rl.runs.metrics`.
+checkpoints :mod:`comppo_core.rl.engine.checkpoint`; the rows it logs :mod:`comppo_core.rl.runs.metrics`.
 Every log-prob (old, new, reference) is of ``logits / temperature``, the distribution sampled
 from, as verl and TRL score; columns are ``[B, T−1]`` (column j scores token ``ids[:, j+1]``).
 
@@ -52,10 +52,11 @@ from ..critics.standard import StandardCritic
 from ..critics.warmup import warm_up_critic
 from ..models import lora
 from ..models.pretrained import load_policy
-from ..runs import checkpoint, metrics, run_dir
+from ..runs import metrics, run_dir
 from ..runs.interrupts import TrainingInterrupted
 from ..runs.metrics import METRIC_KEYS, Timer
 from ..tasks.base import Problem, Task, Tokenizer
+from . import checkpoint
 from . import rollout as rollouts
 from .build import build_policy, initial_policy, make_critic, make_reference, make_task, sft_warm_start
 from .distributed import Dist, is_sharded, shard_bounds, shard_model
@@ -265,7 +266,7 @@ class Trainer:
 
     def save_checkpoint(self, next_step: int) -> None:
         """Write ``OUT/checkpoint`` for a run that continues at ``next_step`` (rank 0;
-        :func:`comppo_core.rl.runs.checkpoint.save_checkpoint`; under ``fsdp`` every rank
+        :func:`comppo_core.rl.engine.checkpoint.save_checkpoint`; under ``fsdp`` every rank
         first gathers the full state dicts with rank 0)."""
         self._saved_at = next_step
         if self.out is None:

@@ -16,6 +16,10 @@ Written atomically: the new checkpoint is written beside the old one
 (``checkpoint.tmp``), the old one renamed to ``checkpoint.old``, the new one renamed into
 place, then the old one deleted; a crash at any point leaves a complete checkpoint under
 one of the two names, and :func:`find_checkpoint` finds it.
+
+The package trainer's own format (TRL and verl keep theirs), so it sits in ``engine``, above
+:mod:`comppo_core.rl.config` (a checkpoint holds and checks a TrainConfig) and the models,
+which :mod:`comppo_core.rl.runs` (a run directory's rules, below them) does not import.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from torch import nn
 from ...errors import ParameterError
 from ..config import RESUMABLE_CHANGES, TrainConfig
 from ..models.tokenizer import quiet_transformers, save_tokenizer
-from .run_dir import (
+from ..runs.run_dir import (
     INPUT_FIELDS,
     check_moved_input,
     fingerprint,
