@@ -84,6 +84,7 @@ def test_the_overridden_private_methods_have_trl_1_16_signatures() -> None:
         "_pad_to_global_widths",
     }
     overridden -= {"_score", "_set_shares", "_log_entries", "_step_critic", "_critic_backward", "_update_forward"}
+    overridden -= {"_scoring_columns", "_step_gates", "_fused_forward", "_log_stats"}
     assert overridden <= set(cctrl.PINNED_SIGNATURES), overridden - set(cctrl.PINNED_SIGNATURES)
 
 
@@ -318,6 +319,58 @@ def test_every_arm_with_a_critic_trains_its_critic_and_the_actor(tmp_path: Path,
         torch.isfinite(torch.tensor(logged["comppo/" + k])) for k in ("pg_loss", "value_loss", "grad_norm_critic")
     )
     assert (ARMS[arm].gate_source.gated) == ("comppo/gate_mean" in logged)
+
+
+@pytest.mark.parametrize("arm", ["comppo", "comppo_shuffle", "tac_fixed", "comppo_policy_entropy"])
+def test_one_micro_batch_scores_in_the_update_forward_bit_for_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arm: str
+) -> None:
+    """With one optimiser step per generation on one micro-batch, a TAC arm runs one actor
+    forward a step (the scoring pass inside the update's, with gradients), and the step is
+    the two-forward path's bit for bit: the gates of a control drawn over the generation
+    order, the loss over TRL's shuffled rows."""
+    from comppo_core.rl.core import step as step_module
+
+    calls: list[tuple[bool, bool]] = []
+    score = step_module.score
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        grad = bool(kwargs.get("grad", False))
+        calls.append((grad, bool(kwargs.get("scoring", not grad))))
+        return score(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "score", counted)
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    config = {"arm": arm, "max_steps": 2}
+    one = run_fixed(tmp_path / "one", rows, scores, **config)
+    assert calls == [(True, True)] * 2  # one forward a step, with gradients, giving the scoring pass's outputs
+    calls.clear()
+    monkeypatch.setattr(cctrl.CompPOTrainer, "_fused_scoring", property(lambda self: False))
+    two = run_fixed(tmp_path / "two", rows, scores, **config)
+    assert calls == [(False, True), (True, False)] * 2
+    assert max_diff(params(one.model), params(two.model)) == 0.0
+    assert max_diff(params(one.critic), params(two.critic)) == 0.0
+    for a, b in zip(one.state.log_history, two.state.log_history):
+        assert {k: v for k, v in a.items() if k.startswith("comppo/")} == {
+            k: v for k, v in b.items() if k.startswith("comppo/")
+        }
+
+
+def test_more_micro_batches_or_epochs_score_before_the_update(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scoring pass runs on its own when the rollout serves more than one forward of
+    the update: several micro-batches per generation, or several epochs."""
+    from comppo_core.rl.core import step as step_module
+
+    calls: list[bool] = []
+    score = step_module.score
+    monkeypatch.setattr(step_module, "score", lambda *a, **k: calls.append(bool(k.get("grad"))) or score(*a, **k))
+    rows, scores = synthetic_rows(8, TOK.vocab_size)
+    run_fixed(tmp_path / "a", rows, scores, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+              steps_per_generation=2)  # fmt: skip
+    assert calls == [False, True, True]
+    calls.clear()
+    run_fixed(tmp_path / "b", rows, scores, num_iterations=2, max_steps=2)
+    assert calls == [False, True, True]
 
 
 # ---- what TRL users turn on

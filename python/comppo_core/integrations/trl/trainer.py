@@ -22,6 +22,19 @@ maths from :mod:`comppo_core.rl.core.step` (the functions :class:`comppo_core.rl
                   how the batch is split (DDP averages the actor's gradients over processes,
                   hence the factor world_size; the critic's are all-reduced the same way)
 
+**One forward where one is enough.** With one optimiser step per generation on one
+micro-batch (``num_iterations=1``, ``steps_per_generation=1``: TRL's defaults with the
+whole generation batch per device), the update's forward runs on the weights that would
+score the rollout, so a TAC arm scores in it (``step.score(..., grad=True, scoring=True)``)
+instead of in a no-grad forward of its own before it: one forward on the micro-batch in
+TRL's shuffled order, whose detached outputs, put back in generation order, are phases
+2–3's (the gates drawn over the rows in that order), and whose outputs with gradients
+are the loss's. The old log-probs are then the new ones (the ratio is 1, as TRL's
+on-policy GRPO has it), and the step is the two-forward path's bit for bit
+(``tests/integrations/test_trl.py``). Otherwise (more micro-batches or epochs per
+generation, the critic warm-up, evaluation, a standard critic, a ``"batch"`` gate
+z-score) the scoring forward runs on the generation batch first.
+
 Columns are ``[B, T−1]`` (column j scores token ``ids[:, j+1]``): the response columns are
 ``P−1 … P+C−2`` for a prompt of width ``P``. The TAC (:attr:`CompPOTrainer.critic`) lives
 outside the model accelerate wraps, with its own AdamW, stepped after the actor's optimiser
@@ -227,6 +240,21 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             wire = torch.int64
         return self.accelerator.gather(x.to(wire).contiguous()).to(x.dtype)
 
+    @property
+    def _fused_scoring(self) -> bool:
+        """Whether a TAC arm scores each generation batch in the update's forward (module
+        docstring): training, one optimiser step per generation on one micro-batch, outside
+        the critic warm-up, and gates computed row by row (a ``"batch"`` z-score over the
+        rows would be summed in the update's row order, not the generation's)."""
+        return (
+            self._tac is not None
+            and self._training
+            and self._gate_step is None
+            and int(self._cfg.num_iterations) == 1
+            and int(self._cfg.steps_per_generation) == 1
+            and (self.scoring.gate_params.normalize != "batch" or not self.arm.gate_source.gated)
+        )
+
     def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
         if self.critic is None:
             return super()._generate_and_score_completions(inputs)
@@ -247,18 +275,29 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
         rank = self.accelerator.process_index
         weights = self.reward_weights.to(self._rewards_per_func.device)
         scores = (self._rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)[rank * b : (rank + 1) * b]
+        if self._fused_scoring:  # scored in the update's forward: what it needs, in generation order
+            out["comppo_scores"] = scores
+            out["comppo_row"] = torch.arange(b, device=scores.device)
+            out["comppo_response_mask"] = self._scoring_columns(out)[2]  # the loss shares' token counts
+            if pivotal is not None:
+                out["comppo_pivotal"] = pivotal
+            return out
         rows = step.Rows(self._gather, slice(rank * b, (rank + 1) * b), self.accelerator.num_processes > 1)
         batch, stats = self._score(out, scores, rows, pivotal)
+        self._log_stats(stats)
         p = out["prompt_ids"].shape[1]
         out["advantages"] = batch.advantages[:, p - 1 :]
         out["old_per_token_logps"] = batch.old_logprobs[:, p - 1 :]
         for name in _BATCH_FIELDS:
             out["comppo_" + name] = getattr(batch, name)
+        return out
+
+    def _log_stats(self, stats: dict[str, Any]) -> None:
+        """Phase 3's statistics of a generation batch, as ``comppo/<name>`` metrics."""
         mode = "train" if self._training else "eval"
         for key, value in stats.items():
             if value is not None:
                 self._metrics[mode]["comppo/" + key].append(float(value))
-        return out
 
     def _pad_to_global_widths(self, out: dict[str, Any]) -> dict[str, Any]:
         """Prompts left-padded and completions right-padded to the widest of every process,
@@ -280,11 +319,10 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
                 out[key] = torch.nn.functional.pad(out[key], (0, dc), value=0)
         return out
 
-    def _score(
-        self, out: dict[str, Any], scores: torch.Tensor, rows: step.Rows, pivotal: torch.Tensor | None = None
-    ) -> tuple[step.Batch, dict[str, Any]]:
-        """Phases 2–3 of :class:`comppo_core.rl.Trainer` on TRL's generation batch; ``pivotal``
-        ``[B, C]`` bool: the completion tokens the task marks pivotal (the oracle arm)."""
+    @staticmethod
+    def _scoring_columns(out: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """``(ids [B, T], mask [B, T], response_mask [B, T−1], P)`` of TRL's generation batch
+        (the response: the completion, less tool output)."""
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1).bool()
         loss_mask = (
@@ -293,33 +331,56 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
         p = out["prompt_ids"].shape[1]
         response_mask = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=ids.device)
         response_mask[:, p - 1 :] = loss_mask.bool()
+        return ids, mask, response_mask, p
+
+    def _step_gates(self, response_mask: torch.Tensor, p: int, rows: step.Rows, pivotal: torch.Tensor | None) -> Any:
+        """``step.step_gates`` of this step on the batch of prompt width ``p``; ``pivotal``
+        ``[B, C]``: the completion tokens the task marks pivotal."""
         pivotal_columns = None
         if pivotal is not None:  # completion token k is response column p − 1 + k
             pivotal_columns = torch.zeros_like(response_mask)
-            pivotal_columns[:, p - 1 : p - 1 + pivotal.shape[1]] = pivotal.to(ids.device)
-        gates = step.step_gates(
+            pivotal_columns[:, p - 1 : p - 1 + pivotal.shape[1]] = pivotal.to(response_mask.device)
+        return step.step_gates(
             self.arm,
             self.scoring,
             step=self.state.global_step if self._gate_step is None else self._gate_step,
             seed=self._cfg.seed,
             shape=(response_mask.shape[0], response_mask.shape[1]),
-            device=ids.device,
+            device=response_mask.device,
             rows=rows,
             pivotal=pivotal_columns,
         )
-        with torch.no_grad(), self.accelerator.autocast():
-            s = step.score(
-                self._base_model(),
-                self.critic,
-                ids,
-                mask,
-                response_mask,
-                arm=self.arm,
-                settings=self.scoring,
-                grad=False,
-                gates=gates,
-                rows=rows,
-            )
+
+    def _score(
+        self,
+        out: dict[str, Any],
+        scores: torch.Tensor,
+        rows: step.Rows,
+        pivotal: torch.Tensor | None = None,
+        *,
+        scored: step.Scored | None = None,
+    ) -> tuple[step.Batch, dict[str, Any]]:
+        """Phases 2–3 of :class:`comppo_core.rl.Trainer` on TRL's generation batch; ``pivotal``
+        ``[B, C]`` bool: the completion tokens the task marks pivotal (the oracle arm).
+        ``scored``: the scoring pass's outputs, detached, when the update's forward gave them
+        (module docstring); else the scoring forward runs here."""
+        ids, mask, response_mask, p = self._scoring_columns(out)
+        s = scored
+        if s is None:
+            gates = self._step_gates(response_mask, p, rows, pivotal)
+            with torch.no_grad(), self.accelerator.autocast():
+                s = step.score(
+                    self._base_model(),
+                    self.critic,
+                    ids,
+                    mask,
+                    response_mask,
+                    arm=self.arm,
+                    settings=self.scoring,
+                    grad=False,
+                    gates=gates,
+                    rows=rows,
+                )
         ref = self._reference_logprobs(ids, mask) if self.beta != 0.0 else None
         rewards, kl = step.rewards_with_kl(response_mask, scores, s.logprobs, ref, self.advantage_settings)
         groups = torch.arange(ids.shape[0], device=ids.device) // int(
@@ -402,10 +463,63 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
             )
         return mb, s
 
+    def _fused_forward(self, inputs: dict[str, Any]) -> tuple[step.Batch, step.Scored]:
+        """The scoring pass and the update's forward in one (module docstring): one forward
+        with gradients on the micro-batch (the whole generation batch, in TRL's shuffled
+        order), phases 2–3 on its detached outputs put back in generation order (the gates
+        drawn there, as the scoring pass draws them); the micro-batch's ``step.Batch`` (in
+        the forward's order) and the forward."""
+        row = inputs["comppo_row"]
+        n, device = int(row.shape[0]), inputs["prompt_ids"].device
+        perm = row.to(device)  # row i here is generation row perm[i]
+        inv = torch.argsort(perm)  # generation row j is row inv[j] here
+        generation = {
+            k: v[inv.to(v.device)] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
+            for k, v in inputs.items()
+        }
+        rank = self.accelerator.process_index
+        rows = step.Rows(self._gather, slice(rank * n, (rank + 1) * n), self.accelerator.num_processes > 1)
+        ids, mask, response_mask, p = self._scoring_columns(inputs)
+        pivotal = generation.get("comppo_pivotal")
+        drawn = self._step_gates(response_mask[inv], p, rows, pivotal)
+        gates: Any = drawn
+        if callable(drawn):  # computed over the rows in generation order, handed back in this order
+
+            def gates(own: torch.Tensor, statistic: torch.Tensor, resp: torch.Tensor) -> torch.Tensor:
+                return drawn(own[inv], statistic[inv], resp[inv])[perm]
+
+        elif isinstance(drawn, torch.Tensor):
+            gates = drawn[perm]
+        with self.accelerator.autocast():
+            s = step.score(
+                self._base_model(),
+                self.critic,
+                ids,
+                mask,
+                response_mask,
+                arm=self.arm,
+                settings=self.scoring,
+                grad=True,
+                scoring=True,
+                gates=gates,
+                rows=rows,
+            )
+        detached = step.Scored(
+            logprobs=s.logprobs.detach()[inv],
+            values=None if s.values is None else s.values.detach()[inv],
+            gates=None if s.gates is None else s.gates[inv],
+        )
+        batch, stats = self._score(generation, generation["comppo_scores"], rows, pivotal, scored=detached)
+        self._log_stats(stats)
+        return batch.select(perm), s
+
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         if self.critic is None:
             return super()._compute_loss(model, inputs)
-        mb, s = self._update_forward(inputs)
+        if inputs.get("comppo_scores") is not None:
+            mb, s = self._fused_forward(inputs)
+        else:
+            mb, s = self._update_forward(inputs)
         shares = {
             "share": float(inputs.get("comppo_share", 1.0)),
             "token_share": float(inputs.get("comppo_token_share", 1.0)),

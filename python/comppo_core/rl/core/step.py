@@ -319,6 +319,7 @@ def score(
     rows: Rows = LOCAL,
     critic_grad: bool | None = None,
     cu_seqlens: Any = None,
+    scoring: bool | None = None,
 ) -> Scored:
     """Log-probs (at τ), values and the arm's gates of a batch, from one actor forward.
 
@@ -326,12 +327,19 @@ def score(
     Comp-GAE's gates as the global batch defines them, a collective under ``rows``);
     ``grad=True`` is the update's forward on this process's rows alone (``gates`` None:
     the update reads no Comp-GAE gates); ``grad=False, critic_grad=True`` trains the critic
-    alone (a critic warm-up). The critic reads the prefix only, in every arm
-    (:func:`~comppo_core.rl.forward`). The probe runs only when the pass needs routing:
+    alone (a critic warm-up). ``scoring`` (default ``not grad``) asks for the scoring
+    pass's outputs, the arm's gates as phase 2 computes them: ``grad=True, scoring=True``
+    is phase 2 and the update's forward in one pass, for an update that trains on the
+    rollout it scores with the weights that scored it (one optimiser step per rollout
+    batch, one minibatch: CompPOTrainer with ``num_iterations=1`` and
+    ``steps_per_generation=1``); its detached outputs are phase 2's. The critic reads the
+    prefix only, in every arm (:func:`~comppo_core.rl.forward`). The probe runs only when
+    the pass needs routing:
     the scoring pass of an arm with gates or a TAC, the update of a TAC arm; the others
     score with a plain forward, at the baseline's own cost. The scoring pass of an arm whose
     gates map a policy statistic (``policy_entropy``, ``token_nll``) computes it and maps it
-    (:func:`~comppo_core.rl.forward`'s ``policy_statistic``); the update's forward does not.
+    (:func:`~comppo_core.rl.forward`'s ``policy_statistic``); the update's forward does not
+    (unless ``scoring``).
 
     ``cu_seqlens`` scores a packed row (``input_ids`` ``[1, N]``, ``attention_mask`` None,
     ``response_mask`` and every output ``[1, N−1]``; :func:`~comppo_core.rl.forward`), on
@@ -342,8 +350,9 @@ def score(
             "are gathered from padded rows",
             argument="cu_seqlens",
         )
-    statistic = arm.gate_source.policy_statistic if not grad else None
-    routing = arm.critic_reads_routing or (not grad and arm.reads_routing)
+    scoring = not grad if scoring is None else bool(scoring)
+    statistic = arm.gate_source.policy_statistic if scoring else None
+    routing = arm.critic_reads_routing or (scoring and arm.reads_routing)
     out = forward(
         actor,
         input_ids,
@@ -362,7 +371,7 @@ def score(
         cu_seqlens=cu_seqlens,
     )
     comp_gates = out.gates
-    if not grad and gates is None and comp_gates is not None and out.gate_statistic is not None:
+    if scoring and gates is None and comp_gates is not None and out.gate_statistic is not None:
         comp_gates = _batch_gates(comp_gates, out.gate_statistic, response_mask, settings, rows)
     values = None if out.values is None else out.values.float()  # float32 under a bfloat16 autocast too
     return Scored(logprobs=out.logprobs.float(), values=values, gates=comp_gates if arm.gate_source.gated else None)
