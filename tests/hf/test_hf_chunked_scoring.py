@@ -152,6 +152,38 @@ def test_the_full_logits_are_never_materialised(grad: bool) -> None:
 
 
 @pytest.mark.usefixtures("no_chunk_env")
+@pytest.mark.parametrize("chunk", [4, None, 0])
+def test_logprob_columns_run_the_head_on_those_columns_alone(chunk: int | None) -> None:
+    """``logprob_columns``: the chosen columns' log-probs (the head's matmul on other row
+    blocks: float32 rounding), exactly 0 at every other column, the LM head's rows those
+    columns alone (chunked path), the concentration and ``columns`` unchanged."""
+    model = _model("llama")
+    ids, mask = _batch(4)
+    every = hf.score(model, ids, mask, temperature=0.7, logprob_chunk=chunk, concentration=True)
+    wanted = torch.zeros(B, T - 1, dtype=torch.bool)
+    wanted[:, 5:] = True  # the "response": the last columns, some of them padding
+    rows = _HeadRows(model)
+    try:
+        got = hf.score(model, ids, mask, temperature=0.7, logprob_chunk=chunk, concentration=True,
+                       logprob_columns=wanted)  # fmt: skip
+    finally:
+        rows.handle.remove()
+    inside = wanted & every.columns
+    assert bool(inside.any()) and bool((~wanted & every.columns).any())
+    _assert_close(got.logprobs, torch.where(inside, every.logprobs, 0.0), f"logprob_chunk={chunk}")
+    assert bool((got.logprobs[inside] != 0).all()) and bool((got.logprobs[~inside] == 0).all())
+    assert torch.equal(got.columns, every.columns) and torch.equal(got.concentration, every.concentration)
+    if chunk:  # the model's call, the last-position check, then the chunks of the chosen columns only
+        assert sum(rows.rows[2:]) == int(inside.sum())
+    with torch.enable_grad():
+        grad = hf.score(model, ids, mask, temperature=0.7, logprob_chunk=chunk, grad=True, logprob_columns=wanted)
+    assert grad.logprobs.requires_grad and torch.equal(grad.logprobs.detach(), got.logprobs)
+    with pytest.raises(ShapeError, match="logprob_columns") as e:
+        hf.score(model, ids, mask, logprob_columns=wanted[:, 1:])
+    assert e.value.argument == "logprob_columns"
+
+
+@pytest.mark.usefixtures("no_chunk_env")
 def test_rl_forward_scores_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """``rl.forward`` (and so the trainer) goes through the chunked path; the environment
     variable sets its chunk."""

@@ -176,8 +176,11 @@ def test_the_arms_step_gates_are_their_sources(rollout: dict[str, Any]) -> None:
 def test_plain_arms_score_with_hf_score(actor: Any, rollout: dict[str, Any]) -> None:
     r = rollout
     s = step.score(actor, None, r["ids"], r["am"], r["resp"], arm=ARMS["grpo"], settings=SCORING)
-    want = hf.score(actor, r["ids"], r["am"], temperature=TAU).logprobs
-    assert torch.equal(s.logprobs, want)
+    every = hf.score(actor, r["ids"], r["am"], temperature=TAU).logprobs
+    # the response columns' log-probs, bit for bit; 0 at the prompt's (the LM head skips them)
+    want = torch.where(r["resp"], every, 0.0)
+    assert torch.equal(s.logprobs, want) and bool((every[~r["resp"] & (every != 0)]).numel())
+    assert torch.equal(want, hf.score(actor, r["ids"], r["am"], temperature=TAU, logprob_columns=r["resp"]).logprobs)
     assert s.values is None and s.gates is None
     assert not s.logprobs.requires_grad
     with_grad = step.score(actor, None, r["ids"], r["am"], r["resp"], arm=ARMS["grpo"], settings=SCORING, grad=True)
@@ -190,7 +193,7 @@ def test_concentration_arms_gate_the_response(actor: Any, rollout: dict[str, Any
     critic = TransportAlignedCritic.for_model(actor, width=16)
     s = step.score(actor, critic, r["ids"], r["am"], r["resp"], arm=ARMS["comppo"], settings=SCORING)
     scored = hf.score(actor, r["ids"], r["am"], temperature=TAU, concentration=True)
-    assert torch.equal(s.logprobs, scored.logprobs)
+    assert torch.equal(s.logprobs, torch.where(r["resp"], scored.logprobs, 0.0))
     assert scored.concentration is not None
     g = torch.as_tensor(cc.gates_from_concentration(scored.concentration, mask=r["resp"], params=SCORING.gate_params))
     assert s.gates is not None and torch.equal(s.gates, g)

@@ -208,6 +208,7 @@ def score(
     position_ids: torch.Tensor | None = None,
     logprob_chunk: int | None = None,
     cu_seqlens: Any = None,
+    logprob_columns: torch.Tensor | None = None,
 ) -> Scores:
     """One forward of ``model``; per-token log-probs, and the concentration on request.
 
@@ -239,6 +240,12 @@ def score(
         ``COMPPO_LOGPROB_CHUNK`` environment variable if set, else ``max(1, 2^24 // V)``;
         0: no chunking (the model's full ``[B, T, V]`` logits, as before). The log-probs do
         not depend on it beyond float32 rounding of the head's matmul.
+      logprob_columns: optional ``[B, T−1]`` bool, the columns whose log-probs are wanted
+        (a PPO step reads the response's alone): the LM head runs on those of them that are
+        scored, and every other column's log-prob is 0. Each computed value is the one
+        without it up to the float32 rounding of the head's matmul on other blocks of rows
+        (none where it rounds each row alone: SmolLM2's head at the default chunk). The
+        concentration and ``columns`` do not change. None: every scored column.
 
     Returns:
       :class:`Scores` on the model's device; for a packed row ``[1, N−1]`` (module docstring).
@@ -287,7 +294,17 @@ def score(
         columns = scored_columns(mask)
     if starts is not None:  # a packed row: a column whose target starts the next sequence scores nothing
         columns = columns & ~starts[:, 1:]
-    partial = mask is not None or starts is not None  # some columns are not scored
+    wanted = columns  # the columns whose log-probs are computed
+    if logprob_columns is not None:
+        if not isinstance(logprob_columns, torch.Tensor) or tuple(logprob_columns.shape) != tuple(columns.shape):
+            got = tuple(logprob_columns.shape) if isinstance(logprob_columns, torch.Tensor) else type(logprob_columns)
+            raise ShapeError(
+                f"logprob_columns: expected a tensor [B, T−1] = {list(columns.shape)} (column j scores token j+1), "
+                f"got {got}",
+                argument="logprob_columns",
+            )
+        wanted = columns & (logprob_columns.to(columns.device) != 0)
+    partial = mask is not None or starts is not None or logprob_columns is not None  # some columns get no log-prob
     with (
         torch.enable_grad() if grad else torch.no_grad(),
         probe if probe is not None else contextlib.nullcontext(),
@@ -307,13 +324,13 @@ def score(
             tap.hidden = None
             _check_last_position(inner, logits, head, post, hidden)
             del logits
-            cols = columns.to(hidden.device)
+            cols = wanted.to(hidden.device)
             h = hidden[:, :-1][cols] if partial else hidden[:, :-1].reshape(-1, hidden.shape[-1])
             y = ids[:, 1:].to(hidden.device)[cols] if partial else ids[:, 1:].reshape(-1)
             del hidden
             vals = head_logprobs(h, head, y, temperature=temperature, chunk_tokens=chunk, post=post)
             lp = torch.zeros(columns.shape, dtype=torch.float32, device=vals.device).masked_scatter(
-                columns.to(vals.device), vals
+                wanted.to(vals.device), vals
             )
         else:  # unchunked (logprob_chunk=0, or a head the hook cannot see): the model's full logits
             lp = token_logprobs(logits[:, :-1], ids[:, 1:], temperature=temperature)
@@ -324,7 +341,7 @@ def score(
         if per_layer:
             per = probe.per_layer[:, :-1].masked_fill(~columns.unsqueeze(-1), 0.0)
     if partial:
-        lp = torch.where(columns.to(lp.device), lp, torch.zeros_like(lp))
+        lp = torch.where(wanted.to(lp.device), lp, torch.zeros_like(lp))
     return Scores(lp, conc, per, columns)
 
 

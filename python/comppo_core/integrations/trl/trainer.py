@@ -214,15 +214,17 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
         return get_base() if callable(get_base) else inner
 
     @torch.no_grad()
-    def _reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _reference_logprobs(
+        self, ids: torch.Tensor, mask: torch.Tensor, response_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Log-probs at τ under TRL's reference: ``ref_model``, or with PEFT the model with
-        its adapter disabled."""
+        its adapter disabled; at the ``response_mask`` columns alone when given (0 elsewhere)."""
         tau = self._cfg.temperature
         if self.ref_model is not None:
-            return score_tokens(self.ref_model, ids, mask, temperature=tau).logprobs
+            return score_tokens(self.ref_model, ids, mask, temperature=tau, logprob_columns=response_mask).logprobs
         inner = self.accelerator.unwrap_model(self.model)
         with inner.disable_adapter():
-            return score_tokens(self._base_model(), ids, mask, temperature=tau).logprobs
+            return score_tokens(self._base_model(), ids, mask, temperature=tau, logprob_columns=response_mask).logprobs
 
     # ---- phase 2 and 3: on each generation batch
 
@@ -381,7 +383,7 @@ class CompPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl's hints are parti
                     gates=gates,
                     rows=rows,
                 )
-        ref = self._reference_logprobs(ids, mask) if self.beta != 0.0 else None
+        ref = self._reference_logprobs(ids, mask, response_mask) if self.beta != 0.0 else None
         rewards, kl = step.rewards_with_kl(response_mask, scores, s.logprobs, ref, self.advantage_settings)
         groups = torch.arange(ids.shape[0], device=ids.device) // int(
             self.num_generations or 1

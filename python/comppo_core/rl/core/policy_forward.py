@@ -270,6 +270,7 @@ def forward(
     critic_grad: bool | None = None,
     policy_statistic: str | None = None,
     cu_seqlens: Any = None,
+    response_logprobs: bool = False,
 ) -> ForwardOutput:
     """Run the actor once; return log-probs, concentration, gates and values (module docstring).
 
@@ -318,6 +319,11 @@ def forward(
         nothing: outside the response, log-probs and values 0, gates 1. ``gates``, when a
         tensor, is ``[1, N−1]``; when a function, it is called on one row per sequence
         (``[S, T'−1]``, :func:`~comppo_core.hf.lm.unpack_columns`) and returns that shape.
+      response_logprobs: log-probs at the response columns alone, 0 at the other scored
+        columns (:func:`comppo_core.hf.score`'s ``logprob_columns``): the LM head skips the
+        prompt (each log-prob computed is the one without it up to the float32 rounding
+        of the head's matmul on other row blocks). A PPO step reads no other
+        (:func:`comppo_core.rl.core.step.score` asks for it).
 
     Returns:
       :class:`ForwardOutput`; values outside the scored columns are 0.
@@ -391,6 +397,7 @@ def forward(
                 grad=grad,
                 position_ids=pos,
                 cu_seqlens=cu,
+                logprob_columns=resp if response_logprobs else None,
             )
     finally:
         if capture is not None:

@@ -323,6 +323,10 @@ def score(
 ) -> Scored:
     """Log-probs (at τ), values and the arm's gates of a batch, from one actor forward.
 
+    The log-probs are the response columns' (0 at the prompt's, which no step reads: the
+    LM head runs on the response alone, :func:`~comppo_core.rl.forward`'s
+    ``response_logprobs``).
+
     ``grad=False`` is phase 2 (old log-probs and values; ``gates`` from :func:`step_gates`;
     Comp-GAE's gates as the global batch defines them, a collective under ``rows``);
     ``grad=True`` is the update's forward on this process's rows alone (``gates`` None:
@@ -369,6 +373,7 @@ def score(
         critic_grad=critic_grad,
         policy_statistic=statistic,
         cu_seqlens=cu_seqlens,
+        response_logprobs=True,
     )
     comp_gates = out.gates
     if scoring and gates is None and comp_gates is not None and out.gate_statistic is not None:

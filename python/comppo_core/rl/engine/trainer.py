@@ -404,9 +404,13 @@ class Trainer:
     # ---- phases 2 and 3: scoring and advantages (the maths: comppo_core.rl.core.step)
 
     @torch.no_grad()
-    def reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def reference_logprobs(
+        self, ids: torch.Tensor, mask: torch.Tensor, response_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Log-probs under the frozen reference: the warm-start copy, or with LoRA the actor
-        with its adapter disabled (the base model)."""
+        with its adapter disabled (the base model); with ``response_mask`` ``[B, T−1]`` at
+        those columns alone (0 elsewhere: the LM head skips the prompt), as the scoring pass
+        has them."""
         if self.reference is None and self.lora_model is None:
             raise ParameterError(
                 "reference: this run keeps no reference (kl_coef = 0 and log_kl off)", argument="reference"
@@ -414,7 +418,8 @@ class Trainer:
         model = self.actor if self.reference is None else self.reference
         context = lora.adapter_disabled(self.lora_model) if self.reference is None else contextlib.nullcontext()
         with context, self.autocast():
-            return score_tokens(model, ids, mask, temperature=self.config.temperature).logprobs.float()
+            scored = score_tokens(model, ids, mask, temperature=self.config.temperature, logprob_columns=response_mask)
+            return scored.logprobs.float()
 
     def _forward(self, b: Rollout | Batch, *, grad: bool, gates: Any) -> step.Scored:
         """One forward pass of this run's actor and critic over ``b``'s sequences
@@ -439,7 +444,7 @@ class Trainer:
             pivotal=oracle.pivotal_columns(self.task, self.tokenizer, r) if self.arm.gate_source.pivotal else None,
         )
         s = self._forward(r, grad=False, gates=gates)
-        ref = self.reference_logprobs(r.input_ids, r.attention_mask) if self.uses_reference else None
+        ref = self.reference_logprobs(r.input_ids, r.attention_mask, r.response_mask) if self.uses_reference else None
         return Batch(
             r.input_ids,
             r.attention_mask,
