@@ -55,3 +55,14 @@ def test_examples_are_the_programs_users_copy() -> None:
     for name in configs:
         config = yaml.safe_load((EXAMPLES / "accelerate" / name).read_text(encoding="utf-8"))
         assert isinstance(config, dict) and "distributed_type" in config, name
+
+
+def test_the_trl_docs_script_is_the_example_that_runs() -> None:
+    """docs/trl.md's "complete script" is examples/trl_comppo.py without its docstring, so the
+    script a reader copies is the one test_example_runs runs (on CPU)."""
+    doc = (EXAMPLES.parent / "docs" / "trl.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## A complete script") :]
+    block = section[section.index("```python\n") + len("```python\n") : section.index("\n```\n")] + "\n"
+    source = (EXAMPLES / "trl_comppo.py").read_text(encoding="utf-8")
+    code = source[source.index('"""', 3) + 3 :].lstrip("\n")
+    assert block == code, "docs/trl.md's complete script differs from examples/trl_comppo.py"
