@@ -126,3 +126,84 @@ def test_every_module_exists(module: str) -> None:
     if i < len(parts):
         defined = _definitions(source)
         assert parts[i] in defined, f"docs/architecture.md: {'.'.join(parts[:i])} defines no {parts[i]}"
+
+
+# -- the layers: architecture.md's tables against the import-linter contracts of pyproject.toml --------
+
+#: `path.py` or `folder/` at the start of a backticked span (a layer's module or package)
+LAYER_PATH = re.compile(r"`((?:\w+/)*\w+(?:\.py|/))")
+
+
+def _contracts() -> dict[str, dict]:
+    """pyproject.toml's import-linter contracts by id (tomllib: Python >= 3.11)."""
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    return {c["id"]: c for c in config["contracts"]}
+
+
+def _layers(contract: dict) -> list[set[str]]:
+    """A layers contract's layers, top first, each the set of its module names (relative to the container)."""
+    return [{m.strip().strip("()") for m in re.split(r"[:|]", layer)} for layer in contract["layers"]]
+
+
+def _table(heading: str) -> list[list[str]]:
+    """The cells of the rows of the Markdown table whose header row starts with ``heading``."""
+    lines = DOC.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def _modules(cell: str) -> set[str]:
+    """The modules and packages of comppo_core a table cell names, as dotted names relative to the
+    package, without those inside another one it names (``hf/`` and ``hf/lm.py``: ``hf``)."""
+    found = set()
+    for path in LAYER_PATH.findall(cell):
+        if (PACKAGE / path).exists():
+            found.add(path.removesuffix("/").removesuffix(".py").replace("/", "."))
+    return {m for m in found if not any(m.startswith(other + ".") for other in found)}
+
+
+def test_the_import_contracts_hold() -> None:
+    """lint-imports on the contracts of pyproject.toml (CI runs the command too)."""
+    pytest.importorskip("importlinter")
+    import importlinter.api  # noqa: F401  (configures import-linter, as its command does)
+    from importlinter.application.use_cases import lint_imports
+
+    assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), cache_dir=None, no_logo=True), (
+        "an import breaks the layers of docs/architecture.md (the report above)"
+    )
+
+
+def test_the_layer_table_is_the_contracts_layers() -> None:
+    """Each row of the layer table (lowest first) names exactly the modules of one layer of the
+    `layers` contract (top first), and the array API's row is what the torch-free contract covers."""
+    contracts = _contracts()
+    layers = _layers(contracts["layers"])
+    rows = [(row[0], _modules(row[1])) for row in _table("| layer | where |")]
+    python_rows = [(name, modules) for name, modules in rows if modules]  # not the Rust kernels
+    assert [name for name, _ in rows if not _] == ["Rust kernels"]
+    assert [modules for _, modules in python_rows] == layers[::-1], (
+        "docs/architecture.md's layer table and pyproject.toml's `layers` contract list different layers"
+    )
+    array_api = dict(python_rows)["array API"]
+    torch_free = {m.removeprefix("comppo_core.") for m in contracts["array-api-torch-free"]["source_modules"]}
+    assert torch_free == array_api
+
+
+def test_the_rl_table_follows_the_rl_layers() -> None:
+    """The rl table names every module of rl/ and lists the folders bottom-up in the order of the
+    `rl-layers` contract (an independent pair in either order)."""
+    layers = _layers(_contracts()["rl-layers"])[::-1]
+    rank = {name: i for i, layer in enumerate(layers) for name in layer}
+    named = [path for row in _table("| folder | module |") for path in LAYER_PATH.findall(row[1])]
+    children = list(dict.fromkeys(path.split("/")[1].removesuffix(".py") for path in named))
+    assert set(children) == set(rank), "the rl table and the rl-layers contract name different parts of rl"
+    ranks = [rank[c] for c in children]
+    assert ranks == sorted(ranks), f"the rl table's order {children} is not the rl-layers contract's, bottom-up"
+    modules = {p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "rl").rglob("*.py") if p.name != "__init__.py"}
+    assert modules <= set(named), f"the rl table omits {sorted(modules - set(named))}"
