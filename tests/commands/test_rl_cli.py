@@ -304,3 +304,29 @@ def test_training_doc_lists_every_field_with_its_default() -> None:
         assert documented[flag] == repr(field_default(f)), (
             f"docs/training.md: --{flag} default {documented[flag]} != {field_default(f)!r}"
         )
+
+
+def test_a_model_without_a_preset_starts_from_the_pretrained_preset_and_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from comppo_core.commands.train import config_from_args
+
+    def config(*flags: str) -> Any:
+        args = cli._build_parser().parse_args(["train", *flags, "--out", "o"])
+        return config_from_args(args, args.command_parser)
+
+    got = config("--model", "m", "--task", "add.jsonl")
+    said = capsys.readouterr().err
+    assert (
+        (got.actor_lr, got.ppo_epochs, got.num_minibatches)
+        == (1e-5, 1, 1)
+        == tuple(PRESETS["pretrained"][k] for k in ("actor_lr", "ppo_epochs", "num_minibatches"))
+    )
+    assert "the pretrained preset, since --model is given without --preset" in said and "--actor-lr 1e-05" in said
+    mine = config("--model", "m", "--task", "add.jsonl", "--actor-lr", "3e-6")  # a flag given wins, and is not listed
+    assert mine.actor_lr == 3e-6 and mine.ppo_epochs == 1 and "--actor-lr" not in capsys.readouterr().err
+    toy = config("--model", "m", "--task", "add.jsonl", "--preset", "default")
+    assert (toy.actor_lr, toy.ppo_epochs) == (TrainConfig().actor_lr, TrainConfig().ppo_epochs)
+    assert capsys.readouterr().err == ""
+    assert config().actor_lr == TrainConfig().actor_lr  # the built-in model: the defaults, nothing said
+    assert capsys.readouterr().err == ""

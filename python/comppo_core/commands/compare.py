@@ -100,6 +100,7 @@ from .train import (
     add_config_arguments,
     config_fields,
     config_from_args,
+    preset_name,
     require_rl_extra,
     show_log_lines,
     usage_error,
@@ -232,7 +233,7 @@ def recorded_defaults(args: argparse.Namespace) -> dict[str, Any]:
     except ParameterError:
         return {}
     names = {f.name for f in dataclasses.fields(TrainConfig)}
-    set_here = {*config_fields(args), *PRESETS.get(args.preset or "default", {})}
+    set_here = {*config_fields(args), *PRESETS.get(preset_name(args), {})}
     return {k: v for k, v in recorded.items() if k in names and k not in set_here}
 
 
@@ -270,7 +271,7 @@ def settings_from_args(args: argparse.Namespace, cmd: argparse.ArgumentParser) -
         warm_starts=None if args.warm_starts is None else Path(args.warm_starts),
         resume=args.resume is True,
         overwrite=bool(args.overwrite),
-        preset=args.preset or "default",
+        preset=preset_name(args),
         engine=args.engine,
         launcher=args.launcher,
         trl_config=None if args.trl_config is None else Path(args.trl_config),

@@ -3,7 +3,9 @@
 Every :class:`~comppo_core.rl.TrainConfig` field is a flag (``--actor-lr``, ``--kl-coef``,
 ...; ``task_options`` is ``--task-option KEY=VALUE``, once per setting). A run's settings are, in order of precedence: the flags given on the command line,
 then the ``--preset`` (:data:`comppo_core.rl.config.PRESETS`: ``default`` is the
-TrainConfig defaults, ``quick`` a shorter run), then the TrainConfig defaults. With
+TrainConfig defaults, ``quick`` a shorter run, ``pretrained`` the update for a pretrained
+model, applied, and said on stderr, when ``--model`` is given without ``--preset``), then the
+TrainConfig defaults. With
 ``--resume`` the settings saved in ``OUT/config.json`` replace the preset, and the flags
 given change them (the trainer accepts changes to ``steps``, ``progress``, ``save_every``,
 ``eval_every``, ``num_threads`` and ``device`` only).
@@ -47,7 +49,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import ParameterError
-from ..rl.config import PRESETS, TrainConfig, field_default
+from ..rl.config import DEFAULT_PRESET, MODEL_PRESET, PRESETS, TrainConfig, field_default
 from ..rl.paths import check_paths
 from ..rl.runs import run_dir
 
@@ -143,11 +145,30 @@ def usage_error(parser: argparse.ArgumentParser, exc: Exception) -> NoReturn:
     parser.error(message)
 
 
+def preset_name(args: argparse.Namespace) -> str:
+    """``--preset`` when given; else ``pretrained`` with ``--model`` (a pretrained model needs a
+    smaller update than the built-in toy: rl.config.PRESETS) and ``default`` without."""
+    if args.preset is not None:
+        return str(args.preset)
+    return MODEL_PRESET if "model" in config_fields(args) else DEFAULT_PRESET
+
+
 def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser, **fixed: Any) -> TrainConfig:
-    """The run's TrainConfig: ``fixed`` fields, then the flags given, then the preset, then
-    the defaults; a bad value is a usage error naming its flag."""
+    """The run's TrainConfig: ``fixed`` fields, then the flags given, then the preset
+    (:func:`preset_name`), then the defaults; a bad value is a usage error naming its flag. A
+    preset applied because ``--model`` was given is said on stderr, with what it sets."""
+    name = preset_name(args)
+    given = config_fields(args)
+    if args.preset is None and name != DEFAULT_PRESET:
+        changes = {k: v for k, v in PRESETS[name].items() if k not in given and k not in fixed}
+        shown = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in changes.items())
+        print(
+            f"{parser.prog}: the {name} preset, since --model is given without --preset: {shown} "
+            "(--preset default for the TrainConfig defaults)",
+            file=sys.stderr,
+        )
     try:
-        return TrainConfig.from_preset(args.preset or "default", **{**config_fields(args), **fixed})
+        return TrainConfig.from_preset(name, **{**given, **fixed})
     except ParameterError as exc:
         usage_error(parser, exc)
 

@@ -637,11 +637,18 @@ class TrainConfig:
 #: ``demo`` is ``comppo-core demo``'s: a longer warm start on demonstrations half of which forget the
 #: carries, so that the policy starts confident in the format but unsure at the pivotal carry tokens,
 #: which the verifier's reward fixes within 40 steps (docs/training.md, "Presets").
+#: ``pretrained`` is for a pretrained ``model`` (the command line applies it when ``--model`` is given
+#: without ``--preset``): a 3× smaller actor step and one update a batch, since the toy's 3e-5 with
+#: 2 epochs × 2 minibatches eroded SmolLM2-135M's accuracy in three steps, while 1e-5 × 1 × 1 (the KL
+#: anchor kept) raised it on a validation split for both arms measured (docs/experiments/pretrained-defaults.md).
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     "quick": {"steps": 40},
     "demo": {"steps": 40, "warmup_sft_steps": 240, "sft_carry_noise": 0.5},
+    "pretrained": {"actor_lr": 1e-5, "ppo_epochs": 1, "num_minibatches": 1},
 }
+#: The preset a command applies when ``--preset`` is not given, with ``--model`` and without it.
+MODEL_PRESET, DEFAULT_PRESET = "pretrained", "default"
 
 
 def field_types(cls: type) -> dict[str, Any]:
