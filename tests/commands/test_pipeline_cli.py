@@ -393,7 +393,10 @@ def test_without_pyarrow_the_message_says_what_to_install(
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     code, _, err = run_cli(capsys, "advantages", tmp_path / "in.parquet", "-o", tmp_path / "o.parquet")
     assert code == 2
-    assert err.strip() == "comppo-core advantages: error: the advantages command needs pyarrow: pip install 'comppo-core[arrow]'"
+    assert (
+        err.strip()
+        == "comppo-core advantages: error: the advantages command needs pyarrow: pip install 'comppo-core[arrow]'"
+    )
 
 
 def test_installed_command_end_to_end(tmp_path: Path) -> None:
