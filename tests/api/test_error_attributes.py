@@ -262,12 +262,12 @@ def test_cli_reports_the_row_of_the_file(tmp_path: Path, capsys: pytest.CaptureF
     values[13] = [0.0, float("nan"), 0.0]  # row group 2 (rows 10..14), its row 3
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"rewards": _list(pa, rows), "values": _list(pa, values)}), src, row_group_size=5)
-    assert cli.main(["advantages", str(src), "-o", str(tmp_path / "out.parquet")]) == 1
+    assert cli.main(["advantages", str(src), "-o", str(tmp_path / "out.parquet")]) == 2
     err = capsys.readouterr().err
     group = pq.ParquetFile(src).read_row_group(2)
     e = raised(lambda: arrow.compute_advantages(group, row_offset=10), cc.NonFiniteError)
     assert attrs(e) == ("values", 13, 1, None)
-    assert err.strip() == f"comppo-core: error: {src}: {e}"
+    assert err.strip() == f"comppo-core advantages: error: {src}: {e}"
     assert errors.location(e.row, e.position) in err  # type: ignore[arg-type]
 
 

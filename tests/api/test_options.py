@@ -172,7 +172,10 @@ def test_the_training_config_refuses_with_the_one_message() -> None:
         allowed = ", ".join(map(repr, SETS[choices]))
         assert e.argument == field and str(e) == f"{field}: expected one of {allowed}, got 'nope'"
     e = _refusal(lambda: TrainConfig.from_preset("huge"))
-    assert e.argument == "preset" and str(e) == "preset: expected one of 'default', 'quick', 'demo', got 'huge'"
+    assert (
+        e.argument == "preset"
+        and str(e) == "preset: expected one of 'default', 'quick', 'demo', 'pretrained', got 'huge'"
+    )
 
 
 def test_the_torch_layers_refuse_with_the_one_message() -> None:

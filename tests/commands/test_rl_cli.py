@@ -316,7 +316,7 @@ def test_a_model_without_a_preset_starts_from_the_pretrained_preset_and_says_so(
         return config_from_args(args, args.command_parser)
 
     got = config("--model", "m", "--task", "add.jsonl")
-    said = capsys.readouterr().err
+    said = capsys.readouterr().out
     assert (
         (got.actor_lr, got.ppo_epochs, got.num_minibatches)
         == (1e-5, 1, 1)
@@ -324,9 +324,9 @@ def test_a_model_without_a_preset_starts_from_the_pretrained_preset_and_says_so(
     )
     assert "the pretrained preset, since --model is given without --preset" in said and "--actor-lr 1e-05" in said
     mine = config("--model", "m", "--task", "add.jsonl", "--actor-lr", "3e-6")  # a flag given wins, and is not listed
-    assert mine.actor_lr == 3e-6 and mine.ppo_epochs == 1 and "--actor-lr" not in capsys.readouterr().err
+    assert mine.actor_lr == 3e-6 and mine.ppo_epochs == 1 and "--actor-lr" not in capsys.readouterr().out
     toy = config("--model", "m", "--task", "add.jsonl", "--preset", "default")
     assert (toy.actor_lr, toy.ppo_epochs) == (TrainConfig().actor_lr, TrainConfig().ppo_epochs)
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().out == ""
     assert config().actor_lr == TrainConfig().actor_lr  # the built-in model: the defaults, nothing said
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().out == ""

@@ -4,7 +4,7 @@ Every :class:`~comppo_core.rl.TrainConfig` field is a flag (``--actor-lr``, ``--
 ...; ``task_options`` is ``--task-option KEY=VALUE``, once per setting). A run's settings are, in order of precedence: the flags given on the command line,
 then the ``--preset`` (:data:`comppo_core.rl.config.PRESETS`: ``default`` is the
 TrainConfig defaults, ``quick`` a shorter run, ``pretrained`` the update for a pretrained
-model, applied, and said on stderr, when ``--model`` is given without ``--preset``), then the
+model, applied, and said, when ``--model`` is given without ``--preset``), then the
 TrainConfig defaults. With
 ``--resume`` the settings saved in ``OUT/config.json`` replace the preset, and the flags
 given change them (the trainer accepts changes to ``steps``, ``progress``, ``save_every``,
@@ -156,21 +156,23 @@ def preset_name(args: argparse.Namespace) -> str:
 def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser, **fixed: Any) -> TrainConfig:
     """The run's TrainConfig: ``fixed`` fields, then the flags given, then the preset
     (:func:`preset_name`), then the defaults; a bad value is a usage error naming its flag. A
-    preset applied because ``--model`` was given is said on stderr, with what it sets."""
+    preset applied because ``--model`` was given is said on stdout once the settings hold, with
+    what it sets."""
     name = preset_name(args)
     given = config_fields(args)
-    if args.preset is None and name != DEFAULT_PRESET:
+    try:
+        config = TrainConfig.from_preset(name, **{**given, **fixed})
+    except ParameterError as exc:
+        usage_error(parser, exc)
+    if args.preset is None and name != DEFAULT_PRESET:  # said once the settings hold, before anything runs
         changes = {k: v for k, v in PRESETS[name].items() if k not in given and k not in fixed}
         shown = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in changes.items())
         print(
             f"{parser.prog}: the {name} preset, since --model is given without --preset: {shown} "
             "(--preset default for the TrainConfig defaults)",
-            file=sys.stderr,
+            flush=True,
         )
-    try:
-        return TrainConfig.from_preset(name, **{**given, **fixed})
-    except ParameterError as exc:
-        usage_error(parser, exc)
+    return config
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
