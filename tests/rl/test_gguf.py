@@ -123,6 +123,7 @@ def test_header_of_the_wheels_file() -> None:
 
 
 def test_run_paths_accept_the_file_and_fingerprint_it(tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # rl.engine.checkpoint (a run's files) imports it
     from comppo_core.rl.config import TrainConfig
     from comppo_core.rl.engine import checkpoint
     from comppo_core.rl.paths import check_paths

@@ -138,17 +138,20 @@ def load_policy(path: str | Path, *, argument: str = "model") -> Any:
     the trainer's sampler, so rollouts would not be drawn from ``softmax(logits / T)``,
     the distribution the PPO ratio scores. ``argument`` names the setting in errors.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
     p = Path(path)
     if is_gguf_file(p):
+        check_gguf_file(p, argument=argument)  # a missing file, or not GGUF: said before torch is imported
+        from transformers import GenerationConfig
+
         model = load_gguf_model(p, argument=argument)
         model.generation_config = GenerationConfig()
         return model.eval()
     if not p.is_dir():
         what = "a local Hugging Face model directory" if argument == "model" else "a save_pretrained directory"
         raise ParameterError(f"{argument}: expected {what} or a GGUF file, got {str(path)!r}", argument=argument)
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
     try:
         with quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32, local_files_only=True)
